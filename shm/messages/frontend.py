@@ -1,0 +1,85 @@
+"""Frontend <-> scheduler."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.tensor import TensorRef
+
+
+class RequestedOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    name: str
+    parameters: dict = {}
+
+
+class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """One inference request. `id` is unique within `reply_to` (the requester's inbox);
+    responses go straight there from the worker that ran it. `version` 0 means the
+    version policy's choice. `outputs` None means every output."""
+
+    id: int
+    reply_to: str
+    model: str
+    version: int
+    inputs: list[TensorRef]
+    outputs: list[RequestedOutput] | None = None
+    request_id: str = ""  # the client's id string
+    batch_size: int = 1
+    priority: int = 0
+    timeout_us: int = 0
+    sequence_id: int | str = 0
+    sequence_start: bool = False
+    sequence_end: bool = False
+    parameters: dict = {}
+
+
+class CancelRequest(msgspec.Struct, tag=True, array_like=True):
+    """The client went away: drop request `id` of `reply_to` if it has not run yet."""
+
+    id: int
+    reply_to: str
+
+
+class FrontendReady(msgspec.Struct, tag=True, array_like=True):
+    """A frontend is listening; it wants the model table."""
+
+    index: int
+    address: str
+    pid: int
+
+
+class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """The state of one model version. `config` is serialized `ModelConfig` bytes and
+    `config_json` the JSON Triton's config endpoint prints, so frontends validate and
+    answer metadata without asking."""
+
+    name: str
+    version: int
+    state: str  # READY, UNAVAILABLE, LOADING, UNLOADING
+    reason: str = ""
+    config: bytes = b""
+    config_json: bytes = b""
+
+
+class ServerState(msgspec.Struct, tag=True, array_like=True):
+    """Server readiness as a whole (false while loading and while stopping)."""
+
+    ready: bool
+    stopping: bool = False
+
+
+class Drain(msgspec.Struct, tag=True, array_like=True):
+    """Stop taking requests, finish those in flight within `timeout_s`, then exit."""
+
+    timeout_s: float
+
+
+class FrontendStopped(msgspec.Struct, tag=True, array_like=True):
+    index: int
+    abandoned: int  # requests still in flight when the drain timed out
+
+
+TO_SCHEDULER_FROM_FRONTEND = (InferRequest, CancelRequest, FrontendReady, FrontendStopped)
+FRONTEND_INBOX = (InferResponse, ModelStateUpdate, ServerState, Drain, PeerGone,
+                  ReleaseBlocks)

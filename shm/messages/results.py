@@ -1,0 +1,36 @@
+"""Results and buffer ownership: worker (or scheduler) -> requester, reader -> owner."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shm.tensor import TensorRef
+
+
+class InferResponse(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """One response to request `id` of the requester. Decoupled models may send several;
+    the last carries `final`. Output blocks live in the arena of `owner` (an inbox
+    address) and must be released to it with `ReleaseBlocks` once read."""
+
+    id: int
+    outputs: list[TensorRef] = []
+    error: str = ""
+    error_code: int = 0  # shm.errors.ErrorCode when `error` is set
+    final: bool = True
+    owner: str = ""
+    model_version: int = 0
+
+
+class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True):
+    """The reader (its inbox address) is done with these blocks of the recipient's
+    arena: (segment, offset) pairs."""
+
+    reader: str
+    blocks: list[tuple[str, int]]
+
+
+class PeerGone(msgspec.Struct, tag=True, array_like=True):
+    """A process died or stopped: forget its inbox and unmap its segments (by prefix)."""
+
+    address: str
+    segment_prefix: str

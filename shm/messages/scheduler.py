@@ -1,0 +1,8 @@
+"""The scheduler's inbox: everything frontends and workers send it."""
+
+from shm.messages.frontend import TO_SCHEDULER_FROM_FRONTEND
+from shm.messages.results import InferResponse
+from shm.messages.worker import TO_SCHEDULER_FROM_WORKER
+
+# InferResponse: the scheduler is itself a requester (ensemble steps, BLS, warmup).
+SCHEDULER_INBOX = TO_SCHEDULER_FROM_FRONTEND + TO_SCHEDULER_FROM_WORKER + (InferResponse,)

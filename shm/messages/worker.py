@@ -1,0 +1,74 @@
+"""Scheduler <-> worker."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shm.messages.frontend import InferRequest
+from shm.messages.results import PeerGone, ReleaseBlocks
+
+
+class WorkerReady(msgspec.Struct, tag=True, array_like=True):
+    """A worker process is up and listening on `address`."""
+
+    name: str
+    address: str
+    pid: int
+
+
+class LoadInstance(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """Load one model instance. `config` is the model config as the JSON Triton prints
+    (what python models get in `args["model_config"]`), so workers need no protobuf.
+    With `auto_complete`, the backend may fill the config in and returns it."""
+
+    instance: str  # unique key of this instance within the server
+    instance_name: str  # Triton's name for it, e.g. "add_sub_0_1"
+    model: str
+    version: int
+    model_dir: str  # the model's directory (the version folder is inside)
+    config: bytes
+    kind: str = "KIND_CPU"
+    device_id: int = 0
+    auto_complete: bool = False
+
+
+class InstanceLoaded(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """Answer to LoadInstance: ok, or the reason it failed; the (auto-completed) config
+    as JSON."""
+
+    instance: str
+    ok: bool
+    error: str = ""
+    config: bytes = b""
+
+
+class ExecuteBatch(msgspec.Struct, tag=True, array_like=True):
+    """Run these requests on `instance` as one batch; answer each request's `reply_to`
+    and then tell the scheduler with BatchDone."""
+
+    batch_id: int
+    instance: str
+    requests: list[InferRequest]
+
+
+class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """A batch finished (whatever each request's outcome): the instance is free."""
+
+    batch_id: int
+    instance: str
+    compute_start_ns: int = 0
+    compute_end_ns: int = 0
+    failed: int = 0
+
+
+class UnloadInstance(msgspec.Struct, tag=True, array_like=True):
+    instance: str
+
+
+class StopWorker(msgspec.Struct, tag=True, array_like=True):
+    """Finalize every instance, free the arena and exit."""
+
+
+TO_SCHEDULER_FROM_WORKER = (WorkerReady, InstanceLoaded, BatchDone)
+WORKER_INBOX = (LoadInstance, ExecuteBatch, UnloadInstance, StopWorker, ReleaseBlocks,
+                PeerGone)
