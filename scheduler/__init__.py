@@ -1,0 +1,1 @@
+"""The scheduler process: CLI, supervision, model repository, batchers and statistics."""
