@@ -1,0 +1,372 @@
+"""Batchers: which queued requests form the next batch, and when.
+
+A batcher is a pure state machine driven by an injected clock (integer nanoseconds
+passed in by the caller). It has no threads, sleeps, asyncio or I/O: the scheduler's
+run loop enqueues requests, asks for a batch whenever a model instance is idle, sleeps
+until ``next_deadline()``, and fails what ``expired()`` hands back with a timeout error.
+Choosing which instance runs a batch is not the batcher's business.
+
+The rules follow Triton's core (``src/dynamic_batch_scheduler.cc``,
+``DynamicBatchScheduler::GetDynamicBatch``; ``src/scheduler_utils.cc``, the
+``PriorityQueue``) and the server's ``docs/user_guide/batcher.md``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, Protocol
+
+
+class Batcher(Protocol):
+    """What the scheduler's run loop calls on every per-model batcher."""
+
+    def enqueue(
+        self,
+        item: Any,
+        *,
+        batch_size: int,
+        shape_key: Hashable,
+        now: int,
+        priority: int = 0,
+        timeout_ns: int = 0,
+    ) -> None: ...
+
+    def next_batch(self, now: int) -> list | None: ...
+
+    def next_deadline(self) -> int | None: ...
+
+    def expired(self, now: int) -> list: ...
+
+    def remove(self, predicate: Callable[[Any], bool]) -> list: ...
+
+    def __len__(self) -> int: ...
+
+
+class DefaultBatcher:
+    """Triton's default scheduler: requests run one at a time, oldest first.
+
+    Priorities, shapes and queue timeouts play no part: Triton applies queue policies
+    only in the dynamic batcher.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque = deque()
+
+    def enqueue(
+        self,
+        item: Any,
+        *,
+        batch_size: int,
+        shape_key: Hashable,
+        now: int,
+        priority: int = 0,
+        timeout_ns: int = 0,
+    ) -> None:
+        self._queue.append(item)
+
+    def next_batch(self, now: int) -> list | None:
+        return [self._queue.popleft()] if self._queue else None
+
+    def next_deadline(self) -> int | None:
+        return None  # only an idle instance changes anything
+
+    def expired(self, now: int) -> list:
+        return []
+
+    def remove(self, predicate: Callable[[Any], bool]) -> list:
+        kept, removed = deque(), []
+        for item in self._queue:
+            (removed if predicate(item) else kept).append(item)
+        self._queue = kept
+        return removed
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+class _Entry:
+    """One queued request and what the batcher needs to know about it."""
+
+    __slots__ = ("item", "size", "key", "enqueue_ns", "deadline_ns", "seq", "live")
+
+    def __init__(self, item, size, key, enqueue_ns, deadline_ns, seq):
+        self.item = item
+        self.size = size
+        self.key = key
+        self.enqueue_ns = enqueue_ns
+        self.deadline_ns = deadline_ns  # 0: no queue timeout
+        self.seq = seq
+        self.live = True  # False once dispatched, expired or removed
+
+
+class DynamicBatcher:
+    """Triton's dynamic batcher (``dynamic_batching { ... }``), times in nanoseconds.
+
+    ``preferred_batch_sizes`` empty means ``[max_batch_size]``, as Triton's config
+    normalisation fills it in. ``preserve_ordering`` does not change batching (Triton
+    uses it only to order responses); it is kept for the caller. Queue timeouts use
+    the REJECT action: timed-out requests come back from ``expired()``.
+
+    Each priority level is a deque; dispatched and expired entries are marked dead
+    rather than searched for, so the common path costs O(batch), not O(queue).
+    """
+
+    # Rebuild the deques / timeout heap once this many dead entries pile up.
+    _COMPACT_SLACK = 64
+
+    def __init__(
+        self,
+        max_batch_size: int,
+        preferred_batch_sizes: list[int],
+        max_queue_delay_ns: int,
+        *,
+        preserve_ordering: bool = False,
+        priority_levels: int = 0,
+        default_priority_level: int = 0,
+        default_timeout_ns: int = 0,
+        allow_timeout_override: bool = False,
+    ) -> None:
+        # Triton batches at least one request even for max_batch_size 0.
+        self.max_batch_size = max(1, int(max_batch_size))
+        preferred = sorted(set(preferred_batch_sizes)) or [self.max_batch_size]
+        if any(p < 1 or p > self.max_batch_size for p in preferred):
+            raise ValueError(
+                f"dynamic batching preferred sizes {preferred} must be in "
+                f"[1, {self.max_batch_size}]"
+            )
+        if max_queue_delay_ns < 0 or default_timeout_ns < 0:
+            raise ValueError("queue delay and timeout must be >= 0")
+        if priority_levels < 0:
+            raise ValueError("priority_levels must be >= 0")
+        if priority_levels and not 1 <= default_priority_level <= priority_levels:
+            raise ValueError(
+                f"default priority level must be in range [1, {priority_levels}]"
+            )
+        self.preferred_batch_sizes = frozenset(preferred)
+        self.max_preferred_batch_size = preferred[-1]
+        self.max_queue_delay_ns = int(max_queue_delay_ns)
+        self.preserve_ordering = preserve_ordering
+        self.priority_levels = priority_levels
+        self.default_priority_level = default_priority_level
+        self.default_timeout_ns = int(default_timeout_ns)
+        self.allow_timeout_override = allow_timeout_override
+
+        # levels[0] is the highest priority (level 1); one level when priorities are off.
+        self._levels: list[deque[_Entry]] = [deque() for _ in range(max(1, priority_levels))]
+        self._count = 0  # live entries in the deques
+        self._dead = 0  # dead entries still sitting in the deques
+        self._timeouts: list[tuple[int, int, _Entry]] = []  # heap, may hold dead entries
+        self._rejected: list[_Entry] = []  # found expired by next_batch, for expired()
+        self._seq = itertools.count()
+
+    # -- queueing -------------------------------------------------------------
+
+    def enqueue(
+        self,
+        item: Any,
+        *,
+        batch_size: int,
+        shape_key: Hashable,
+        now: int,
+        priority: int = 0,
+        timeout_ns: int = 0,
+    ) -> None:
+        size = max(1, batch_size)  # Triton counts a non-batched request as 1
+        if size > self.max_batch_size:
+            raise ValueError(
+                f"request batch size {size} exceeds max_batch_size {self.max_batch_size}"
+            )
+        # InferenceRequest::SetPriority: 0, or a level the model does not have,
+        # means the default level; with priority_levels 0 there is one queue.
+        if self.priority_levels and 1 <= priority <= self.priority_levels:
+            level = priority
+        else:
+            level = self.default_priority_level
+        # PolicyQueue::Enqueue: a request's own timeout may only shorten the
+        # default, so it never applies when the default is 0 (no timeout).
+        timeout = self.default_timeout_ns
+        if self.allow_timeout_override and 0 < timeout_ns < timeout:
+            timeout = timeout_ns
+        seq = next(self._seq)
+        deadline = now + timeout if timeout else 0
+        entry = _Entry(item, size, shape_key, now, deadline, seq)
+        self._levels[max(0, level - 1)].append(entry)
+        self._count += 1
+        if deadline:
+            heapq.heappush(self._timeouts, (deadline, seq, entry))
+
+    def __len__(self) -> int:
+        return self._count + len(self._rejected)
+
+    # -- forming batches --------------------------------------------------------
+
+    def _live(self) -> Iterator[_Entry]:
+        """Live entries in dispatch order: priority level first, then arrival."""
+        for queue in self._levels:
+            for entry in queue:
+                if entry.live:
+                    yield entry
+
+    def _gather(self, now: int | None):
+        """Walk the queue head as GetDynamicBatch does.
+
+        Returns ``(entries, size, best, send_now, oldest_ns)``: the requests that fit
+        one batch, their total batch size, how many of them form the preferred prefix
+        (0: none), whether the batch cannot grow, and the oldest enqueue time among
+        them. With ``now``, requests past their queue timeout are set aside for
+        ``expired()``, as ApplyPolicyAtCursor rejects them while the cursor walks.
+        """
+        entries: list[_Entry] = []
+        size = 0
+        best = 0
+        send_now = False
+        oldest = 0
+        key = None
+        for entry in self._live():
+            # Expired at the deadline itself (Triton: strictly after), so the time
+            # next_deadline() reports is one at which expired() returns the request.
+            if now is not None and entry.deadline_ns and now >= entry.deadline_ns:
+                self._reject(entry)
+                continue
+            if entries:
+                total = size + entry.size
+                # Adding this request would pass every preferred size: the batch so
+                # far is the candidate to send before the delay expires.
+                if total > self.max_preferred_batch_size and not best:
+                    best = len(entries)
+                # It does not fit at all: the batch is complete, send it now.
+                if total > self.max_batch_size:
+                    send_now = True
+                    break
+                # Equal-shape rule: a request of another shape ends the batch and
+                # starts the next one.
+                if entry.key != key:
+                    send_now = True
+                    break
+            else:
+                key = entry.key
+                oldest = entry.enqueue_ns
+            entries.append(entry)
+            size += entry.size
+            # Across priority levels the head need not be the oldest request.
+            oldest = min(oldest, entry.enqueue_ns)
+            # Exactly a preferred size: remember it; a later, larger one replaces it.
+            if size in self.preferred_batch_sizes:
+                best = len(entries)
+        return entries, size, best, send_now, oldest
+
+    def _ready_count(self, gathered, now: int | None) -> int:
+        """How many gathered entries to dispatch now (0: wait): GetDynamicBatch's exits,
+        in its order. With ``now`` None the time is unknown: the answer is what holds
+        before the delay expires."""
+        entries, size, best, send_now, oldest = gathered
+        if not entries:
+            return 0
+        delay = self.max_queue_delay_ns
+        exceeded = now is not None and delay != 0 and now - oldest >= delay
+        # A preferred size (or the batch that the next request would push past the
+        # largest preferred size) goes at once while the oldest request is within
+        # its delay; batcher.md: "a batch of the largest possible preferred size".
+        if best and not exceeded:
+            return best
+        # The batch cannot grow (next request does not fit, or it reached the largest
+        # preferred size), the delay has expired, or there is no delay: send all.
+        if send_now or size >= self.max_preferred_batch_size or exceeded or delay == 0:
+            return len(entries)
+        # Otherwise wait for more requests, at most until oldest + delay; batcher.md:
+        # "if the delay expires the dynamic batcher sends the batch as is".
+        return 0
+
+    def next_batch(self, now: int) -> list | None:
+        count = self._ready_count(self._gather(now), now)
+        if not count:
+            return None
+        batch = self._pop_front(count)
+        self._maybe_compact()
+        return batch
+
+    def _pop_front(self, count: int) -> list:
+        """Pop the first ``count`` live entries (a prefix of ``_live()``)."""
+        batch = []
+        for queue in self._levels:
+            while queue and len(batch) < count:
+                entry = queue.popleft()
+                if not entry.live:
+                    self._dead -= 1
+                    continue
+                entry.live = False
+                batch.append(entry.item)
+            if len(batch) == count:
+                break
+        self._count -= len(batch)
+        return batch
+
+    def next_deadline(self) -> int | None:
+        candidates = []
+        if self._rejected:
+            candidates.append(min(e.deadline_ns for e in self._rejected))
+        heap = self._timeouts
+        while heap and not heap[0][2].live:
+            heapq.heappop(heap)
+        if heap:
+            candidates.append(heap[0][0])
+        gathered = self._gather(None)
+        entries, oldest = gathered[0], gathered[4]
+        if entries and not self._ready_count(gathered, None):
+            # A partial batch waits: at oldest + delay it goes as it is.
+            candidates.append(oldest + self.max_queue_delay_ns)
+        return min(candidates) if candidates else None
+
+    # -- leaving the queue other than in a batch ---------------------------------
+
+    def _reject(self, entry: _Entry) -> None:
+        entry.live = False
+        self._dead += 1
+        self._count -= 1
+        self._rejected.append(entry)
+
+    def expired(self, now: int) -> list:
+        out = [e.item for e in self._rejected]
+        self._rejected = []
+        heap = self._timeouts
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)[2]
+            if entry.live:
+                entry.live = False
+                self._dead += 1
+                self._count -= 1
+                out.append(entry.item)
+        self._maybe_compact()
+        return out
+
+    def remove(self, predicate: Callable[[Any], bool]) -> list:
+        # Cancellation and unload are rare: an O(queue) pass that also compacts.
+        removed = []
+        kept_rejected = []
+        for entry in self._rejected:
+            (removed if predicate(entry.item) else kept_rejected).append(entry)
+        self._rejected = kept_rejected
+        for entry in self._live():
+            if predicate(entry.item):
+                entry.live = False
+                removed.append(entry)
+        self._compact()  # recounts the live entries
+        return [e.item for e in removed]
+
+    def _maybe_compact(self) -> None:
+        if self._dead > self._COMPACT_SLACK and self._dead > self._count:
+            self._compact()
+        elif len(self._timeouts) > 2 * self._count + self._COMPACT_SLACK:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop dead entries from the deques and the timeout heap: O(queue)."""
+        for i, queue in enumerate(self._levels):
+            self._levels[i] = deque(e for e in queue if e.live)
+        self._count = sum(len(q) for q in self._levels)
+        self._dead = 0
+        self._timeouts = [t for t in self._timeouts if t[2].live]
+        heapq.heapify(self._timeouts)
