@@ -1,0 +1,1 @@
+"""Worker processes: they load model instances and run the batches the scheduler sends."""
