@@ -1,0 +1,60 @@
+"""The command line, with tritonserver's flag names and value spellings."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="shmserve",
+        description="A Triton-compatible inference server built from processes that "
+                    "hand tensors over in shared memory.")
+    p.add_argument("--model-repository", "--model-store", action="append", required=True,
+                   metavar="DIR", help="model repository path (repeatable)")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--allow-http", type=_bool, default=True)
+    p.add_argument("--allow-grpc", type=_bool, default=True)
+    p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
+                   default="none")
+    p.add_argument("--load-model", action="append", default=[], metavar="NAME")
+    p.add_argument("--repository-poll-secs", type=float, default=15.0)
+    p.add_argument("--strict-model-config", type=_bool, default=False)
+    p.add_argument("--exit-on-error", type=_bool, default=True)
+    p.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-info", type=_bool, default=True)
+    p.add_argument("--id", dest="server_id", default="shmserve")
+    p.add_argument("--allow-client-shm", type=_bool, default=False,
+                   help="accept client shared-memory registrations")
+    # shmserve's own knobs
+    p.add_argument("--frontend-processes", type=int, default=max(1, os.cpu_count() or 1),
+                   help="frontend processes sharing the HTTP and gRPC ports "
+                        "(default: number of cores)")
+    p.add_argument("--arena-mib", type=int, default=64,
+                   help="size of each shared-memory arena chunk, MiB")
+    p.add_argument("--startup-timeout-secs", type=float, default=120.0)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.frontend_processes < 1:
+        raise SystemExit("--frontend-processes must be at least 1")
+    return args

@@ -1,0 +1,24 @@
+"""`shmserve`: the scheduler process, root of the server."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from scheduler.cli import parse_args
+from shm.lifecycle import setup_logging
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    setup_logging("scheduler", args.log_verbose)
+    from scheduler.server import Server
+
+    async def run() -> int:
+        return await Server(args).run()
+
+    sys.exit(asyncio.run(run()))
+
+
+if __name__ == "__main__":
+    main()
