@@ -1,0 +1,148 @@
+"""Runs one python-backend model instance (`model.py` with TritonPythonModel)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import sys
+
+from shm import datatypes
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import InferRequest
+from shm.messages.worker import LoadInstance
+from workers.python_backend import pb_utils
+from workers.tensors import input_array
+
+log = logging.getLogger("shmserve.python")
+
+# Model files import this name; make it resolve to our implementation.
+sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+
+
+class PythonInstance:
+    """One TritonPythonModel object and the glue between it and the wire."""
+
+    def __init__(self, msg: LoadInstance, config: dict):
+        self.model_name = msg.model
+        self.version = msg.version
+        version_dir = os.path.join(msg.model_dir, str(msg.version))
+        filename = config.get("default_model_filename") or "model.py"
+        path = os.path.join(version_dir, filename)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"python model file not found: {path}")
+        module = _import_model(path, f"_shmserve_model_{msg.instance}")
+        cls = getattr(module, "TritonPythonModel", None)
+        if cls is None:
+            raise ValueError(f"{path} defines no class TritonPythonModel")
+        if msg.auto_complete and hasattr(cls, "auto_complete_config"):
+            completed = cls.auto_complete_config(pb_utils.ModelConfig(config))
+            if completed is not None:
+                config = completed.as_dict() if hasattr(completed, "as_dict") else completed
+        self.config = config
+        self.output_types = {o["name"]: datatypes.from_config(o["data_type"])
+                             for o in config.get("output", [])}
+        self.model = cls()
+        args = {
+            "model_config": json.dumps(config),
+            "model_instance_kind": "GPU" if msg.kind == "KIND_GPU" else "CPU",
+            "model_instance_name": msg.instance_name,
+            "model_instance_device_id": str(msg.device_id),
+            "model_repository": msg.model_dir,
+            "model_version": str(msg.version),
+            "model_name": msg.model,
+        }
+        if hasattr(self.model, "initialize"):
+            self.model.initialize(args)
+
+    def finalize(self) -> None:
+        if hasattr(self.model, "finalize"):
+            self.model.finalize()
+
+    def execute(self, requests: list[InferRequest], segments):
+        """Per request: a list of (name, datatype, array), or an InferError."""
+        try:
+            pb_requests = [self._request(r, segments) for r in requests]
+        except Exception as exc:
+            err = InferError(ErrorCode.INVALID_ARG, f"failed to read inputs: {exc}")
+            return [err] * len(requests)
+        try:
+            responses = self.model.execute(pb_requests)
+        except Exception as exc:
+            log.exception("execute() of model '%s' raised", self.model_name)
+            err = InferError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            return [err] * len(requests)
+        if responses is None or len(responses) != len(requests):
+            got = "None" if responses is None else str(len(responses))
+            err = InferError(
+                ErrorCode.INTERNAL,
+                f"model '{self.model_name}' execute() returned {got} responses for "
+                f"{len(requests)} requests")
+            return [err] * len(requests)
+        return [self._outputs(req, resp) for req, resp in zip(requests, responses)]
+
+    def _request(self, req: InferRequest, segments):
+        inputs = [pb_utils.Tensor._from_server(ref.name, ref.datatype, input_array(ref, segments))
+                  for ref in req.inputs]
+        requested = ([o.name for o in req.outputs] if req.outputs is not None
+                     else list(self.output_types))
+        flags = 0
+        if req.sequence_start:
+            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        if req.sequence_end:
+            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+        return pb_utils.InferenceRequest._from_server(
+            request_id=req.request_id,
+            correlation_id=req.sequence_id,
+            inputs=inputs,
+            requested_output_names=requested,
+            flags=flags,
+            parameters_json=json.dumps(req.parameters),
+            model_name=self.model_name,
+            model_version=self.version,
+            timeout=req.timeout_us,
+        )
+
+    def _outputs(self, req: InferRequest, resp):
+        if resp is None or not hasattr(resp, "output_tensors"):
+            return InferError(ErrorCode.INTERNAL,
+                              f"model '{self.model_name}' returned {type(resp).__name__} "
+                              "instead of an InferenceResponse")
+        if resp.has_error():
+            err = resp.error()
+            code = err.code() if hasattr(err, "code") else ErrorCode.INTERNAL
+            return InferError(ErrorCode(int(code)), err.message())
+        wanted = None if req.outputs is None else {o.name for o in req.outputs}
+        out = []
+        for tensor in resp.output_tensors():
+            name = tensor.name()
+            if wanted is not None and name not in wanted:
+                continue  # Triton returns only what was asked for
+            if not tensor.is_cpu():
+                return InferError(ErrorCode.UNSUPPORTED,
+                                  f"output '{name}' is on a GPU; device outputs arrive "
+                                  "with GPU workers")
+            array = tensor._host_array()  # BF16 as uint16 words, no copy
+            datatype = tensor._datatype
+            expected = self.output_types.get(name)
+            if expected is not None and expected != datatype:
+                return InferError(
+                    ErrorCode.INTERNAL,
+                    f"unexpected datatype {datatypes.to_config(datatype)} for inference "
+                    f"output '{name}' of model '{self.model_name}', expecting "
+                    f"{datatypes.to_config(expected)}")
+            out.append((name, datatype, array))
+        return out
+
+
+def _import_model(path: str, module_name: str):
+    # The model's folder goes on sys.path so model.py can import its neighbours.
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
