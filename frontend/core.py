@@ -1,0 +1,252 @@
+"""The frontend core: what the HTTP and gRPC servers call, backed by the scheduler.
+
+It keeps the model table the scheduler pushes, validates requests against it, puts
+large inputs into this process's arena (the one copy of a request's input on the way
+to the model), sends one InferRequest, and resolves the waiting call when the worker's
+InferResponse arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+
+from tritonclient.grpc import model_config_pb2
+
+from frontend.types import DecodedRequest, InferResult, ModelView, OutputTensor
+from frontend.validate import validate_request
+from shm.arena import Arena, SegmentCache
+from shm.channel import Inbox, Outbox
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import (FRONTEND_INBOX, CancelRequest, Drain, InferRequest,
+                                   ModelStateUpdate, RequestedOutput, ServerState)
+from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.tensor import INLINE_MAX, TensorRef
+
+log = logging.getLogger("shmserve.frontend")
+
+
+class _Pending:
+    __slots__ = ("future", "blocks")
+
+    def __init__(self, future, blocks):
+        self.future = future
+        self.blocks = blocks
+
+
+class SchedulerCore:
+    """FrontendCore over the scheduler's channels (see frontend/types.py)."""
+
+    def __init__(self, address: str, scheduler: str, segment_prefix: str, arena_bytes: int):
+        self.address = address
+        self.scheduler = scheduler
+        self.inbox = Inbox(address, FRONTEND_INBOX)
+        self.outbox = Outbox()
+        self.arena = Arena(segment_prefix, chunk_size=arena_bytes)
+        self.segments = SegmentCache()
+        self.models: dict[str, dict[int, ModelView]] = {}
+        self.pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self.ready = False
+        self.stopping = False
+        self.got_state = asyncio.Event()
+        self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.handlers = {
+            InferResponse: self.on_response,
+            ModelStateUpdate: self.on_model_state,
+            ServerState: self.on_server_state,
+            Drain: self.on_drain,
+            PeerGone: self.on_peer_gone,
+            ReleaseBlocks: self.on_release,
+        }
+
+    def attach(self, loop) -> None:
+        self.inbox.attach(loop, lambda msg: self.handlers[type(msg)](msg))
+
+    # -- FrontendCore -----------------------------------------------------------------
+
+    def server_live(self) -> bool:
+        return True
+
+    def server_ready(self) -> bool:
+        return self.ready and not self.stopping
+
+    def get_model(self, name: str, version: str = "") -> ModelView:
+        versions = self.models.get(name)
+        if not versions:
+            raise InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
+        if version:
+            try:
+                v = int(version)
+            except ValueError:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"failed to parse model version '{version}'") from None
+            view = versions.get(v)
+            if view is None:
+                raise InferError(ErrorCode.NOT_FOUND,
+                                 f"Request for unknown model: '{name}' version {v} is not found")
+            return view
+        ready = [v for v, view in versions.items() if view.state == "READY"]
+        if ready:
+            return versions[max(ready)]
+        # nothing ready: report the most telling entry (a reason, if there is one)
+        return versions[max(versions)]
+
+    def model_versions(self, name: str) -> list[ModelView]:
+        return [v for _, v in sorted(self.models.get(name, {}).items()) if v.version]
+
+    def all_models(self) -> list[ModelView]:
+        return [v for versions in self.models.values() for v in versions.values()]
+
+    async def infer(self, request: DecodedRequest) -> InferResult:
+        if self.stopping:
+            raise InferError(ErrorCode.UNAVAILABLE, "Server is stopping")
+        view = self.get_model(request.model_name, request.model_version)
+        if view.state != "READY":
+            reason = f": {view.reason}" if view.reason else ""
+            raise InferError(ErrorCode.UNAVAILABLE,
+                             f"model '{view.name}' version {view.version} is not ready"
+                             f" (state {view.state}){reason}")
+        batch_size = validate_request(request, view.config)
+        refs, blocks = self._put_inputs(request)
+        params = request.parameters
+        outputs = None
+        if request.outputs is not None:
+            outputs = [RequestedOutput(o.name, o.parameters) for o in request.outputs]
+        rid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[rid] = _Pending(fut, blocks)
+        self.idle.clear()
+        self.outbox.send(self.scheduler, InferRequest(
+            rid, self.address, view.name, view.version, refs, outputs,
+            request_id=request.id,
+            batch_size=batch_size or 1,
+            priority=int(params.get("priority", 0) or 0),
+            timeout_us=int(params.get("timeout", 0) or 0),
+            sequence_id=params.get("sequence_id", 0) or 0,
+            sequence_start=bool(params.get("sequence_start", False)),
+            sequence_end=bool(params.get("sequence_end", False)),
+            parameters=_user_parameters(params),
+        ))
+        try:
+            resp: InferResponse = await fut
+        except asyncio.CancelledError:
+            # the client went away: the scheduler drops it if it has not run yet
+            self.outbox.send(self.scheduler, CancelRequest(rid, self.address))
+            raise
+        if resp.error:
+            raise InferError(ErrorCode(resp.error_code or ErrorCode.INTERNAL), resp.error)
+        return self._result(view, request, resp)
+
+    # -- tensors ------------------------------------------------------------------------
+
+    def _put_inputs(self, request: DecodedRequest):
+        refs, blocks = [], []
+        for inp in request.inputs:
+            data = inp.data
+            n = data.nbytes if isinstance(data, memoryview) else len(data)
+            if n <= INLINE_MAX:
+                refs.append(TensorRef(inp.name, inp.datatype, inp.shape, data=bytes(data)))
+                continue
+            segment, offset, view = self.arena.alloc(n)
+            view[:] = data  # the one copy of this input: request body -> shared memory
+            blocks.append((segment, offset))
+            refs.append(TensorRef(inp.name, inp.datatype, inp.shape, segment=segment,
+                                  offset=offset, nbytes=n))
+        return refs, blocks
+
+    def _result(self, view: ModelView, request: DecodedRequest, resp: InferResponse):
+        outputs = []
+        held = []
+        for ref in resp.outputs:
+            if ref.data is not None:
+                data = ref.data
+            else:
+                data = self.segments.view(ref.segment, ref.offset, ref.nbytes)
+                held.append((ref.segment, ref.offset))
+            outputs.append(OutputTensor(ref.name, ref.datatype, ref.shape, data))
+        result = InferResult(view.name, str(view.version), request.id, outputs)
+        if held:
+            owner, outbox, reader = resp.owner, self.outbox, self.address
+            result.release = lambda: outbox.send(owner, ReleaseBlocks(reader, held))
+        return result
+
+    # -- messages from the scheduler and workers -------------------------------------
+
+    def on_response(self, msg: InferResponse) -> None:
+        if not msg.final:
+            return  # decoupled responses arrive with a later issue
+        pending = self.pending.pop(msg.id, None)
+        if pending is None:
+            self._release_unclaimed(msg)
+            return
+        for segment, offset in pending.blocks:
+            self.arena.free(segment, offset)
+        if pending.future.done():  # cancelled while waiting
+            self._release_unclaimed(msg)
+        else:
+            pending.future.set_result(msg)
+        if not self.pending:
+            self.idle.set()
+
+    def _release_unclaimed(self, msg: InferResponse) -> None:
+        blocks = [(r.segment, r.offset) for r in msg.outputs if r.data is None]
+        if blocks and msg.owner:
+            self.outbox.send(msg.owner, ReleaseBlocks(self.address, blocks))
+
+    def on_model_state(self, msg: ModelStateUpdate) -> None:
+        config = model_config_pb2.ModelConfig()
+        if msg.config:
+            config.ParseFromString(msg.config)
+        view = ModelView(msg.name, msg.version, msg.state, msg.reason, config)
+        if msg.config_json:
+            view.config_json = json.loads(msg.config_json)
+        self.models.setdefault(msg.name, {})[msg.version] = view
+        if msg.version:  # a real version supersedes a placeholder for a failed config
+            self.models[msg.name].pop(0, None)
+
+    def on_server_state(self, msg: ServerState) -> None:
+        self.ready = msg.ready
+        self.stopping = self.stopping or msg.stopping
+        self.got_state.set()
+
+    def on_drain(self, msg: Drain) -> None:
+        self.stopping = True
+        if not self.drain_requested.done():
+            self.drain_requested.set_result(msg.timeout_s)
+
+    def on_drain_signal(self) -> None:
+        """SIGTERM from the supervisor: stop now, waiting for nothing."""
+        self.on_drain(Drain(0.0))
+
+    def on_peer_gone(self, msg: PeerGone) -> None:
+        self.outbox.drop(msg.address)
+        self.segments.forget(msg.segment_prefix)
+
+    def on_release(self, msg: ReleaseBlocks) -> None:
+        for segment, offset in msg.blocks:
+            self.arena.free(segment, offset)
+
+    def close(self) -> None:
+        for pending in self.pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(
+                    InferError(ErrorCode.UNAVAILABLE, "Server is stopping"))
+        self.segments.close()
+        self.arena.close()
+        self.inbox.close()
+        self.outbox.close()
+
+
+_CONTROL_PARAMETERS = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
+                       "binary_data_output", "headers"}
+
+
+def _user_parameters(params: dict) -> dict:
+    if not params:
+        return {}
+    return {k: v for k, v in params.items() if k not in _CONTROL_PARAMETERS}

@@ -1,0 +1,126 @@
+"""A frontend process: the HTTP and gRPC servers over one SchedulerCore.
+
+Several of these run at once; each binds the same ports with SO_REUSEPORT and the
+kernel spreads connections across them, so protocol parsing scales with cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+
+from frontend.core import SchedulerCore
+from shm.lifecycle import die_with_parent, setup_logging
+from shm.messages.frontend import FrontendReady, FrontendStopped
+
+log = logging.getLogger("shmserve.frontend")
+
+
+def _bool(text: str) -> bool:
+    return text.lower() in ("1", "true", "yes", "on")
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(args) -> int:
+    loop = asyncio.get_running_loop()
+    core = SchedulerCore(args.address, args.scheduler, args.segment_prefix, args.arena_bytes)
+    core.attach(loop)
+
+    def on_term():
+        core.on_drain_signal()
+
+    loop.add_signal_handler(signal.SIGTERM, on_term)
+    loop.add_signal_handler(signal.SIGINT, lambda: None)  # the scheduler coordinates
+
+    http_server = http_task = grpc_server = None
+    from frontend import EXTENSIONS, VERSION
+    if args.allow_http:
+        import uvicorn
+
+        from frontend.http_server import make_http_app
+
+        class _Server(uvicorn.Server):
+            # signals belong to this process's own handlers above
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        sock = reuseport_socket(args.http_address, args.http_port)
+        app = make_http_app(core, server_version=VERSION, extensions=EXTENSIONS)
+        config = uvicorn.Config(app, lifespan="off",
+                                http="httptools", loop="none", access_log=False,
+                                log_level="warning", timeout_keep_alive=300)
+        http_server = _Server(config)
+    if args.allow_grpc:
+        from frontend.grpc_server import make_grpc_server
+        grpc_server = make_grpc_server(core, f"{args.grpc_address}:{args.grpc_port}",
+                                       server_version=VERSION, extensions=EXTENSIONS)
+
+    core.outbox.send(args.scheduler, FrontendReady(args.index, args.address, os.getpid()))
+    await core.got_state.wait()
+    if grpc_server is not None:
+        await grpc_server.start()
+    if http_server is not None:
+        http_task = loop.create_task(http_server.serve(sockets=[sock]))
+
+    timeout = await core.drain_requested
+    # Draining: new requests are refused (core.stopping); wait for those in flight.
+    try:
+        await asyncio.wait_for(core.idle.wait(), timeout)
+    except asyncio.TimeoutError:
+        pass
+    abandoned = len(core.pending)
+    if grpc_server is not None:
+        await grpc_server.stop(grace=0.5)
+    if http_server is not None:
+        http_server.should_exit = True
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(http_task, 5.0)
+    core.outbox.send(args.scheduler, FrontendStopped(args.index, abandoned))
+    core.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="shmserve-frontend")
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--address", required=True)
+    p.add_argument("--scheduler", required=True)
+    p.add_argument("--segment-prefix", required=True)
+    p.add_argument("--arena-bytes", type=int, default=64 << 20)
+    p.add_argument("--http-address", default="0.0.0.0")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-address", default="0.0.0.0")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--allow-http", type=_bool, default=True)
+    p.add_argument("--allow-grpc", type=_bool, default=True)
+    p.add_argument("--log-verbose", type=int, default=0)
+    args = p.parse_args(argv)
+    setup_logging(f"frontend[{args.index}]", args.log_verbose)
+    die_with_parent(signal.SIGTERM)
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    sys.exit(runner(serve(args)))
+
+
+if __name__ == "__main__":
+    main()

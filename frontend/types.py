@@ -1,0 +1,92 @@
+"""What the protocol codecs hand to the frontend core and get back from it.
+
+The codecs (HTTP JSON/binary, gRPC) turn a wire request into a `DecodedRequest` whose
+input data are buffers in Triton's raw layout (little-endian, row-major, BYTES as 4-byte
+length-prefixed elements), slicing the received body without copying where they can.
+The core validates it against the model, runs it and returns an `InferResult` whose
+output buffers stay valid until `release()` is called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+from shm.errors import InferError  # noqa: F401  (re-exported for codecs)
+
+
+@dataclasses.dataclass(slots=True)
+class DecodedInput:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: Any  # bytes-like in raw layout; None when the input lives in a shm region
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    binary_data: bool | None = None  # None: the request's default applies
+    class_count: int = 0
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class DecodedRequest:
+    model_name: str
+    model_version: str  # "" means the version policy's choice
+    id: str
+    inputs: list[DecodedInput]
+    outputs: list[RequestedOutput] | None  # None: every output of the model
+    parameters: dict[str, Any]  # priority, timeout, sequence_*, binary_data_output, ...
+
+
+@dataclasses.dataclass(slots=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: Any  # bytes-like in raw layout, valid until the result is released
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(slots=True)
+class InferResult:
+    model_name: str
+    model_version: str
+    id: str
+    outputs: list[OutputTensor]
+    release: Callable[[], None] = lambda: None
+
+
+@dataclasses.dataclass(slots=True)
+class ModelView:
+    """What the frontend knows of one model version, pushed to it by the scheduler."""
+
+    name: str
+    version: int
+    state: str  # "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+    reason: str
+    config: Any  # tritonclient.grpc.model_config_pb2.ModelConfig
+    config_json: dict | None = None  # the config as Triton's HTTP endpoint prints it
+    # output name -> class labels (its `label_filename`), for HTTP classification
+    labels: dict[str, list[str]] | None = None
+
+
+class FrontendCore(Protocol):
+    """The protocol servers' only view of the rest of the server."""
+
+    def server_live(self) -> bool: ...
+
+    def server_ready(self) -> bool: ...
+
+    def get_model(self, name: str, version: str = "") -> ModelView:
+        """The model version that `version` names ("" = latest ready one).
+
+        Raises InferError(NOT_FOUND) for an unknown model or version."""
+
+    def model_versions(self, name: str) -> list[ModelView]: ...
+
+    async def infer(self, request: DecodedRequest) -> InferResult:
+        """Validate, run and answer one request; raises InferError."""

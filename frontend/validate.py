@@ -1,0 +1,245 @@
+"""Checks a decoded inference request against its model's config, as Triton does.
+
+Shared by the HTTP and gRPC frontends. The order of the checks and the wording of the
+errors follow Triton core (`InferenceRequest::Normalize` and the input byte-size checks
+that come after it, `Model::GetInput`/`GetOutput`), because users grep logs and tests for
+these messages. Every error is InferError(INVALID_ARG) and, like Triton's, starts with
+`[request id: <id>] ` (`<id_unknown>` when the request has no id).
+
+A config's inputs and outputs are read from protobuf once and cached, so a request costs
+a few dict lookups and integer comparisons.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from shm.datatypes import element_size, from_config
+from shm.errors import ErrorCode, InferError
+
+from .types import DecodedRequest
+
+_INVALID = ErrorCode.INVALID_ARG
+_BATCH_NOTE = (
+    " NOTE: Setting a non-zero max_batch_size in the model config requires a batch "
+    "dimension to be prepended to each input shape. If you want to specify the full "
+    "shape including the batch dim in your input dims config, try setting "
+    "max_batch_size to zero. See the model configuration docs for more info on "
+    "max_batch_size.")
+_LEN = struct.Struct("<I")
+
+
+class _InputSpec:
+    __slots__ = ("datatype", "dims", "optional", "is_shape_tensor")
+
+    def __init__(self, datatype, dims, optional, is_shape_tensor):
+        self.datatype = datatype
+        self.dims = dims
+        self.optional = optional
+        self.is_shape_tensor = is_shape_tensor
+
+
+class _ModelSpec:
+    """The parts of a ModelConfig that request validation reads, as plain Python."""
+
+    __slots__ = ("config", "name", "max_batch_size", "inputs", "input_order",
+                 "required", "outputs")
+
+    def __init__(self, config):
+        self.config = config  # keeps id(config) from being reused while cached
+        self.name = config.name
+        self.max_batch_size = int(config.max_batch_size)
+        self.inputs = {
+            i.name: _InputSpec(from_config(_dtype_name(i.data_type)), tuple(i.dims),
+                               bool(i.optional), bool(i.is_shape_tensor))
+            for i in config.input
+        }
+        self.input_order = [i.name for i in config.input]
+        self.required = [i.name for i in config.input if not i.optional]
+        self.outputs = {o.name for o in config.output}
+
+
+def _dtype_name(value: int) -> str:
+    from tritonclient.grpc import model_config_pb2  # only on a cache miss
+
+    return model_config_pb2.DataType.Name(value)
+
+
+_SPECS: dict[int, _ModelSpec] = {}
+
+
+def _spec(config) -> _ModelSpec:
+    spec = _SPECS.get(id(config))
+    if spec is None or spec.config is not config:
+        if len(_SPECS) >= 256:  # configs are replaced on reload; don't grow forever
+            _SPECS.clear()
+        spec = _SPECS[id(config)] = _ModelSpec(config)
+    return spec
+
+
+def dims_str(dims) -> str:
+    """Triton's DimsListToString: '[-1,16]'."""
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _names(names) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+def validate_request(req: DecodedRequest, config) -> int:
+    """Check `req` against `config` (a model_config_pb2.ModelConfig).
+
+    Returns the request's batch size: the shared first dimension of its inputs for a
+    model with max_batch_size > 0, or 0 for a model that does not batch (Triton's
+    `InferenceRequest::BatchSize()`). Raises InferError(INVALID_ARG) with Triton's
+    message otherwise. Inputs whose `data` is None live in a shared-memory region and
+    are not size-checked here; whoever resolves the region checks their byte size.
+    """
+    spec = _spec(config)
+    model = spec.name or req.model_name
+    prefix = f"[request id: {req.id or '<id_unknown>'}] "
+
+    if req.outputs:
+        for out in req.outputs:
+            if out.name not in spec.outputs:
+                raise InferError(
+                    _INVALID,
+                    f"{prefix}unexpected inference output '{out.name}' for model "
+                    f"'{model}'")
+
+    inputs = req.inputs
+    given = {}
+    for inp in inputs:
+        if inp.name in given:
+            raise InferError(
+                _INVALID, f"{prefix}input '{inp.name}' already exists in request")
+        given[inp.name] = inp
+    if len(given) > len(spec.input_order) or len(given) < len(spec.required):
+        raise _input_count_error(spec, given, model, prefix)
+
+    batch_size = 0
+    mbs = spec.max_batch_size
+    for inp in inputs:
+        ispec = spec.inputs.get(inp.name)
+        if ispec is None:
+            raise InferError(
+                _INVALID,
+                f"{prefix}unexpected inference input '{inp.name}' for model '{model}'")
+        if mbs > 0 and not ispec.is_shape_tensor:
+            if not inp.shape:
+                raise InferError(
+                    _INVALID,
+                    f"{prefix}input '{inp.name}' has no shape but model requires batch "
+                    f"dimension for '{model}'")
+            if batch_size == 0:
+                batch_size = inp.shape[0]
+            elif inp.shape[0] != batch_size:
+                raise InferError(
+                    _INVALID,
+                    f"{prefix}input '{inp.name}' batch size does not match other "
+                    f"inputs for '{model}'")
+    if len(given) < len(spec.input_order) and any(
+            n not in given for n in spec.required):  # an optional one stood in
+        raise _input_count_error(spec, given, model, prefix)
+    if batch_size > mbs:
+        raise InferError(
+            _INVALID,
+            f"{prefix}inference request batch-size must be <= {mbs} for '{model}'")
+
+    for inp in inputs:
+        ispec = spec.inputs[inp.name]
+        if inp.datatype != ispec.datatype:
+            raise InferError(
+                _INVALID,
+                f"{prefix}inference input '{inp.name}' data-type is '{inp.datatype}', "
+                f"but model '{model}' expects '{ispec.datatype}'")
+        shape = inp.shape
+        dims = shape[1:] if (mbs > 0 and not ispec.is_shape_tensor) else shape
+        match = len(dims) == len(ispec.dims)
+        if match:
+            for c, d in zip(ispec.dims, dims):
+                if d < 0:
+                    raise InferError(
+                        _INVALID,
+                        f"{prefix}All input dimensions should be specified for input "
+                        f"'{inp.name}' for model '{model}', got {dims_str(shape)}")
+                if c != d and c != -1:
+                    match = False
+                    break
+        if not match:
+            full = ((-1,) + ispec.dims) if mbs > 0 else ispec.dims
+            raise InferError(
+                _INVALID,
+                f"{prefix}unexpected shape for input '{inp.name}' for model '{model}'. "
+                f"Expected {dims_str(full)}, got {dims_str(shape)}."
+                + (_BATCH_NOTE if mbs > 0 else ""))
+
+    for inp in inputs:
+        if inp.data is not None:
+            check_input_byte_size(inp, model, prefix)
+    return batch_size
+
+
+def _input_count_error(spec: _ModelSpec, given: dict, model: str,
+                       prefix: str) -> InferError:
+    n_config = len(spec.input_order)
+    n_required = len(spec.required)
+    missing = [n for n in spec.required if n not in given]
+    got = _names(given) if given else "[]"
+    if n_config == n_required:
+        head = f"expected {n_config} inputs"
+    else:
+        head = f"expected number of inputs between {n_required} and {n_config}"
+    return InferError(
+        _INVALID,
+        f"{prefix}{head} but got {len(given)} inputs for model '{model}'. Got input(s) "
+        f"{got}, but missing required input(s) {_names(missing)}. Please provide all "
+        f"required input(s).")
+
+
+def check_input_byte_size(inp, model: str, prefix: str = "") -> None:
+    """Check that an input's data holds exactly what its datatype and shape say.
+
+    For BYTES, walks the 4-byte length prefixes without copying the elements."""
+    count = 1
+    for d in inp.shape:
+        count *= d
+    data = inp.data
+    size = element_size(inp.datatype)
+    if size is not None:
+        got = len(data) if type(data) is bytes else memoryview(data).nbytes
+        if got != size * count:
+            raise InferError(
+                _INVALID,
+                f"{prefix}input byte size mismatch for input '{inp.name}' for model "
+                f"'{model}'. Expected {size * count}, got {got}")
+        return
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    end = len(view)
+    pos = 0
+    seen = 0
+    while pos < end:
+        if pos + 4 > end:
+            raise InferError(
+                _INVALID,
+                f"{prefix}element byte size indicator exceeds the end of the buffer "
+                f"for inference input '{inp.name}' for model '{model}'")
+        seen += 1
+        if seen > count:
+            raise InferError(
+                _INVALID,
+                f"{prefix}unexpected number of string elements {seen} for inference "
+                f"input '{inp.name}' for model '{model}', expecting {count}")
+        pos += 4 + _LEN.unpack_from(view, pos)[0]
+        if pos > end:
+            raise InferError(
+                _INVALID,
+                f"{prefix}element byte size exceeds the end of the buffer for "
+                f"inference input '{inp.name}' for model '{model}'")
+    if seen != count:
+        raise InferError(
+            _INVALID,
+            f"{prefix}expected {count} string elements for inference input "
+            f"'{inp.name}' for model '{model}', got {seen}")
