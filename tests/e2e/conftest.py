@@ -1,0 +1,17 @@
+import pytest
+
+from tests.e2e.harness import MODELS, ServerProcess
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """One server on the test model repository, shared by the tests that only talk to it,
+    with two frontend processes so requests cross SO_REUSEPORT-shared ports."""
+    marker_dir = tmp_path_factory.mktemp("markers")
+    srv = ServerProcess(MODELS, frontends=2, log_dir=tmp_path_factory.mktemp("logs"),
+                        env={"SHMSERVE_TEST_MARKER_DIR": str(marker_dir)})
+    srv.start()
+    yield srv
+    code = srv.stop()
+    assert code == 0, srv.log()
+    assert srv.segments() == [], "server left shared memory behind"

@@ -1,0 +1,123 @@
+"""Starting a real shmserve (every process) on free loopback ports, for tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "tests" / "models"
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class ServerProcess:
+    """`shmserve` as a user starts it, with its log in a file."""
+
+    def __init__(self, repo: Path | str = MODELS, *args: str, frontends: int = 1,
+                 log_dir: Path | None = None, env: dict | None = None):
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+        self.repo = str(repo)
+        self.argv = [sys.executable, "-m", "scheduler.main", "--model-repository", self.repo,
+                     "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+                     "--metrics-address", "127.0.0.1",
+                     "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+                     "--metrics-port", str(self.metrics_port),
+                     "--frontend-processes", str(frontends), *args]
+        self.log_path = Path(log_dir or "/tmp") / f"shmserve-test-{self.http_port}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self, wait_ready: bool = True, timeout: float = 120.0) -> "ServerProcess":
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=self._log,
+                                     stderr=subprocess.STDOUT, env=self.env)
+        if wait_ready:
+            wait_until(self._ready_or_dead, timeout, 0.1, "server readiness")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+        return self
+
+    def _ready_or_dead(self) -> bool:
+        if self.proc.poll() is not None:
+            return True
+        try:
+            with urllib.request.urlopen(
+                    f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def segments(self) -> list[str]:
+        """This server's segments in /dev/shm (their names start with its pid in hex)."""
+        prefix = f"shmserve-{self.proc.pid:x}"
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+
+    def children(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                             text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 60.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            for pid in self.children():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        finally:
+            self._log.close()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

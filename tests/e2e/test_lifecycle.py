@@ -1,0 +1,147 @@
+"""Worker death, shutdown and load failures: nothing hangs, nothing leaks."""
+
+import concurrent.futures as cf
+import os
+import signal
+import shutil
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.utils as tu
+
+from tests.e2e.clients import client, infer_input
+from tests.e2e.harness import MODELS, ServerProcess, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def _slow(server, delay_ms, protocol="grpc", timeout=None):
+    kwargs = {"client_timeout": timeout} if protocol == "grpc" and timeout else {}
+    r = client(server, protocol).infer(
+        "slow_parallel",
+        [infer_input(protocol, "DELAY_MS", np.array([delay_ms], np.int32), "INT32")], **kwargs)
+    return int(r.as_numpy("PID")[0])
+
+
+def test_killed_worker_fails_in_flight_requests_fast_and_comes_back(tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    with ServerProcess(MODELS, frontends=1, log_dir=tmp_path,
+                       env={"SHMSERVE_TEST_MARKER_DIR": str(markers)}) as srv:
+        pids = wait_until(lambda: {_slow(srv, 1) for _ in range(10)} if len(
+            {_slow(srv, 1) for _ in range(10)}) == 2 else None, 30, what="both instances")
+        assert pids <= set(srv.children())  # one process per python instance
+        stop = threading.Event()
+        outcomes = []
+
+        def load():
+            # keep both instances busy with 3 s requests
+            while not stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    _slow(srv, 3000, timeout=60)
+                    outcomes.append(("ok", time.monotonic() - t0, ""))
+                except tu.InferenceServerException as exc:
+                    outcomes.append(("error", time.monotonic(), exc.message()))
+
+        threads = [threading.Thread(target=load) for _ in range(2)]
+        for t in threads:
+            t.start()
+        wait_until(lambda: {f"running-{p}" for p in pids} <= {m.name for m in markers.iterdir()},
+                   30, what="both instances to be running a request")
+        victim = next(iter(pids))
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        errors = wait_until(lambda: [o for o in outcomes if o[0] == "error"], 10,
+                            what="the in-flight request to fail")
+        assert errors[0][1] - killed_at < 1.0, "in-flight request did not fail within 1 s"
+        assert "worker process" in errors[0][2] and "slow_parallel" in errors[0][2]
+        stop.set()
+        for t in threads:
+            t.join(30)
+        # once the instance is back, requests succeed again, on a new process
+        new_pids = wait_until(lambda: {_slow(srv, 1) for _ in range(6)} - {victim}, 60,
+                              what="requests to succeed on a restarted worker")
+        assert victim not in new_pids
+        assert len({_slow(srv, 1) for _ in range(20)}) == 2  # both instances serve again
+        segments_before = srv.segments()
+    assert srv.proc.returncode == 0
+    assert srv.segments() == []
+    assert segments_before is not None
+
+
+def test_shutdown_drains_in_flight_and_finalizes(tmp_path):
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    srv = ServerProcess(MODELS, frontends=1, log_dir=tmp_path,
+                        env={"SHMSERVE_TEST_MARKER_DIR": str(markers)}).start()
+    try:
+        x = np.random.default_rng(3).standard_normal((1, 1_000_000), dtype=np.float32)
+        client(srv, "grpc").infer("identity_fp32", [infer_input("grpc", "INPUT0", x, "FP32")])
+        assert srv.segments(), "a large request should have created arenas"
+        with cf.ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(_slow, srv, 1500, "http")
+            wait_until(lambda: any(m.name.startswith("running-") for m in markers.iterdir()),
+                       30, what="the request to reach the model")
+            srv.proc.send_signal(signal.SIGTERM)
+            assert fut.result(timeout=30) > 0  # the in-flight request still completed
+        assert srv.proc.wait(60) == 0
+    finally:
+        srv.stop()
+    finalized = sorted(p.name for p in markers.iterdir() if p.name.startswith("finalized-"))
+    assert finalized == ["finalized-slow_parallel_0_0", "finalized-slow_parallel_0_1"]
+    assert srv.segments() == []
+    assert srv.children() == []
+
+
+def _repo_with_broken_model(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(MODELS / "add_sub", repo / "add_sub")
+    broken = repo / "broken"
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text(
+        'name: "broken"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 0 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    (broken / "1" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    crashing = repo / "crashing"
+    (crashing / "1").mkdir(parents=True)
+    (crashing / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n')
+    (crashing / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def initialize(self, args):\n"
+        "        raise RuntimeError('cannot open weights file')\n")
+    return repo
+
+
+def test_load_failure_exits_by_default(tmp_path):
+    srv = ServerProcess(_repo_with_broken_model(tmp_path), log_dir=tmp_path)
+    srv.start(wait_ready=False)
+    code = srv.proc.wait(120)
+    log = srv.log()
+    assert code != 0
+    assert "broken" in log and "UNAVAILABLE" in log
+    assert "cannot open weights file" in log
+    assert srv.segments() == []
+
+
+def test_load_failure_with_exit_on_error_false(tmp_path):
+    repo = _repo_with_broken_model(tmp_path)
+    with ServerProcess(repo, "--exit-on-error=false", log_dir=tmp_path) as srv:
+        for protocol in ("http", "grpc"):
+            c = client(srv, protocol)
+            assert c.is_model_ready("add_sub")
+            assert not c.is_model_ready("broken")
+            assert not c.is_model_ready("crashing")
+            with pytest.raises(tu.InferenceServerException) as exc:
+                c.infer("crashing", [infer_input(protocol, "X", np.ones(1, np.float32), "FP32")])
+            expected = "503" if protocol == "http" else "StatusCode.UNAVAILABLE"
+            assert exc.value.status() == expected
+            assert "cannot open weights file" in exc.value.message()
+        with urllib.request.urlopen(f"http://{srv.http_url}/v2/health/ready", timeout=5) as r:
+            assert r.status == 200
