@@ -112,7 +112,7 @@ class SchedulerCore:
                              f"model '{view.name}' version {view.version} is not ready"
                              f" (state {view.state}){reason}")
         batch_size = validate_request(request, view.config)
-        refs, blocks = self._put_inputs(request)
+        refs, blocks = put_inputs(self.arena, request.inputs)
         params = request.parameters
         outputs = None
         if request.outputs is not None:
@@ -143,21 +143,6 @@ class SchedulerCore:
         return self._result(view, request, resp)
 
     # -- tensors ------------------------------------------------------------------------
-
-    def _put_inputs(self, request: DecodedRequest):
-        refs, blocks = [], []
-        for inp in request.inputs:
-            data = inp.data
-            n = data.nbytes if isinstance(data, memoryview) else len(data)
-            if n <= INLINE_MAX:
-                refs.append(TensorRef(inp.name, inp.datatype, inp.shape, data=bytes(data)))
-                continue
-            segment, offset, view = self.arena.alloc(n)
-            view[:] = data  # the one copy of this input: request body -> shared memory
-            blocks.append((segment, offset))
-            refs.append(TensorRef(inp.name, inp.datatype, inp.shape, segment=segment,
-                                  offset=offset, nbytes=n))
-        return refs, blocks
 
     def _result(self, view: ModelView, request: DecodedRequest, resp: InferResponse):
         outputs = []
@@ -240,6 +225,24 @@ class SchedulerCore:
         self.arena.close()
         self.inbox.close()
         self.outbox.close()
+
+
+def put_inputs(arena: Arena, inputs) -> tuple[list[TensorRef], list[tuple[str, int]]]:
+    """Descriptors for a request's inputs: small ones inline, large ones copied once into
+    a block of `arena`. Returns the descriptors and the blocks to free afterwards."""
+    refs, blocks = [], []
+    for inp in inputs:
+        data = inp.data
+        n = data.nbytes if isinstance(data, memoryview) else len(data)
+        if n <= INLINE_MAX:
+            refs.append(TensorRef(inp.name, inp.datatype, inp.shape, data=bytes(data)))
+            continue
+        segment, offset, view = arena.alloc(n)
+        view[:] = data  # the one copy of this input: request body -> shared memory
+        blocks.append((segment, offset))
+        refs.append(TensorRef(inp.name, inp.datatype, inp.shape, segment=segment,
+                              offset=offset, nbytes=n))
+    return refs, blocks
 
 
 _CONTROL_PARAMETERS = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",

@@ -1,0 +1,62 @@
+"""Messages on the wire: tensor bytes stay out of control messages."""
+
+import os
+import typing
+
+import msgspec
+import pytest
+
+from frontend.core import put_inputs
+from frontend.types import DecodedInput
+from shm.arena import Arena
+from shm.channel import encode
+from shm.messages.frontend import InferRequest
+from shm.messages.scheduler import SCHEDULER_INBOX
+from shm.messages.worker import WORKER_INBOX, ExecuteBatch
+from shm.tensor import INLINE_MAX
+
+
+@pytest.fixture
+def arena():
+    a = Arena(f"shmserve-msgtest-{os.getpid()}", chunk_size=1 << 20)
+    yield a
+    a.close()
+
+
+def test_64mib_input_travels_as_a_few_hundred_bytes(arena):
+    body = bytearray(64 << 20)
+    body[-1] = 7
+    refs, blocks = put_inputs(arena, [DecodedInput("INPUT0", "FP32", [1, 16 << 20],
+                                                   memoryview(body))])
+    req = InferRequest(1, "ipc:///tmp/shmserve-x/f0g1", "identity_fp32", 1, refs)
+    wire = encode(req)
+    assert len(wire) < 300, len(wire)
+    # ...and the scheduler passes it to the worker still as a descriptor
+    assert len(encode(ExecuteBatch(1, "identity_fp32/1/identity_fp32_0_0", [req]))) < 400
+    seg, off = blocks[0]
+    assert arena.segments[seg].view[off + (64 << 20) - 1] == 7  # the bytes are in shm
+
+
+def test_small_inputs_are_inline(arena):
+    refs, blocks = put_inputs(arena, [DecodedInput("A", "INT8", [INLINE_MAX], bytes(INLINE_MAX))])
+    assert refs[0].data is not None and blocks == []
+    refs, blocks = put_inputs(arena, [DecodedInput("A", "INT8", [INLINE_MAX + 1],
+                                                   bytes(INLINE_MAX + 1))])
+    assert refs[0].data is None and len(blocks) == 1
+
+
+def test_round_trip_through_the_typed_decoder(arena):
+    refs, _ = put_inputs(arena, [DecodedInput("A", "FP32", [1, 2], bytes(8))])
+    req = InferRequest(5, "ipc://x", "m", 0, refs, request_id="abc", sequence_id="s1",
+                       sequence_start=True, priority=2, timeout_us=100)
+    decoder = msgspec.msgpack.Decoder(typing.Union[SCHEDULER_INBOX])
+    assert decoder.decode(encode(req)) == req
+
+
+def test_an_inbox_rejects_types_it_does_not_expect():
+    decoder = msgspec.msgpack.Decoder(typing.Union[WORKER_INBOX])
+    req = InferRequest(1, "ipc://x", "m", 0, [])
+    with pytest.raises(msgspec.ValidationError):
+        decoder.decode(encode(req))  # workers get ExecuteBatch, never a bare request
+    with pytest.raises(msgspec.DecodeError):
+        decoder.decode(b"\x93garbage")
