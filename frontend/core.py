@@ -102,17 +102,23 @@ class SchedulerCore:
     def all_models(self) -> list[ModelView]:
         return [v for versions in self.models.values() for v in versions.values()]
 
+    def body_buffer(self, nbytes: int) -> tuple[memoryview, tuple[str, int]]:
+        """A block of this frontend's arena to receive a request body into."""
+        segment, offset, view = self.arena.alloc(nbytes)
+        return view, (segment, offset)
+
+    def free_blocks(self, blocks) -> None:
+        for segment, offset in blocks:
+            self.arena.free(segment, offset)
+
     async def infer(self, request: DecodedRequest) -> InferResult:
-        if self.stopping:
-            raise InferError(ErrorCode.UNAVAILABLE, "Server is stopping")
-        view = self.get_model(request.model_name, request.model_version)
-        if view.state != "READY":
-            reason = f": {view.reason}" if view.reason else ""
-            raise InferError(ErrorCode.UNAVAILABLE,
-                             f"model '{view.name}' version {view.version} is not ready"
-                             f" (state {view.state}){reason}")
-        batch_size = validate_request(request, view.config)
-        refs, blocks = put_inputs(self.arena, request.inputs)
+        try:
+            view, batch_size = self._admit(request)
+            refs, blocks = put_inputs(self.arena, request.inputs)
+        except BaseException:
+            self.free_blocks(request.arena_blocks)
+            raise
+        blocks.extend(request.arena_blocks)
         params = request.parameters
         outputs = None
         if request.outputs is not None:
@@ -142,6 +148,17 @@ class SchedulerCore:
             raise InferError(ErrorCode(resp.error_code or ErrorCode.INTERNAL), resp.error)
         return self._result(view, request, resp)
 
+    def _admit(self, request: DecodedRequest):
+        if self.stopping:
+            raise InferError(ErrorCode.UNAVAILABLE, "Server is stopping")
+        view = self.get_model(request.model_name, request.model_version)
+        if view.state != "READY":
+            reason = f": {view.reason}" if view.reason else ""
+            raise InferError(ErrorCode.UNAVAILABLE,
+                             f"model '{view.name}' version {view.version} is not ready"
+                             f" (state {view.state}){reason}")
+        return view, validate_request(request, view.config)
+
     # -- tensors ------------------------------------------------------------------------
 
     def _result(self, view: ModelView, request: DecodedRequest, resp: InferResponse):
@@ -169,8 +186,7 @@ class SchedulerCore:
         if pending is None:
             self._release_unclaimed(msg)
             return
-        for segment, offset in pending.blocks:
-            self.arena.free(segment, offset)
+        self.free_blocks(pending.blocks)
         if pending.future.done():  # cancelled while waiting
             self._release_unclaimed(msg)
         else:
@@ -237,9 +253,13 @@ def put_inputs(arena: Arena, inputs) -> tuple[list[TensorRef], list[tuple[str, i
         if n <= INLINE_MAX:
             refs.append(TensorRef(inp.name, inp.datatype, inp.shape, data=bytes(data)))
             continue
-        segment, offset, view = arena.alloc(n)
-        view[:] = data  # the one copy of this input: request body -> shared memory
-        blocks.append((segment, offset))
+        where = arena.locate(data)
+        if where is not None:  # received straight into shared memory: no copy at all
+            segment, offset = where
+        else:
+            segment, offset, view = arena.alloc(n)
+            view[:] = data  # the one copy of this input: request body -> shared memory
+            blocks.append((segment, offset))
         refs.append(TensorRef(inp.name, inp.datatype, inp.shape, segment=segment,
                               offset=offset, nbytes=n))
     return refs, blocks

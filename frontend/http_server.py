@@ -33,6 +33,9 @@ DEFAULT_EXTENSIONS = (
     "statistics",
 )
 
+# Bodies at least this large are received straight into shared memory.
+BODY_IN_ARENA_MIN = 256 * 1024
+
 _JSON = b"application/json"
 _OCTET = b"application/octet-stream"
 
@@ -114,21 +117,8 @@ class _InferEndpoint:
         self.core = core
 
     async def __call__(self, scope, receive, send) -> None:
-        # the body: usually one message; join only when it came in pieces
-        message = await receive()
-        body = message.get("body", b"")
-        if message.get("more_body", False):
-            chunks = [body]
-            while message.get("more_body", False):
-                message = await receive()
-                if message["type"] != "http.request":
-                    return  # client went away
-                chunks.append(message.get("body", b""))
-            body = b"".join(chunks)
-        elif message["type"] != "http.request":
-            return
-
         header_length = encoding = accept = None
+        content_length = 0
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
                 header_length = value.decode("latin-1")
@@ -136,7 +126,39 @@ class _InferEndpoint:
                 encoding = value.decode("latin-1").strip()
             elif key == b"accept-encoding":
                 accept = value.decode("latin-1")
+            elif key == b"content-length":
+                content_length = int(value) if value.isdigit() else 0
 
+        # A large body goes straight into the core's shared-memory arena as it arrives:
+        # its tensors are then already where the worker reads them (no second copy, and
+        # no fresh multi-MiB allocation whose page faults cost more than the copy).
+        block = None
+        body_buffer = getattr(self.core, "body_buffer", None)
+        if content_length >= BODY_IN_ARENA_MIN and not encoding and body_buffer is not None:
+            body, block = body_buffer(content_length)
+            filled = await _receive_into(receive, body)
+            if filled is None:
+                self.core.free_blocks([block])
+                return  # client went away
+            if filled != content_length:
+                body = body[:filled]
+        else:
+            # the body: usually one message; join only when it came in pieces
+            message = await receive()
+            body = message.get("body", b"")
+            if message.get("more_body", False):
+                chunks = [body]
+                while message.get("more_body", False):
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return  # client went away
+                    chunks.append(message.get("body", b""))
+                body = b"".join(chunks)
+            elif message["type"] != "http.request":
+                return
+        await self._answer(scope, send, body, block, header_length, encoding, accept)
+
+    async def _answer(self, scope, send, body, block, header_length, encoding, accept):
         params = scope["path_params"]
         name = params["model_name"]
         headers = None
@@ -150,6 +172,9 @@ class _InferEndpoint:
                 request = http_codec.decode_raw_request(body, view.config, name, version)
             else:
                 request = http_codec.decode_infer_request(body, length, name, version)
+            if block is not None:
+                request.arena_blocks.append(block)  # the core frees it from here on
+                block = None
             result = await self.core.infer(request)
             try:
                 batching, labels = False, None
@@ -183,9 +208,30 @@ class _InferEndpoint:
             status = 500
             out = http_codec.encode_error(f"{type(e).__name__}: {e}")
             headers = [(b"content-type", _JSON)]
+        if block is not None:  # the request failed before the core took the body
+            self.core.free_blocks([block])
         headers.append((b"content-length", b"%d" % len(out)))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": out})
+
+
+async def _receive_into(receive, buffer: memoryview) -> int | None:
+    """Copy the request body into `buffer` as it arrives; None if the client left.
+    Returns the number of bytes received (at most len(buffer); extra bytes are counted
+    but dropped, so a body longer than its Content-Length is reported, not written)."""
+    pos, size = 0, len(buffer)
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        n = len(chunk)
+        if n:
+            end = min(pos + n, size)
+            buffer[pos:end] = chunk[:end - pos]
+            pos += n
+        if not message.get("more_body", False):
+            return min(pos, size) if pos <= size else pos
 
 
 class _Handlers:

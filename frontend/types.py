@@ -40,6 +40,9 @@ class DecodedRequest:
     inputs: list[DecodedInput]
     outputs: list[RequestedOutput] | None  # None: every output of the model
     parameters: dict[str, Any]  # priority, timeout, sequence_*, binary_data_output, ...
+    # Blocks of the core's arena holding this request's data (a body received straight
+    # into shared memory); the core frees them once the request is finished.
+    arena_blocks: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(slots=True)

@@ -178,6 +178,10 @@ class Server:
 
     async def load_model(self, source) -> bool:
         try:
+            if self.args.strict_model_config and not (source.path / "config.pbtxt").is_file():
+                raise cfg.ConfigError(
+                    f"model '{source.name}' has no config.pbtxt, which "
+                    "--strict-model-config=true requires")
             plan = repository.plan_model(source)
         except Exception as exc:
             mv = ModelVersion(source.name, 0, str(source.path),
@@ -201,7 +205,8 @@ class Server:
                 slots.append(InstanceSlot(f"{plan.name}/{version}/{name}", name, kind, device))
         try:
             # The first instance may auto-complete the config the others then get.
-            config = await self._start_instance(mv, slots[0], mv.config, auto_complete=True)
+            config = await self._start_instance(mv, slots[0], mv.config,
+                                                auto_complete=not self.args.strict_model_config)
             mv.config = config
             await asyncio.gather(*(self._start_instance(mv, s, config) for s in slots[1:]))
         except Exception as exc:

@@ -16,6 +16,8 @@ import bisect
 import mmap
 import os
 
+import numpy as np
+
 SHM_DIR = "/dev/shm"
 ALIGN = 256  # covers cache lines and the alignment CUDA copies like
 PAGE = mmap.PAGESIZE
@@ -102,6 +104,11 @@ class Segment:
             pass
 
 
+def address_of(buf) -> int:
+    """The address of a buffer's first byte."""
+    return np.frombuffer(buf, dtype=np.uint8).ctypes.data
+
+
 class _FreeList:
     """First-fit allocator over one segment, with coalescing of neighbours on free."""
 
@@ -161,14 +168,16 @@ class Arena:
         self.segments: dict[str, Segment] = {}
         self._lists: dict[str, _FreeList] = {}
         self._order: list[str] = []
+        self._bases: dict[str, int] = {}
         self._counter = 0
 
     def _grow(self, nbytes: int) -> str:
         size = max(self.chunk_size, _round_up(nbytes, PAGE))
         name = f"{self.prefix}-{self._counter}"
         self._counter += 1
-        self.segments[name] = Segment.create(name, size, prefault=self.prefault)
+        seg = self.segments[name] = Segment.create(name, size, prefault=self.prefault)
         self._lists[name] = _FreeList(size)
+        self._bases[name] = address_of(seg.view)
         self._order.append(name)
         return name
 
@@ -189,6 +198,16 @@ class Arena:
         if lst is not None and offset in lst.used:
             lst.free(offset)
 
+    def locate(self, buf) -> tuple[str, int] | None:
+        """(segment, offset) if `buf` already lies inside one of this arena's segments."""
+        if not self._bases:
+            return None
+        addr = address_of(buf)
+        for name, base in self._bases.items():
+            if base <= addr < base + self.segments[name].size:
+                return name, addr - base
+        return None
+
     def used_bytes(self) -> int:
         return sum(sum(lst.used.values()) for lst in self._lists.values())
 
@@ -200,6 +219,7 @@ class Arena:
         self.segments.clear()
         self._lists.clear()
         self._order.clear()
+        self._bases.clear()
 
 
 class SegmentCache:
