@@ -1,0 +1,268 @@
+"""The gRPC front door: Triton's `inference.GRPCInferenceService` on grpc.aio.
+
+`make_grpc_server` returns a bound, not yet started `grpc.aio.Server`. Handlers are
+registered as generic method handlers with no (de)serializers on the inference RPCs,
+so `grpc_codec` sees the wire bytes: it slices large raw inputs out of the request
+without protobuf copying them, and writes outputs into the reply with one copy. The
+other RPCs use the generated message classes. RPCs this server does not offer yet
+(repository, shared memory, statistics, trace, logging) answer UNIMPLEMENTED.
+
+The port is bound with SO_REUSEPORT so that every frontend process listens on it and
+the kernel spreads connections between them; message size limits are raised to 2 GiB
+as Triton does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from tritonclient.grpc import model_config_pb2, service_pb2
+
+from shm.datatypes import from_config
+from shm.errors import GRPC_STATUS, ErrorCode, InferError
+
+from . import grpc_codec
+from .types import FrontendCore
+
+log = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+MAX_MESSAGE_BYTES = 2**31 - 1  # Triton: INT32_MAX both ways
+DEFAULT_EXTENSIONS = ("classification", "sequence", "model_configuration", "schedule_policy",
+                      "binary_tensor_data", "parameters")
+
+_STATUS = {code: getattr(grpc.StatusCode, name) for code, name in GRPC_STATUS.items()}
+_DATA_TYPE_NAME = model_config_pb2.DataType.Name
+
+
+def _default_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("shmserve")
+    except Exception:
+        return "0.1.0"
+
+
+def server_options() -> list[tuple[str, int]]:
+    """Channel arguments for the server: shared port, Triton's message size limits."""
+    return [
+        ("grpc.so_reuseport", 1),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+
+
+def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "shmserve",
+                     server_version: str | None = None,
+                     extensions=DEFAULT_EXTENSIONS) -> grpc.aio.Server:
+    """A grpc.aio server for `core`, bound to `address` ("host:port"), not started.
+
+    With port 0 the kernel picks one; the server's `bound_port` attribute says which.
+    Must be called with the event loop the server will run on set (grpc.aio's rule)."""
+    servicer = InferenceServicer(core, server_name, server_version or _default_version(),
+                                 extensions)
+    server = grpc.aio.server(options=server_options())
+    handlers = servicer.method_handlers()
+    if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63: faster lookup
+        server.add_registered_method_handlers(SERVICE, handlers)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"gRPC server could not bind {address}")
+    server.bound_port = port
+    return server
+
+
+class InferenceServicer:
+    """Handlers for each RPC of inference.GRPCInferenceService, over a FrontendCore."""
+
+    def __init__(self, core: FrontendCore, server_name: str, server_version: str,
+                 extensions):
+        self.core = core
+        self.server_metadata = service_pb2.ServerMetadataResponse(
+            name=server_name, version=server_version, extensions=list(extensions)
+        ).SerializeToString()
+
+    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        unary = grpc.unary_unary_rpc_method_handler
+        s = service_pb2
+
+        def typed(fn, request_type):
+            return unary(fn, request_deserializer=request_type.FromString,
+                         response_serializer=_serialize)
+
+        handlers = {
+            "ServerLive": typed(self.server_live, s.ServerLiveRequest),
+            "ServerReady": typed(self.server_ready, s.ServerReadyRequest),
+            "ModelReady": typed(self.model_ready, s.ModelReadyRequest),
+            "ServerMetadata": unary(self.server_metadata_rpc,
+                                    request_deserializer=None, response_serializer=None),
+            "ModelMetadata": typed(self.model_metadata, s.ModelMetadataRequest),
+            "ModelConfig": typed(self.model_config, s.ModelConfigRequest),
+            # raw bytes in and out: grpc_codec parses and builds the wire form itself
+            "ModelInfer": unary(self.model_infer, request_deserializer=None,
+                                response_serializer=None),
+            "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+                self.model_stream_infer, request_deserializer=None, response_serializer=None),
+        }
+        for method in s.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+            if method.name not in handlers:
+                handlers[method.name] = unary(_unimplemented(method.name),
+                                              request_deserializer=None,
+                                              response_serializer=None)
+        return handlers
+
+    # -- health and metadata ----------------------------------------------------------
+
+    async def server_live(self, request, context):
+        return service_pb2.ServerLiveResponse(live=self.core.server_live())
+
+    async def server_ready(self, request, context):
+        return service_pb2.ServerReadyResponse(ready=self.core.server_ready())
+
+    async def model_ready(self, request, context):
+        # As Triton: an unknown or unavailable model is "not ready", not an error.
+        try:
+            view = self.core.get_model(request.name, request.version)
+        except InferError as e:
+            if e.code in (ErrorCode.NOT_FOUND, ErrorCode.UNAVAILABLE):
+                return service_pb2.ModelReadyResponse(ready=False)
+            await _abort(context, e)
+        return service_pb2.ModelReadyResponse(ready=view.state == "READY")
+
+    async def server_metadata_rpc(self, request, context):
+        return self.server_metadata
+
+    async def model_metadata(self, request, context):
+        view = await self._ready_model(request.name, request.version, context)
+        config = _config_message(view.config)
+        versions = [str(v.version) for v in self.core.model_versions(view.name)
+                    if v.state == "READY"]
+        batch = [-1] if config.max_batch_size > 0 else []
+        return service_pb2.ModelMetadataResponse(
+            name=view.name,
+            versions=versions or [str(view.version)],
+            platform=config.platform or config.backend,
+            inputs=[_tensor_metadata(t, batch) for t in config.input],
+            outputs=[_tensor_metadata(t, batch) for t in config.output],
+        )
+
+    async def model_config(self, request, context):
+        view = await self._ready_model(request.name, request.version, context)
+        return service_pb2.ModelConfigResponse(config=_config_message(view.config))
+
+    async def _ready_model(self, name: str, version: str, context):
+        try:
+            view = self.core.get_model(name, version)
+        except InferError as e:
+            await _abort(context, e)
+        if view.state != "READY":
+            reason = f": {view.reason}" if view.reason else ""
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"model '{view.name}' version {view.version} is not ready"
+                                f" (state {view.state}){reason}")
+        return view
+
+    # -- inference --------------------------------------------------------------------
+
+    async def model_infer(self, data: bytes, context) -> bytes:
+        try:
+            request = grpc_codec.decode_infer_request(data)
+            result = await self.core.infer(request)
+        except InferError as e:
+            error = e
+        except Exception as e:  # a bug, not the client's fault: say so, keep serving
+            error = _internal("ModelInfer", e)
+        else:
+            try:
+                return grpc_codec.encode_infer_response(result, request.id)
+            except Exception as e:
+                error = _internal("ModelInfer", e)
+            finally:
+                result.release()
+        await _abort(context, error)
+
+    async def model_stream_infer(self, request_iterator, context) -> None:
+        """Bidirectional stream: every request runs as its own task and its response is
+        written as soon as it is ready, so responses may come out of request order
+        (clients match them by id, as with Triton). Errors travel in-band, in
+        `error_message`; the stream itself stays open."""
+        lock = asyncio.Lock()  # one write in flight per call (grpc's rule)
+        tasks: set[asyncio.Task] = set()
+
+        async def one(data: bytes) -> None:
+            reply = await self._stream_one(data)
+            async with lock:
+                await context.write(reply)
+
+        try:
+            async for data in request_iterator:
+                task = asyncio.ensure_future(one(data))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:  # the client went away: stop what it no longer awaits
+                task.cancel()
+
+    async def _stream_one(self, data: bytes) -> bytes:
+        request_id = ""
+        try:
+            request = grpc_codec.decode_infer_request(data)
+            request_id = request.id
+            result = await self.core.infer(request)
+        except InferError as e:
+            error = e
+        except Exception as e:
+            error = _internal("ModelStreamInfer", e)
+        else:
+            try:
+                return grpc_codec.encode_stream_response(result, request_id)
+            except Exception as e:
+                error = _internal("ModelStreamInfer", e)
+            finally:
+                result.release()
+        if not request_id:
+            request_id = grpc_codec.request_id_of(data)
+        return grpc_codec.encode_stream_error(error.message, request_id)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _serialize(message) -> bytes:
+    return message.SerializeToString()
+
+
+def _internal(rpc: str, exc: Exception) -> InferError:
+    log.exception("%s failed", rpc)
+    return InferError(ErrorCode.INTERNAL, f"internal error: {exc}")
+
+
+async def _abort(context, error: InferError):
+    await context.abort(_STATUS.get(error.code, grpc.StatusCode.UNKNOWN), error.message)
+
+
+def _unimplemented(name: str):
+    async def handler(request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"{name} is not supported by this server yet")
+    return handler
+
+
+def _config_message(config):
+    """ModelView.config as a ModelConfig message (it may arrive as serialized bytes)."""
+    if isinstance(config, (bytes, bytearray, memoryview)):
+        return model_config_pb2.ModelConfig.FromString(bytes(config))
+    return config
+
+
+def _tensor_metadata(tensor, batch: list[int]):
+    return service_pb2.ModelMetadataResponse.TensorMetadata(
+        name=tensor.name,
+        datatype=from_config(_DATA_TYPE_NAME(tensor.data_type)),
+        shape=batch + list(tensor.dims),
+    )

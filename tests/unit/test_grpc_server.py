@@ -1,0 +1,481 @@
+"""frontend.grpc_server against tritonclient.grpc (sync and aio), over a fake core.
+
+The server runs on its own event loop in a thread, on a free loopback port; the fake
+core answers like an identity model (OUTPUTn = INPUTn) and records what it was given.
+"""
+
+import asyncio
+import queue
+import socket
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from frontend.grpc_server import make_grpc_server, server_options
+from frontend.types import InferResult, ModelView, OutputTensor
+from shm.errors import ErrorCode, InferError
+
+pytestmark = pytest.mark.timeout(60)
+T = 10  # client-side timeout for every call, seconds
+
+
+def identity_config(name: str, max_batch_size: int = 8) -> mc.ModelConfig:
+    return mc.ModelConfig(
+        name=name, backend="python", max_batch_size=max_batch_size,
+        input=[mc.ModelInput(name="INPUT0", data_type=mc.TYPE_FP32, dims=[16]),
+               mc.ModelInput(name="INPUT1", data_type=mc.TYPE_STRING, dims=[-1])],
+        output=[mc.ModelOutput(name="OUTPUT0", data_type=mc.TYPE_FP32, dims=[16]),
+                mc.ModelOutput(name="OUTPUT1", data_type=mc.TYPE_STRING, dims=[-1])],
+    )
+
+
+class FakeCore:
+    """An identity model per name; 'slow' sleeps for its `delay` parameter (seconds),
+    'down' is loaded but unavailable, 'broken' raises a non-InferError, 'badout'
+    answers with an output buffer that cannot be encoded."""
+
+    def __init__(self):
+        self.models = {
+            "identity": {1: ModelView("identity", 1, "READY", "", identity_config("identity")),
+                         2: ModelView("identity", 2, "READY", "", identity_config("identity"))},
+            "slow": {1: ModelView("slow", 1, "READY", "", identity_config("slow"))},
+            "down": {1: ModelView("down", 1, "UNAVAILABLE", "failed to load",
+                                  identity_config("down"))},
+            "broken": {1: ModelView("broken", 1, "READY", "", identity_config("broken", 0))},
+            "badout": {1: ModelView("badout", 1, "READY", "", identity_config("badout"))},
+        }
+        self.requests = []
+        self.released = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def server_live(self) -> bool:
+        return True
+
+    def server_ready(self) -> bool:
+        return True
+
+    def get_model(self, name: str, version: str = "") -> ModelView:
+        versions = self.models.get(name)
+        if versions is None:
+            raise InferError(ErrorCode.NOT_FOUND,
+                             f"Request for unknown model: '{name}' is not found")
+        if version:
+            if int(version) not in versions:
+                raise InferError(ErrorCode.NOT_FOUND,
+                                 f"Request for unknown model: '{name}' version {version} "
+                                 f"is not found")
+            return versions[int(version)]
+        return versions[max(versions)]
+
+    def model_versions(self, name: str) -> list[ModelView]:
+        return list(self.models.get(name, {}).values())
+
+    async def infer(self, request) -> InferResult:
+        self.requests.append(request)
+        view = self.get_model(request.model_name, request.model_version)
+        if view.state != "READY":
+            raise InferError(ErrorCode.UNAVAILABLE, f"model '{view.name}' is not ready")
+        if view.name == "broken":
+            raise RuntimeError("the fake model fell over")
+        for inp in request.inputs:
+            if not inp.name.startswith("INPUT"):
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"unexpected inference input '{inp.name}' for model "
+                                 f"'{view.name}'")
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if view.name == "slow":
+                await asyncio.sleep(float(request.parameters.get("delay", 0)))
+        finally:
+            self.in_flight -= 1
+        outputs = [OutputTensor("OUTPUT" + i.name[5:], i.datatype, i.shape, i.data)
+                   for i in request.inputs]
+        if view.name == "badout":
+            outputs[0].data = object()  # not a buffer
+        if request.outputs is not None:
+            wanted = {o.name for o in request.outputs}
+            outputs = [o for o in outputs if o.name in wanted]
+
+        def release():
+            self.released += 1
+
+        return InferResult(view.name, str(view.version), request.id, outputs, release)
+
+
+class ServerThread:
+    """make_grpc_server on its own loop in a daemon thread."""
+
+    def __init__(self, core, address="127.0.0.1:0"):
+        self.core = core
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.port = self.call(self._start(address))
+
+    def call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=T)
+
+    async def _start(self, address):
+        self.server = make_grpc_server(self.core, address, server_version="9.9.9")
+        await self.server.start()
+        return self.server.bound_port
+
+    def stop(self):
+        self.call(self.server.stop(0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=T)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerThread(FakeCore())
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def core(server):
+    server.core.requests.clear()
+    return server.core
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    channel.close()
+
+
+def fp32_input(array, name="INPUT0"):
+    i = grpcclient.InferInput(name, list(array.shape), "FP32")
+    i.set_data_from_numpy(array)
+    return i
+
+
+def bytes_input(array, name="INPUT1"):
+    i = grpcclient.InferInput(name, list(array.shape), "BYTES")
+    i.set_data_from_numpy(array)
+    return i
+
+
+def status_of(excinfo) -> str:
+    return excinfo.value.status()
+
+
+# ------------------------------------------------------------------ health, metadata
+
+
+def test_health(client):
+    assert client.is_server_live(client_timeout=T)
+    assert client.is_server_ready(client_timeout=T)
+    assert client.is_model_ready("identity", client_timeout=T)
+    assert client.is_model_ready("identity", "2", client_timeout=T)
+    assert not client.is_model_ready("identity", "7", client_timeout=T)
+    assert not client.is_model_ready("nonexistent", client_timeout=T)
+    assert not client.is_model_ready("down", client_timeout=T)
+
+
+def test_server_metadata(client):
+    md = client.get_server_metadata(client_timeout=T)
+    assert md.name == "shmserve" and md.version == "9.9.9"
+    assert "classification" in md.extensions and "sequence" in md.extensions
+
+
+def test_model_metadata(client):
+    md = client.get_model_metadata("identity", client_timeout=T)
+    assert md.name == "identity" and list(md.versions) == ["1", "2"]
+    assert md.platform == "python"
+    assert [(t.name, t.datatype, list(t.shape)) for t in md.inputs] == [
+        ("INPUT0", "FP32", [-1, 16]), ("INPUT1", "BYTES", [-1, -1])]
+    assert [(t.name, t.datatype, list(t.shape)) for t in md.outputs] == [
+        ("OUTPUT0", "FP32", [-1, 16]), ("OUTPUT1", "BYTES", [-1, -1])]
+    # max_batch_size 0: no batch dimension
+    md = client.get_model_metadata("broken", client_timeout=T)
+    assert list(md.inputs[0].shape) == [16]
+    assert client.get_model_metadata("identity", "2", as_json=True,
+                                     client_timeout=T)["name"] == "identity"
+
+
+def test_model_config(client):
+    cfg = client.get_model_config("identity", client_timeout=T).config
+    assert cfg == identity_config("identity")
+    as_json = client.get_model_config("identity", as_json=True, client_timeout=T)
+    assert as_json["config"]["max_batch_size"] == 8
+
+
+@pytest.mark.parametrize("call", ["get_model_metadata", "get_model_config"])
+def test_metadata_errors(client, call):
+    with pytest.raises(InferenceServerException) as e:
+        getattr(client, call)("nonexistent", client_timeout=T)
+    assert status_of(e) == "StatusCode.NOT_FOUND"
+    assert "unknown model: 'nonexistent'" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        getattr(client, call)("down", client_timeout=T)
+    assert status_of(e) == "StatusCode.UNAVAILABLE"
+    assert "failed to load" in e.value.message()
+
+
+@pytest.mark.parametrize("call,args", [
+    ("get_inference_statistics", ()),
+    ("get_model_repository_index", ()),
+    ("load_model", ("identity",)),
+    ("unload_model", ("identity",)),
+    ("get_system_shared_memory_status", ()),
+    ("register_system_shared_memory", ("r", "/k", 16)),
+    ("get_cuda_shared_memory_status", ()),
+    ("get_trace_settings", ()),
+    ("get_log_settings", ()),
+])
+def test_not_yet_implemented(client, call, args):
+    with pytest.raises(InferenceServerException) as e:
+        getattr(client, call)(*args, client_timeout=T)
+    assert status_of(e) == "StatusCode.UNIMPLEMENTED"
+    assert "not supported by this server yet" in e.value.message()
+
+
+# ------------------------------------------------------------------------ inference
+
+
+def test_infer_raw(client, core):
+    a = np.arange(32, dtype=np.float32).reshape(2, 16)
+    s = np.array([[b"one", b"two"], [b"", "\u00fcnicode".encode()]], dtype=object)
+    released = core.released
+    r = client.infer("identity", [fp32_input(a), bytes_input(s)], request_id="req-1",
+                     client_timeout=T)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a)
+    assert r.as_numpy("OUTPUT1").tolist() == s.tolist()  # BYTES round trip
+    resp = r.get_response()
+    assert (resp.model_name, resp.model_version, resp.id) == ("identity", "2", "req-1")
+    assert core.released == released + 1
+    req = core.requests[-1]
+    assert req.outputs is None and req.model_version == ""
+
+
+def test_infer_version_outputs_and_parameters(client, core):
+    a = np.ones((1, 16), np.float32)
+    s = np.array([[b"x"]], dtype=object)
+    r = client.infer("identity", [fp32_input(a), bytes_input(s)], model_version="1",
+                     outputs=[grpcclient.InferRequestedOutput("OUTPUT1")],
+                     sequence_id="corr-7", sequence_start=True, priority=3, timeout=5000,
+                     parameters={"custom": "yes", "n": 4}, client_timeout=T)
+    assert r.get_response().model_version == "1"
+    assert r.as_numpy("OUTPUT0") is None and r.as_numpy("OUTPUT1").tolist() == [[b"x"]]
+    req = core.requests[-1]
+    assert [o.name for o in req.outputs] == ["OUTPUT1"]
+    assert req.parameters == {"sequence_id": "corr-7", "sequence_start": True,
+                              "sequence_end": False, "priority": 3, "timeout": 5000,
+                              "custom": "yes", "n": 4}
+    client.infer("identity", [fp32_input(a)], sequence_id=42, client_timeout=T)
+    assert core.requests[-1].parameters["sequence_id"] == 42
+
+
+def test_infer_large(client):
+    a = np.random.default_rng(0).random((16, 16384), dtype=np.float32)  # 1 MiB: split path
+    r = client.infer("identity", [fp32_input(a)], client_timeout=T)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a)
+
+
+def typed_request(**contents):
+    msg = service_pb2.ModelInferRequest(model_name="identity", id="typed")
+    for name, (datatype, shape, field, values) in contents.items():
+        io = msg.inputs.add(name=name, datatype=datatype, shape=shape)
+        getattr(io.contents, field).extend(values)
+    return msg
+
+
+def test_infer_typed_contents(stub):
+    msg = typed_request(INPUT0=("FP32", [1, 3], "fp32_contents", [1.5, 2.5, -1]),
+                        INPUT1=("BYTES", [2], "bytes_contents", [b"ab", b"c"]),
+                        INPUT2=("INT8", [2], "int_contents", [-1, 7]))
+    resp = stub.ModelInfer(msg, timeout=T)
+    assert resp.id == "typed"
+    result = grpcclient.InferResult(resp)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"),
+                                  np.array([[1.5, 2.5, -1]], np.float32))
+    assert result.as_numpy("OUTPUT1").tolist() == [b"ab", b"c"]
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT2"), np.array([-1, 7], np.int8))
+
+
+def expect_error(client, status, fragment, *args, **kwargs):
+    with pytest.raises(InferenceServerException) as e:
+        client.infer(*args, client_timeout=T, **kwargs)
+    assert status_of(e) == status, e.value
+    assert fragment in e.value.message()
+    return e.value
+
+
+def test_infer_errors(client, core):
+    a = fp32_input(np.ones((1, 16), np.float32))
+    expect_error(client, "StatusCode.NOT_FOUND", "unknown model: 'nonexistent'",
+                 "nonexistent", [a])
+    expect_error(client, "StatusCode.UNAVAILABLE", "model 'down' is not ready", "down", [a])
+    expect_error(client, "StatusCode.INVALID_ARGUMENT", "unexpected inference input 'BAD'",
+                 "identity", [fp32_input(np.ones((1, 16), np.float32), "BAD")])
+    expect_error(client, "StatusCode.INTERNAL", "the fake model fell over", "broken", [a])
+    released = core.released
+    expect_error(client, "StatusCode.INTERNAL", "internal error", "badout", [a])
+    assert core.released == released + 1  # released even when encoding failed
+    bad = grpcclient.InferInput("INPUT0", [1, 8], "FP32")  # 16 floats, shape says 8
+    bad.set_data_from_numpy(np.ones((1, 8), np.float32))
+    bad.set_shape([1, 16])
+    expect_error(client, "StatusCode.INVALID_ARGUMENT",
+                 "input byte size mismatch for input 'INPUT0' for model 'identity'. "
+                 "Expected 64, got 32", "identity", [bad])
+
+
+def test_infer_protocol_errors(stub):
+    msg = typed_request(INPUT0=("FP32", [2], "fp32_contents", [1, 2]))
+    msg.raw_input_contents.append(b"\0" * 8)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(msg, timeout=T)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "contents field must not be specified" in e.value.details()
+    msg = service_pb2.ModelInferRequest(model_name="identity")
+    msg.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
+    msg.raw_input_contents.extend([b"\0" * 8, b"\0" * 8])
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(msg, timeout=T)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == ("expected 1 raw_input_contents (one per input not in "
+                                 "shared memory) for model 'identity', got 2")
+
+
+# ------------------------------------------------------------------------ streaming
+
+
+def test_stream_sync_client(client, core):
+    results = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        # The first request sleeps longest: if requests ran one at a time, the
+        # answers would come back in request order.
+        delays = [1.0, 0.5, 0.0]
+        for n, delay in enumerate(delays):
+            a = np.full((1, 16), n, np.float32)
+            client.async_stream_infer("slow", [fp32_input(a)], request_id=f"s{n}",
+                                      parameters={"delay": delay})
+        client.async_stream_infer("nonexistent", [fp32_input(np.ones((1, 16), np.float32))],
+                                  request_id="bad")
+        client.async_stream_infer("badout", [fp32_input(np.ones((1, 16), np.float32))],
+                                  request_id="badout")
+        got = [results.get(timeout=T) for _ in range(5)]
+    finally:
+        client.stop_stream()
+    errors = [e.message() for r, e in got if e is not None]
+    assert len(errors) == 2
+    assert any("internal error" in m for m in errors)
+    assert any("unknown model: 'nonexistent'" in m for m in errors)
+    ok = {r.get_response().id: r for r, e in got if e is None}
+    assert set(ok) == {"s0", "s1", "s2"}
+    for n in range(3):
+        np.testing.assert_array_equal(ok[f"s{n}"].as_numpy("OUTPUT0"),
+                                      np.full((1, 16), n, np.float32))
+    order = [r.get_response().id for r, e in got if e is None]
+    assert order == ["s2", "s1", "s0"]  # several in flight, answered as they finished
+
+
+def test_stream_error_keeps_request_id(stub):
+    msg = typed_request(INPUT0=("FP32", [4], "fp32_contents", [1, 2]))  # 8 of 16 bytes
+    msg.id = "short"
+    replies = list(stub.ModelStreamInfer(iter([msg]), timeout=T))
+    assert len(replies) == 1
+    assert "input byte size mismatch" in replies[0].error_message
+    assert replies[0].infer_response.id == "short"
+
+
+# ------------------------------------------------------------------------- aio client
+
+
+def test_aio_client(server, core):
+    async def scenario():
+        c = aioclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+        try:
+            assert await c.is_server_live(client_timeout=T)
+            assert await c.is_server_ready(client_timeout=T)
+            assert await c.is_model_ready("identity", client_timeout=T)
+            assert not await c.is_model_ready("nonexistent", client_timeout=T)
+            assert (await c.get_server_metadata(client_timeout=T)).name == "shmserve"
+            assert (await c.get_model_metadata("identity", client_timeout=T)).name == "identity"
+            cfg = await c.get_model_config("identity", client_timeout=T)
+            assert cfg.config.max_batch_size == 8
+
+            a = np.arange(16, dtype=np.float32).reshape(1, 16)
+            s = np.array([[b"aio"]], dtype=object)
+            inputs = [fp32_input(a), bytes_input(s)]
+            results = await asyncio.gather(*(
+                c.infer("identity", inputs, request_id=str(n), client_timeout=T)
+                for n in range(8)))
+            assert sorted(r.get_response().id for r in results) == [str(n) for n in range(8)]
+            np.testing.assert_array_equal(results[0].as_numpy("OUTPUT0"), a)
+            assert results[0].as_numpy("OUTPUT1").tolist() == [[b"aio"]]
+
+            with pytest.raises(InferenceServerException) as e:
+                await c.infer("nonexistent", inputs, client_timeout=T)
+            assert status_of(e) == "StatusCode.NOT_FOUND"
+
+            async def requests():
+                for n in range(5):
+                    yield {"model_name": "slow", "request_id": f"a{n}",
+                           "inputs": [fp32_input(np.full((1, 16), n, np.float32))],
+                           "parameters": {"delay": 0.05 * (5 - n)}}
+                yield {"model_name": "down", "request_id": "x",
+                       "inputs": [fp32_input(a)]}
+
+            got = []
+            async for result, error in c.stream_infer(requests(), stream_timeout=T):
+                got.append((result, error))
+                if len(got) == 6:
+                    break
+            errors = [e for r, e in got if e is not None]
+            assert len(errors) == 1 and "not ready" in errors[0].message()
+            ids = {r.get_response().id for r, e in got if e is None}
+            assert ids == {f"a{n}" for n in range(5)}
+        finally:
+            await c.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert core.max_in_flight > 1
+
+
+# --------------------------------------------------------------------------- binding
+
+
+def test_options_share_the_port_and_allow_large_messages():
+    opts = dict(server_options())
+    assert opts["grpc.so_reuseport"] == 1
+    assert opts["grpc.max_send_message_length"] >= 2**31 - 1
+    assert opts["grpc.max_receive_message_length"] >= 2**31 - 1
+
+
+def test_two_servers_share_one_port():
+    with socket.socket() as s:  # a free port to share
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    first = ServerThread(FakeCore(), f"127.0.0.1:{port}")
+    try:
+        second = ServerThread(FakeCore(), f"127.0.0.1:{port}")  # binds: SO_REUSEPORT
+        try:
+            assert first.port == second.port == port
+            with grpcclient.InferenceServerClient(f"127.0.0.1:{port}") as c:
+                assert c.is_server_live(client_timeout=T)
+        finally:
+            second.stop()
+    finally:
+        first.stop()
