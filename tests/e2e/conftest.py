@@ -1,6 +1,6 @@
 import pytest
 
-from tests.e2e.harness import MODELS, ServerProcess
+from tests.e2e.harness import ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -8,7 +8,7 @@ def server(tmp_path_factory):
     """One server on the test model repository, shared by the tests that only talk to it,
     with two frontend processes so requests cross SO_REUSEPORT-shared ports."""
     marker_dir = tmp_path_factory.mktemp("markers")
-    srv = ServerProcess(MODELS, frontends=2, log_dir=tmp_path_factory.mktemp("logs"),
+    srv = ServerProcess(frontends=2, log_dir=tmp_path_factory.mktemp("logs"),
                         env={"SHMSERVE_TEST_MARKER_DIR": str(marker_dir)})
     srv.start()
     yield srv

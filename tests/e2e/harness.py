@@ -14,6 +14,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "tests" / "models"
+EXAMPLES = ROOT / "examples" / "model_repository"
+# The examples are served beside the test models: two repositories, as
+# --model-repository is repeatable, and the examples stay tested.
+DEFAULT_REPOS = (EXAMPLES, MODELS)
 
 
 def free_ports(n: int) -> list[int]:
@@ -42,11 +46,13 @@ def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "c
 class ServerProcess:
     """`shmserve` as a user starts it, with its log in a file."""
 
-    def __init__(self, repo: Path | str = MODELS, *args: str, frontends: int = 1,
+    def __init__(self, repos=DEFAULT_REPOS, *args: str, frontends: int = 1,
                  log_dir: Path | None = None, env: dict | None = None):
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
-        self.repo = str(repo)
-        self.argv = [sys.executable, "-m", "scheduler.main", "--model-repository", self.repo,
+        if isinstance(repos, (str, Path)):
+            repos = [repos]
+        repo_args = [a for r in repos for a in ("--model-repository", str(r))]
+        self.argv = [sys.executable, "-m", "scheduler.main", *repo_args,
                      "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
                      "--metrics-address", "127.0.0.1",
                      "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),

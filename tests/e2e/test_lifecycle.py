@@ -13,7 +13,7 @@ import pytest
 import tritonclient.utils as tu
 
 from tests.e2e.clients import client, infer_input
-from tests.e2e.harness import MODELS, ServerProcess, wait_until
+from tests.e2e.harness import EXAMPLES, ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +29,7 @@ def _slow(server, delay_ms, protocol="grpc", timeout=None):
 def test_killed_worker_fails_in_flight_requests_fast_and_comes_back(tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()
-    with ServerProcess(MODELS, frontends=1, log_dir=tmp_path,
+    with ServerProcess(frontends=1, log_dir=tmp_path,
                        env={"SHMSERVE_TEST_MARKER_DIR": str(markers)}) as srv:
         pids = wait_until(lambda: {_slow(srv, 1) for _ in range(10)} if len(
             {_slow(srv, 1) for _ in range(10)}) == 2 else None, 30, what="both instances")
@@ -76,7 +76,7 @@ def test_killed_worker_fails_in_flight_requests_fast_and_comes_back(tmp_path):
 def test_shutdown_drains_in_flight_and_finalizes(tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()
-    srv = ServerProcess(MODELS, frontends=1, log_dir=tmp_path,
+    srv = ServerProcess(frontends=1, log_dir=tmp_path,
                         env={"SHMSERVE_TEST_MARKER_DIR": str(markers)}).start()
     try:
         x = np.random.default_rng(3).standard_normal((1, 1_000_000), dtype=np.float32)
@@ -99,7 +99,7 @@ def test_shutdown_drains_in_flight_and_finalizes(tmp_path):
 
 def _repo_with_broken_model(tmp_path):
     repo = tmp_path / "repo"
-    shutil.copytree(MODELS / "add_sub", repo / "add_sub")
+    shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
     broken = repo / "broken"
     (broken / "1").mkdir(parents=True)
     (broken / "config.pbtxt").write_text(

@@ -98,7 +98,7 @@ class PythonInstance:
             inputs=inputs,
             requested_output_names=requested,
             flags=flags,
-            parameters_json=json.dumps(req.parameters),
+            parameters_json=json.dumps(req.parameters) if req.parameters else "{}",
             model_name=self.model_name,
             model_version=self.version,
             timeout=req.timeout_us,
