@@ -81,6 +81,9 @@ def test_cli_rejects_bad_values():
         bench.config_from_args(p.parse_args(["--client-impl", "http-gevent"]))
     with pytest.raises(SystemExit):
         bench.config_from_args(p.parse_args(["--client-processes", "0"]))
+    with pytest.raises(SystemExit):
+        bench.config_from_args(p.parse_args(["--dtype", "BYTES"]))
+    assert bench.config_from_args(p.parse_args(["--dtype", "int8"])).dtype == "INT8"
 
 
 # --- splitting work over client processes ---------------------------------------------
@@ -246,6 +249,8 @@ def test_compare_points_and_ratio_table():
     assert lo == pytest.approx(152 / 102) and hi == pytest.approx(151 / 101)
     text = compare.format_summary(summary, ["triton", "shmserve"])
     assert "1.49" in text and "shmserve / triton" in text
+    alone = compare.format_summary(compare.summarize(rows, ["triton"], points), ["triton"])
+    assert "101.5" in alone and len(alone.splitlines()) == 2 + len(points)
 
 
 def test_compare_server_specs():
@@ -259,6 +264,14 @@ def test_compare_server_specs():
     assert [(s.name, s.port("http"), s.port("grpc"), s.cmd) for s in specs] == [
         ("a", 1, 2, "-"), ("b", 3, 4, "cmd x")]
     assert compare.parse_servers(p.parse_args(["--skip", "shmserve"]))[0].name == "triton"
+    moved = compare.parse_servers(p.parse_args(["--triton-ports", "18100,18101",
+                                                "--shmserve-ports", "28100,28101,28109"]))
+    assert (moved[0].http, moved[0].grpc) == (18100, 18101)
+    assert " 18100 18101 18102 " in moved[0].cmd  # metrics defaults to http + 2
+    assert "--metrics-port 28109" in moved[1].cmd and "--grpc-port 28101" in moved[1].cmd
+    assert compare.parse_servers(p.parse_args(["--triton", "-"]))[0].cmd == "-"
+    with pytest.raises(ValueError):
+        compare.parse_ports("1")
 
 
 def test_steal_share():
