@@ -140,9 +140,8 @@ class ModelScheduler:
         slot = entry[0]
         slot.batch = None
         if slot.alive:
-            idle = self.idle
-            # most recently used first: its caches are warm
-            idle.appendleft(slot)
+            # to the back of the line: idle instances take turns, as Triton's do
+            self.idle.append(slot)
 
     def cancel(self, reply_to: str, request_id: int) -> bool:
         removed = self.batcher.remove(lambda r: r.id == request_id and r.reply_to == reply_to)
