@@ -65,7 +65,11 @@ async def serve(args) -> int:
         app = make_http_app(core, server_version=VERSION, extensions=EXTENSIONS)
         config = uvicorn.Config(app, lifespan="off",
                                 http="httptools", loop="none", access_log=False,
-                                log_level="warning", timeout_keep_alive=300)
+                                log_level="warning", timeout_keep_alive=300,
+                                # per-request work nobody asked for: proxy header
+                                # rewriting and a formatted Date/Server header
+                                proxy_headers=False, date_header=False,
+                                server_header=False)
         http_server = _Server(config)
     if args.allow_grpc:
         from frontend.grpc_server import make_grpc_server
