@@ -26,6 +26,21 @@ def _slow(server, delay_ms, protocol="grpc", timeout=None):
     return int(r.as_numpy("PID")[0])
 
 
+def _clock_secs(t: float) -> float:
+    lt = time.localtime(t)
+    return lt.tm_hour * 3600 + lt.tm_min * 60 + lt.tm_sec + t % 1
+
+
+def _failed_at(log: str) -> float:
+    """Seconds since midnight (local time) at which the scheduler logged the failure
+    of a dead worker's in-flight requests."""
+    for line in log.splitlines():
+        if "in-flight request(s) failed" in line:
+            h, m, rest = line.split()[0].split(":")
+            return int(h) * 3600 + int(m) * 60 + float(rest)
+    raise AssertionError("the scheduler did not report failing in-flight requests")
+
+
 def _both_instances(srv, quiet=False):
     """The pids of the two slow_parallel instances: two 300 ms requests sent together
     must run on both. With `quiet`, a failure (instance restarting) gives None."""
@@ -54,7 +69,7 @@ def test_killed_worker_fails_in_flight_requests_fast_and_comes_back(tmp_path):
             while not stop.is_set():
                 t0 = time.monotonic()
                 try:
-                    _slow(srv, 3000, timeout=60)
+                    _slow(srv, 10_000, timeout=60)
                     outcomes.append(("ok", time.monotonic() - t0, ""))
                 except tu.InferenceServerException as exc:
                     outcomes.append(("error", time.monotonic(), exc.message()))
@@ -65,11 +80,15 @@ def test_killed_worker_fails_in_flight_requests_fast_and_comes_back(tmp_path):
         wait_until(lambda: {f"running-{p}" for p in pids} <= {m.name for m in markers.iterdir()},
                    30, what="both instances to be running a request")
         victim = next(iter(pids))
-        killed_at = time.monotonic()
+        killed_at, killed_wall = time.monotonic(), time.time()
         os.kill(victim, signal.SIGKILL)
         errors = wait_until(lambda: [o for o in outcomes if o[0] == "error"], 10,
                             what="the in-flight request to fail")
-        assert errors[0][1] - killed_at < 1.0, "in-flight request did not fail within 1 s"
+        # The server fails the request within 1 s of the kill: its log stamps the moment.
+        # The client must see it soon after; its bound allows for this shared machine's
+        # scheduling stalls, and is still far below the 10 s the request would have run.
+        assert (_failed_at(srv.log()) - _clock_secs(killed_wall)) % 86400 < 1.0, srv.log()
+        assert errors[0][1] - killed_at < 5.0, "in-flight request did not fail promptly"
         assert "worker process" in errors[0][2] and "slow_parallel" in errors[0][2]
         stop.set()
         for t in threads:
