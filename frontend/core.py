@@ -99,9 +99,6 @@ class SchedulerCore:
     def model_versions(self, name: str) -> list[ModelView]:
         return [v for _, v in sorted(self.models.get(name, {}).items()) if v.version]
 
-    def all_models(self) -> list[ModelView]:
-        return [v for versions in self.models.values() for v in versions.values()]
-
     def body_buffer(self, nbytes: int) -> tuple[memoryview, tuple[str, int]]:
         """A block of this frontend's arena to receive a request body into."""
         segment, offset, view = self.arena.alloc(nbytes)
@@ -247,6 +244,16 @@ def put_inputs(arena: Arena, inputs) -> tuple[list[TensorRef], list[tuple[str, i
     """Descriptors for a request's inputs: small ones inline, large ones copied once into
     a block of `arena`. Returns the descriptors and the blocks to free afterwards."""
     refs, blocks = [], []
+    try:
+        _describe_inputs(arena, inputs, refs, blocks)
+    except BaseException:
+        for segment, offset in blocks:
+            arena.free(segment, offset)
+        raise
+    return refs, blocks
+
+
+def _describe_inputs(arena: Arena, inputs, refs: list, blocks: list) -> None:
     for inp in inputs:
         data = inp.data
         n = data.nbytes if isinstance(data, memoryview) else len(data)
@@ -262,7 +269,6 @@ def put_inputs(arena: Arena, inputs) -> tuple[list[TensorRef], list[tuple[str, i
             blocks.append((segment, offset))
         refs.append(TensorRef(inp.name, inp.datatype, inp.shape, segment=segment,
                               offset=offset, nbytes=n))
-    return refs, blocks
 
 
 _CONTROL_PARAMETERS = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",

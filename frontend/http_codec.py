@@ -141,11 +141,7 @@ def decode_infer_request(body, header_length: int | None, model_name: str,
     for item in inputs_json:
         if type(item) is not dict:
             raise _bad("Unable to parse 'inputs'")
-        iparams = item.get("parameters")
-        if iparams is None:
-            iparams = {}
-        elif type(iparams) is not dict:
-            raise _bad("Unable to parse 'parameters'")
+        iparams = _item_parameters(item)
         size = iparams.get("binary_data_size")
         has_data = "data" in item
         has_shm = "shared_memory_region" in iparams
@@ -232,14 +228,20 @@ def _check_request_parameters(params) -> None:
                        "'int', 'bool', or 'string'.")
 
 
+def _item_parameters(item: dict) -> dict:
+    """An input's or output's "parameters" object ({} when absent)."""
+    params = item.get("parameters")
+    if params is None:
+        return {}
+    if type(params) is not dict:
+        raise _bad("Unable to parse 'parameters'")
+    return params
+
+
 def _decode_output(item) -> RequestedOutput:
     if type(item) is not dict:
         raise _bad("Unable to parse 'outputs'")
-    params = item.get("parameters")
-    if params is None:
-        params = {}
-    elif type(params) is not dict:
-        raise _bad("Unable to parse 'parameters'")
+    params = _item_parameters(item)
     binary = params.get("binary_data")
     if "shared_memory_region" in params:
         if "classification" in params:

@@ -40,14 +40,6 @@ class ModelTable:
     def add(self, mv: ModelVersion) -> None:
         self._models.setdefault(mv.name, {})[mv.version] = mv
 
-    def drop(self, name: str, version: int) -> None:
-        versions = self._models.get(name)
-        if versions is not None:
-            versions.pop(version, None)
-
-    def versions(self, name: str) -> dict[int, ModelVersion]:
-        return self._models.get(name, {})
-
     def resolve(self, name: str, version: int) -> ModelVersion | None:
         """The version a request names; 0 means the highest ready version."""
         versions = self._models.get(name)

@@ -59,13 +59,6 @@ class Inbox:
             return None
         return self._decoder.decode(self.sock.recv(copy=True))
 
-    def recv_nowait(self) -> Any | None:
-        try:
-            frame = self.sock.recv(_NOBLOCK, copy=True)
-        except zmq.Again:
-            return None
-        return self._decoder.decode(frame)
-
     def attach(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None],
                after_burst: Callable[[], None] | None = None) -> None:
         """Deliver every message to `handle` from the event loop, without a task per recv;

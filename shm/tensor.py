@@ -24,11 +24,3 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
     segment: str = ""
     offset: int = 0
     nbytes: int = 0
-
-    @property
-    def inline(self) -> bool:
-        return self.data is not None
-
-    @property
-    def byte_size(self) -> int:
-        return len(self.data) if self.data is not None else self.nbytes

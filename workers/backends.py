@@ -6,22 +6,13 @@ import json
 
 from shm.messages.worker import LoadInstance
 
-# platform -> backend, for configs that name only a platform
-_PLATFORM_BACKEND = {
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-}
-
-
-def backend_name(config: dict) -> str:
-    backend = config.get("backend") or _PLATFORM_BACKEND.get(config.get("platform", ""), "")
-    return backend
-
-
 def create_instance(msg: LoadInstance):
-    """Load the instance `msg` describes; returns (instance, config JSON bytes)."""
+    """Load the instance `msg` describes; returns (instance, config JSON bytes).
+
+    The config comes normalized from the scheduler, so `backend` is already filled in
+    from `platform` where Triton does that."""
     config = json.loads(msg.config)
-    backend = backend_name(config)
+    backend = config.get("backend", "")
     if backend == "python":
         from workers.python_backend.runner import PythonInstance
         inst = PythonInstance(msg, config)
