@@ -92,4 +92,21 @@ class FrontendCore(Protocol):
     def model_versions(self, name: str) -> list[ModelView]: ...
 
     async def infer(self, request: DecodedRequest) -> InferResult:
-        """Validate, run and answer one request; raises InferError."""
+        """Validate, run and answer one request; raises InferError.
+
+        Inputs with `data` None name a client shared-memory region in `parameters`
+        (shared_memory_region / shared_memory_offset / shared_memory_byte_size), and
+        so may requested outputs. An output written into a region comes back with
+        `data` None and `parameters` {"shared_memory_region": name,
+        "shared_memory_byte_size": bytes written} (plus "shared_memory_offset" when the
+        request gave one)."""
+
+    async def shm_call(self, op: str, kind: str, *, name: str = "", key: str = "",
+                       offset: int = 0, byte_size: int = 0, device_id: int = 0,
+                       raw_handle: bytes = b"") -> list:
+        """A shared-memory extension call, answered by the scheduler (the registry).
+
+        `op`: "register", "status" or "unregister"; `kind`: "system" or "cuda"; an empty
+        `name` means every region of the kind (status, unregister). Returns a list of
+        shm.messages.regions.RegionStatus (status; empty otherwise); raises InferError
+        in the protocol-neutral form (code + message)."""

@@ -13,8 +13,15 @@ INLINE_MAX = 64 * 1024
 class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
     """A tensor's name, datatype, shape and where its bytes are.
 
-    Exactly one of: `data` (inline bytes), or `segment`/`offset`/`nbytes` naming a block
-    in a POSIX shared-memory segment (an arena block, or later a client's region).
+    Exactly one of: `data` (inline bytes), or `segment`/`offset`/`nbytes` naming bytes
+    in shared memory:
+    - `region` 0: a block of a server arena (`segment` is its POSIX shm name);
+    - `region` -1: a client region by the name the client registered (`segment`),
+      `offset` relative to the region, as frontends send it; the scheduler resolves it;
+    - `region` > 0: a resolved client region, the uid the scheduler gave it: `segment`
+      is the POSIX key (system memory) and `offset` counts from the start of the
+      key's object; with `device` >= 0 the bytes are CUDA memory on that device,
+      opened from `handle` (a CUDA IPC handle) and `offset` counts from its base.
     """
 
     name: str
@@ -24,3 +31,10 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
     segment: str = ""
     offset: int = 0
     nbytes: int = 0
+    region: int = 0
+    device: int = -1
+    handle: bytes = b""
+
+    @property
+    def in_region(self) -> bool:
+        return self.region != 0

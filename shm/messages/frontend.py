@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import msgspec
 
+from shm.messages.regions import RegionReply, RegionRequest
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.tensor import TensorRef
 
 
 class RequestedOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """An output the client asked for. `target`, when set, is the client region the
+    output must be written into (a TensorRef with `region` != 0, no data)."""
+
     name: str
     parameters: dict = {}
+    target: TensorRef | None = None
 
 
 class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -80,6 +85,7 @@ class FrontendStopped(msgspec.Struct, tag=True, array_like=True):
     abandoned: int  # requests still in flight when the drain timed out
 
 
-TO_SCHEDULER_FROM_FRONTEND = (InferRequest, CancelRequest, FrontendReady, FrontendStopped)
+TO_SCHEDULER_FROM_FRONTEND = (InferRequest, CancelRequest, FrontendReady, FrontendStopped,
+                              RegionRequest)
 FRONTEND_INBOX = (InferResponse, ModelStateUpdate, ServerState, Drain, PeerGone,
-                  ReleaseBlocks)
+                  ReleaseBlocks, RegionReply)

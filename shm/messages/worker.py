@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from shm.messages.frontend import InferRequest
+from shm.messages.regions import RegionGone
 from shm.messages.results import PeerGone, ReleaseBlocks
 
 
@@ -30,6 +31,8 @@ class LoadInstance(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     kind: str = "KIND_CPU"
     device_id: int = 0
     auto_complete: bool = False
+    # --backend-config settings for this model's backend (e.g. default-max-batch-size)
+    backend_config: dict[str, str] = {}
 
 
 class InstanceLoaded(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -71,4 +74,4 @@ class StopWorker(msgspec.Struct, tag=True, array_like=True):
 
 TO_SCHEDULER_FROM_WORKER = (WorkerReady, InstanceLoaded, BatchDone)
 WORKER_INBOX = (LoadInstance, ExecuteBatch, UnloadInstance, StopWorker, ReleaseBlocks,
-                PeerGone)
+                PeerGone, RegionGone)

@@ -1,0 +1,59 @@
+"""Client shared-memory regions (Triton's system and CUDA shared-memory extensions).
+
+The scheduler is the one registry: a frontend forwards every register, status and
+unregister call to it and waits for the RegionReply. Requests name regions; the
+scheduler resolves the name when the request arrives, checks the bounds, counts the
+request as a user of the region until it finishes, and hands workers the key (and the
+CUDA IPC handle) to map. A region being unregistered stays mapped until its last user
+finishes; then workers hear RegionGone and unmap it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+SYSTEM = "system"
+CUDA = "cuda"
+
+
+class RegionRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """A shared-memory call. `op` is "register", "status" or "unregister"; `kind` is
+    SYSTEM or CUDA. An empty `name` means every region of that kind (status,
+    unregister)."""
+
+    call_id: int
+    reply_to: str
+    op: str
+    kind: str
+    name: str = ""
+    key: str = ""  # system: the POSIX shm name the client created
+    offset: int = 0  # system: where the region starts inside that object
+    byte_size: int = 0
+    device_id: int = 0  # cuda
+    raw_handle: bytes = b""  # cuda: cudaIpcMemHandle_t, 64 bytes
+
+
+class RegionStatus(msgspec.Struct, array_like=True, omit_defaults=True):
+    name: str
+    kind: str
+    key: str = ""
+    offset: int = 0
+    byte_size: int = 0
+    device_id: int = 0
+
+
+class RegionReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """The answer to RegionRequest `call_id`: an error (shm.errors.ErrorCode), or the
+    regions a status call asked for."""
+
+    call_id: int
+    error: str = ""
+    error_code: int = 0
+    regions: list[RegionStatus] = []
+
+
+class RegionGone(msgspec.Struct, tag=True, array_like=True):
+    """Scheduler -> workers: the region with this uid is unregistered and no request
+    uses it any more; unmap it."""
+
+    uid: int
