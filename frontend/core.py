@@ -22,6 +22,7 @@ from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import (FRONTEND_INBOX, CancelRequest, Drain, InferRequest,
                                    ModelStateUpdate, RequestedOutput, ServerState)
+from shm.messages.regions import RegionReply, RegionRequest
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.tensor import INLINE_MAX, TensorRef
 
@@ -48,6 +49,7 @@ class SchedulerCore:
         self.segments = SegmentCache()
         self.models: dict[str, dict[int, ModelView]] = {}
         self.pending: dict[int, _Pending] = {}
+        self.calls: dict[int, asyncio.Future] = {}  # shared-memory calls to the scheduler
         self._ids = itertools.count(1)
         self.ready = False
         self.stopping = False
@@ -62,6 +64,7 @@ class SchedulerCore:
             Drain: self.on_drain,
             PeerGone: self.on_peer_gone,
             ReleaseBlocks: self.on_release,
+            RegionReply: self.on_region_reply,
         }
 
     def attach(self, loop) -> None:
@@ -119,7 +122,12 @@ class SchedulerCore:
         params = request.parameters
         outputs = None
         if request.outputs is not None:
-            outputs = [RequestedOutput(o.name, o.parameters) for o in request.outputs]
+            try:
+                outputs = [RequestedOutput(o.name, o.parameters, _output_target(o))
+                           for o in request.outputs]
+            except BaseException:
+                self.free_blocks(blocks)
+                raise
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self.pending[rid] = _Pending(fut, blocks)
@@ -162,6 +170,10 @@ class SchedulerCore:
         outputs = []
         held = []
         for ref in resp.outputs:
+            if ref.region:  # written into the client's region: nothing to send
+                outputs.append(OutputTensor(ref.name, ref.datatype, ref.shape, None,
+                                            _region_echo(request, ref)))
+                continue
             if ref.data is not None:
                 data = ref.data
             else:
@@ -173,6 +185,30 @@ class SchedulerCore:
             owner, outbox, reader = resp.owner, self.outbox, self.address
             result.release = lambda: outbox.send(owner, ReleaseBlocks(reader, held))
         return result
+
+    # -- shared-memory calls -----------------------------------------------------------
+
+    async def shm_call(self, op: str, kind: str, *, name: str = "", key: str = "",
+                       offset: int = 0, byte_size: int = 0, device_id: int = 0,
+                       raw_handle: bytes = b"") -> list:
+        call_id = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.calls[call_id] = fut
+        self.outbox.send(self.scheduler, RegionRequest(
+            call_id, self.address, op, kind, name, key, offset, byte_size, device_id,
+            raw_handle))
+        try:
+            reply: RegionReply = await fut
+        finally:
+            self.calls.pop(call_id, None)
+        if reply.error:
+            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+        return reply.regions
+
+    def on_region_reply(self, msg: RegionReply) -> None:
+        fut = self.calls.get(msg.call_id)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
 
     # -- messages from the scheduler and workers -------------------------------------
 
@@ -234,6 +270,9 @@ class SchedulerCore:
             if not pending.future.done():
                 pending.future.set_exception(
                     InferError(ErrorCode.UNAVAILABLE, "Server is stopping"))
+        for fut in self.calls.values():
+            if not fut.done():
+                fut.set_exception(InferError(ErrorCode.UNAVAILABLE, "Server is stopping"))
         self.segments.close()
         self.arena.close()
         self.inbox.close()
@@ -256,6 +295,14 @@ def put_inputs(arena: Arena, inputs) -> tuple[list[TensorRef], list[tuple[str, i
 def _describe_inputs(arena: Arena, inputs, refs: list, blocks: list) -> None:
     for inp in inputs:
         data = inp.data
+        if data is None:  # in a client's region: the scheduler resolves the name
+            p = inp.parameters
+            refs.append(TensorRef(inp.name, inp.datatype, inp.shape,
+                                  segment=str(p["shared_memory_region"]),
+                                  offset=_int_param(p, "shared_memory_offset"),
+                                  nbytes=_int_param(p, "shared_memory_byte_size"),
+                                  region=-1))
+            continue
         n = data.nbytes if isinstance(data, memoryview) else len(data)
         if n <= INLINE_MAX:
             refs.append(TensorRef(inp.name, inp.datatype, inp.shape, data=bytes(data)))
@@ -269,6 +316,41 @@ def _describe_inputs(arena: Arena, inputs, refs: list, blocks: list) -> None:
             blocks.append((segment, offset))
         refs.append(TensorRef(inp.name, inp.datatype, inp.shape, segment=segment,
                               offset=offset, nbytes=n))
+
+
+def _int_param(params: dict, key: str) -> int:
+    value = params.get(key, 0)
+    if type(value) is not int or value < 0:
+        raise InferError(ErrorCode.INVALID_ARG,
+                         f"'{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _output_target(out) -> TensorRef | None:
+    """The client region an output must be written into, if the request names one."""
+    p = out.parameters
+    if not p or "shared_memory_region" not in p:
+        return None
+    if "shared_memory_byte_size" not in p:
+        raise InferError(ErrorCode.INVALID_ARG,
+                         f"output '{out.name}' names shared memory region "
+                         f"'{p['shared_memory_region']}' but no 'shared_memory_byte_size'")
+    return TensorRef(out.name, "", [], segment=str(p["shared_memory_region"]),
+                     offset=_int_param(p, "shared_memory_offset"),
+                     nbytes=_int_param(p, "shared_memory_byte_size"), region=-1)
+
+
+def _region_echo(request: DecodedRequest, ref: TensorRef) -> dict:
+    """The response parameters of an output written into a client region."""
+    for out in request.outputs or ():
+        if out.name == ref.name:
+            p = out.parameters
+            echo = {"shared_memory_region": p["shared_memory_region"],
+                    "shared_memory_byte_size": ref.nbytes}
+            if p.get("shared_memory_offset"):
+                echo["shared_memory_offset"] = p["shared_memory_offset"]
+            return echo
+    return {"shared_memory_byte_size": ref.nbytes}
 
 
 _CONTROL_PARAMETERS = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",

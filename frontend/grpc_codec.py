@@ -37,6 +37,9 @@ _RAW_INPUT_KEY = 0x3A  # field 7 (raw_input_contents), wire type 2
 _RAW_OUTPUT_KEY = b"\x32"  # field 6 (raw_output_contents), wire type 2
 _STREAM_RESPONSE_KEY = b"\x12"  # ModelStreamInferResponse.infer_response: field 2
 _SHM_PARAMS = "shared_memory_region"
+_SHM_PARAM_TYPES = (("shared_memory_region", "string_param"),
+                    ("shared_memory_offset", "int64_param"),
+                    ("shared_memory_byte_size", "int64_param"))
 
 # typed `contents` field -> (numpy dtype it holds, datatypes it may carry). int/uint
 # contents are 32-bit on the wire; narrower types keep the low bytes, as Triton does.
@@ -163,7 +166,10 @@ def request_from_message(msg, raws) -> DecodedRequest:
     for io in msg.inputs:
         name, datatype = io.name, io.datatype
         shape = list(io.shape)
-        params = _parameters(io.parameters) if io.parameters else {}
+        params = {}
+        if io.parameters:
+            _check_shm_parameters(name, io.parameters)
+            params = _parameters(io.parameters)
         has_contents = io.HasField("contents")
         if _SHM_PARAMS in params:
             if has_contents:
@@ -205,14 +211,38 @@ def request_from_message(msg, raws) -> DecodedRequest:
     if msg.outputs:
         outputs = []
         for out in msg.outputs:
-            params = _parameters(out.parameters) if out.parameters else {}
+            params = {}
+            if out.parameters:
+                _check_shm_parameters(out.name, out.parameters)
+                params = _parameters(out.parameters)
             classes = params.get("classification", 0)
             if type(classes) is not int:
                 raise _bad(f"invalid value type for 'classification' parameter of output "
                            f"'{out.name}', expected int64_param.")
+            if _SHM_PARAMS in params and "classification" in params:
+                raise _bad("output can't set both 'shared_memory_region' and "
+                           "'classification'")
             outputs.append(RequestedOutput(out.name, None, classes, params))
     parameters = _request_parameters(msg.parameters) if msg.parameters else {}
     return DecodedRequest(model, msg.model_version, msg.id, inputs, outputs, parameters)
+
+
+def _check_shm_parameters(name: str, params) -> None:
+    """Triton's ParseSharedMemoryParams: a tensor's shared_memory_* parameters must have
+    their types, and offset and byte size come only with a region, which needs a size."""
+    has_region = _SHM_PARAMS in params
+    for key, kind in _SHM_PARAM_TYPES:
+        if key not in params:
+            continue
+        if not has_region:
+            raise _bad(f"'{key}' can not be specified without 'shared_memory_region' "
+                       f"parameter for tensor '{name}'")
+        if params[key].WhichOneof("parameter_choice") != kind:
+            raise _bad(f"invalid value type for '{key}' parameter for tensor '{name}', "
+                       f"expected {kind}.")
+    if has_region and "shared_memory_byte_size" not in params:
+        raise _bad("'shared_memory_byte_size' must be specified along with "
+                   f"'shared_memory_region' parameter for tensor '{name}'")
 
 
 def _unknown(datatype: str, name: str, model: str):
@@ -322,14 +352,19 @@ def _response_parts(result: InferResult, request_id: str | None) -> tuple[list, 
     datas = []
     for out in result.outputs:
         t = add(name=out.name, datatype=out.datatype, shape=out.shape)
-        if out.parameters:
-            set_parameters(t.parameters, out.parameters)
+        params = out.parameters
+        if params and out.data is None:
+            # written into the client's region: Triton says nothing more about it
+            params = {k: v for k, v in params.items() if not k.startswith("shared_memory_")}
+        if params:
+            set_parameters(t.parameters, params)
         datas.append(out.data)
     head = msg.SerializeToString()
     parts = [head]
     total = len(head)
     # One raw_output_contents entry per output, empty when the output went to a shared
-    # memory region (data None), so clients can match them up by position (as Triton).
+    # memory region (data None): tritonclient's InferResult.as_numpy finds an output's
+    # entry by the output's position, and Triton's allocator adds one for every output.
     for data in datas:
         if data is None:
             n = 0

@@ -4,8 +4,9 @@
 registered as generic method handlers with no (de)serializers on the inference RPCs,
 so `grpc_codec` sees the wire bytes: it slices large raw inputs out of the request
 without protobuf copying them, and writes outputs into the reply with one copy. The
-other RPCs use the generated message classes. RPCs this server does not offer yet
-(repository, shared memory, statistics, trace, logging) answer UNIMPLEMENTED.
+other RPCs use the generated message classes (the shared-memory ones come from
+`shm_endpoints`). RPCs this server does not offer yet (repository, statistics, trace,
+logging) answer UNIMPLEMENTED.
 
 The port is bound with SO_REUSEPORT so that every frontend process listens on it and
 the kernel spreads connections between them; message size limits are raised to 2 GiB
@@ -23,7 +24,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from shm.datatypes import from_config
 from shm.errors import GRPC_STATUS, ErrorCode, InferError
 
-from . import grpc_codec
+from . import grpc_codec, shm_endpoints
 from .types import FrontendCore
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 SERVICE = "inference.GRPCInferenceService"
 MAX_MESSAGE_BYTES = 2**31 - 1  # Triton: INT32_MAX both ways
 DEFAULT_EXTENSIONS = ("classification", "sequence", "model_configuration", "schedule_policy",
-                      "binary_tensor_data", "parameters")
+                      "system_shared_memory", "cuda_shared_memory", "binary_tensor_data",
+                      "parameters")
 
 _STATUS = {code: getattr(grpc.StatusCode, name) for code, name in GRPC_STATUS.items()}
 _DATA_TYPE_NAME = model_config_pb2.DataType.Name
@@ -107,6 +109,7 @@ class InferenceServicer:
             "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
                 self.model_stream_infer, request_deserializer=None, response_serializer=None),
         }
+        handlers.update(shm_endpoints.grpc_method_handlers(self.core))
         for method in s.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
             if method.name not in handlers:
                 handlers[method.name] = unary(_unimplemented(method.name),

@@ -176,6 +176,7 @@ def decode_infer_request(body, header_length: int | None, model_name: str,
             data = view[pos:pos + size]  # zero copy
             pos += size
         elif has_shm:
+            _check_shm_json(iparams)
             data = None
         else:
             data = _json_to_raw(name, datatype, shape, item["data"])
@@ -238,12 +239,24 @@ def _item_parameters(item: dict) -> dict:
     return params
 
 
+def _check_shm_json(params: dict) -> None:
+    """The types Triton's CheckSharedMemoryData insists on (whether a byte size is
+    given, and what it must be, is the validator's business)."""
+    if type(params["shared_memory_region"]) is not str:
+        raise _bad("Unable to parse 'shared_memory_region'")
+    for key in ("shared_memory_offset", "shared_memory_byte_size"):
+        value = params.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise _bad(f"Unable to parse '{key}'")
+
+
 def _decode_output(item) -> RequestedOutput:
     if type(item) is not dict:
         raise _bad("Unable to parse 'outputs'")
     params = _item_parameters(item)
     binary = params.get("binary_data")
     if "shared_memory_region" in params:
+        _check_shm_json(params)
         if "classification" in params:
             raise _bad("Output can't set both 'shared_memory_region' and "
                        "'classification'")
@@ -384,9 +397,13 @@ def encode_infer_response(result: InferResult, request: DecodedRequest, *,
                 out.name, out.datatype, out.shape, data, asked.class_count, batching,
                 labels.get(out.name) if labels else None)
         entry = {"name": out.name, "datatype": datatype, "shape": shape}
-        if data is None:  # written into the client's shared-memory region
-            if out.parameters:
-                entry["parameters"] = out.parameters
+        if data is None:
+            # Written into the client's shared-memory region: as Triton, no data, no
+            # binary_data_size and no shared_memory_* echo (only other parameters).
+            params = {k: v for k, v in out.parameters.items()
+                      if not k.startswith("shared_memory_")}
+            if params:
+                entry["parameters"] = params
         else:
             values = None
             if not binary:

@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 from shm.datatypes import from_config
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
-from . import http_codec
+from . import http_codec, shm_endpoints
 from .types import FrontendCore, ModelView
 
 logger = logging.getLogger(__name__)
@@ -44,8 +44,8 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
                   server_version: str = "0.1.0",
                   extensions: Iterable[str] = DEFAULT_EXTENSIONS,
                   routes: Sequence[BaseRoute] = ()) -> Starlette:
-    """The HTTP app over `core`. `routes` are appended (repository, shared memory,
-    statistics, ... endpoints served by other modules)."""
+    """The HTTP app over `core`, with the shared-memory extensions' routes. `routes`
+    are appended (repository, statistics, ... endpoints served by other modules)."""
     metadata = http_codec.json_dumps(
         {"name": server_name, "version": server_version, "extensions": list(extensions)})
     infer = _InferEndpoint(core)
@@ -65,6 +65,7 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
         Route(versioned + "/ready", handlers.model_ready),
         Route(model + "/config", handlers.model_config),
         Route(versioned + "/config", handlers.model_config),
+        *shm_endpoints.http_routes(core),
         *routes,
     ]
     return _HttpApp(infer, routes=all_routes)

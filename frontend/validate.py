@@ -92,8 +92,9 @@ def validate_request(req: DecodedRequest, config) -> int:
     Returns the request's batch size: the shared first dimension of its inputs for a
     model with max_batch_size > 0, or 0 for a model that does not batch (Triton's
     `InferenceRequest::BatchSize()`). Raises InferError(INVALID_ARG) with Triton's
-    message otherwise. Inputs whose `data` is None live in a shared-memory region and
-    are not size-checked here; whoever resolves the region checks their byte size.
+    message otherwise. Inputs whose `data` is None live in a client's shared-memory
+    region: their `shared_memory_byte_size` stands for the data's size (whether the
+    region holds that many bytes is checked by whoever resolves the region).
     """
     spec = _spec(config)
     model = spec.name or req.model_name
@@ -106,6 +107,8 @@ def validate_request(req: DecodedRequest, config) -> int:
                     _INVALID,
                     f"{prefix}unexpected inference output '{out.name}' for model "
                     f"'{model}'")
+            if out.parameters and "shared_memory_region" in out.parameters:
+                shm_byte_size(out.name, out.parameters, prefix)
 
     inputs = req.inputs
     given = {}
@@ -177,6 +180,8 @@ def validate_request(req: DecodedRequest, config) -> int:
     for inp in inputs:
         if inp.data is not None:
             check_input_byte_size(inp, model, prefix)
+        else:
+            check_shm_input(inp, model, prefix)
     return batch_size
 
 
@@ -195,6 +200,49 @@ def _input_count_error(spec: _ModelSpec, given: dict, model: str,
         f"{prefix}{head} but got {len(given)} inputs for model '{model}'. Got input(s) "
         f"{got}, but missing required input(s) {_names(missing)}. Please provide all "
         f"required input(s).")
+
+
+def shm_byte_size(name: str, params: dict, prefix: str = "") -> int:
+    """The `shared_memory_byte_size` of a tensor that names a region in `params`, after
+    checking the region's parameters (the size must be given: Triton's gRPC frontend
+    says so, its HTTP one fails later on a size of 0)."""
+    if type(params["shared_memory_region"]) is not str:
+        raise InferError(_INVALID, f"{prefix}invalid value type for "
+                         f"'shared_memory_region' parameter for tensor '{name}', "
+                         "expected a string")
+    if "shared_memory_byte_size" not in params:
+        raise InferError(_INVALID, f"{prefix}'shared_memory_byte_size' must be specified "
+                         f"along with 'shared_memory_region' parameter for tensor "
+                         f"'{name}'")
+    for key in ("shared_memory_offset", "shared_memory_byte_size"):
+        value = params.get(key, 0)
+        if type(value) is not int or value < 0:
+            raise InferError(_INVALID, f"{prefix}invalid value for '{key}' parameter for "
+                             f"tensor '{name}': expected a non-negative integer, got "
+                             f"{value!r}")
+    return params["shared_memory_byte_size"]
+
+
+def check_shm_input(inp, model: str, prefix: str = "") -> None:
+    """Check an input in a client's shared-memory region: its byte size stands for the
+    data's, so it must be what the datatype and shape say (as Triton, where the region
+    is the input's buffer). BYTES sizes cannot be told from the shape; their length
+    prefixes are in the region and Triton's frontend does not read them either."""
+    if not inp.parameters or "shared_memory_region" not in inp.parameters:
+        raise InferError(_INVALID, f"{prefix}unable to find data for input tensor "
+                         f"'{inp.name}' for model '{model}' in request.")
+    got = shm_byte_size(inp.name, inp.parameters, prefix)
+    size = element_size(inp.datatype)
+    if size is None:
+        return
+    count = 1
+    for d in inp.shape:
+        count *= d
+    if got != size * count:
+        raise InferError(
+            _INVALID,
+            f"{prefix}input byte size mismatch for input '{inp.name}' for model "
+            f"'{model}'. Expected {size * count}, got {got}")
 
 
 def check_input_byte_size(inp, model: str, prefix: str = "") -> None:

@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-info", type=_bool, default=True)
     p.add_argument("--id", dest="server_id", default="shmserve")
+    p.add_argument("--backend-config", action="append", default=[],
+                   metavar="BACKEND,SETTING=VALUE",
+                   help="a backend setting, e.g. onnxruntime,default-max-batch-size=8 "
+                        "(repeatable)")
     p.add_argument("--allow-client-shm", type=_bool, default=False,
                    help="accept client shared-memory registrations")
     # shmserve's own knobs
@@ -57,8 +61,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_backend_config(items: list[str]) -> dict[str, dict[str, str]]:
+    """`backend,setting=value` items -> {backend: {setting: value}}, as tritonserver
+    reads --backend-config."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        backend, sep, setting = item.partition(",")
+        name, eq, value = setting.partition("=")
+        if not sep or not eq or not backend or not name:
+            raise ValueError(f"--backend-config option format is "
+                             f"'<backend name>,<setting>=<value>'. Got {item}")
+        out.setdefault(backend, {})[name] = value
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.frontend_processes < 1:
         raise SystemExit("--frontend-processes must be at least 1")
+    try:
+        args.backend_config = parse_backend_config(args.backend_config)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args

@@ -68,6 +68,10 @@ class ModelScheduler:
         self.slots: dict[str, InstanceSlot] = {}
         self.idle: collections.deque[InstanceSlot] = collections.deque()
         self.in_flight: dict[int, tuple[InstanceSlot, list[InferRequest]]] = {}
+        # batch size (rows) -> batches executed; copies by instance ([host, h2d, d2h,
+        # d2h] bytes, as workers report them)
+        self.batch_sizes: collections.Counter = collections.Counter()
+        self.copies: dict[str, list[int]] = {}
 
     # -- instances ------------------------------------------------------------------
 
@@ -128,20 +132,24 @@ class ModelScheduler:
                 break
             slot = idle.popleft()
             batch_id = next(_batch_ids)
+            self.batch_sizes[sum(r.batch_size for r in batch) if self.batching
+                             else len(batch)] += 1
             slot.batch = batch_id
             self.in_flight[batch_id] = (slot, batch)
             self._send_batch(slot, ExecuteBatch(batch_id, slot.key, batch))
         return batcher.next_deadline()
 
-    def batch_done(self, batch_id: int) -> None:
+    def batch_done(self, batch_id: int) -> list[InferRequest]:
+        """The batch finished; returns its requests (none if they were failed already)."""
         entry = self.in_flight.pop(batch_id, None)
         if entry is None:
-            return  # its instance was declared lost already
-        slot = entry[0]
+            return []  # its instance was declared lost already
+        slot, requests = entry
         slot.batch = None
         if slot.alive:
             # to the back of the line: idle instances take turns, as Triton's do
             self.idle.append(slot)
+        return requests
 
     def cancel(self, reply_to: str, request_id: int) -> bool:
         removed = self.batcher.remove(lambda r: r.id == request_id and r.reply_to == reply_to)
@@ -157,6 +165,16 @@ class ModelScheduler:
             slot.batch = None
             for req in requests:
                 self._fail(req, code, reason)
+
+    def summary(self) -> str:
+        """What ran: requests, batches by size and the bytes workers copied."""
+        batches = sum(self.batch_sizes.values())
+        rows = sum(size * n for size, n in self.batch_sizes.items())
+        sizes = ", ".join(f"{size}:{n}" for size, n in sorted(self.batch_sizes.items()))
+        copies = [sum(c[i] for c in self.copies.values()) for i in range(4)]
+        return (f"model '{self.name}' version {self.version}: {rows} rows in {batches} "
+                f"batches; batch sizes {{{sizes}}}; bytes copied host={copies[0]} "
+                f"h2d={copies[1]} d2h={copies[2]} d2d={copies[3]}")
 
     @property
     def live_instances(self) -> int:

@@ -25,17 +25,21 @@ from scheduler import config as cfg
 from scheduler import repository
 from scheduler.model_scheduler import InstanceSlot, ModelScheduler
 from scheduler.models import ModelReadyState, ModelTable, ModelVersion
+from scheduler.regions import Region, RegionRegistry
 from scheduler.supervisor import Child, describe_exit
 from scheduler.timer import PreciseTimer
 from shm.arena import remove_segments
+from shm import cuda
 from shm.channel import Inbox, Outbox, ipc_address
-from shm.errors import ErrorCode
+from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import (CancelRequest, Drain, FrontendReady, FrontendStopped,
                                    InferRequest, ModelStateUpdate, ServerState)
+from shm.messages.regions import RegionGone, RegionReply, RegionRequest
 from shm.messages.results import InferResponse, PeerGone
 from shm.messages.scheduler import SCHEDULER_INBOX
-from shm.messages.worker import (BatchDone, ExecuteBatch, InstanceLoaded, LoadInstance,
-                                 StopWorker, WorkerReady)
+from shm.messages.worker import (DEVICE_WORKER_BACKENDS, BatchDone, ExecuteBatch,
+                                 InstanceLoaded, LoadInstance, StopWorker, UnloadInstance,
+                                 WorkerReady)
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -47,10 +51,13 @@ _RESTART_WINDOW_S = 60.0
 class WorkerHandle:
     """A worker process and what the scheduler is waiting to hear from it."""
 
-    def __init__(self, name: str, address: str, prefix: str):
+    def __init__(self, name: str, address: str, prefix: str, device: str = ""):
         self.name = name
         self.address = address
         self.prefix = prefix
+        # "cpu" / "gpu:N" for the worker that framework instances of a device share;
+        # "" for a python instance's own worker
+        self.device = device
         self.child: Child | None = None
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.loads: dict[str, asyncio.Future] = {}
@@ -81,6 +88,7 @@ class Server:
         self.by_instance: dict[str, ModelScheduler] = {}
         self.workers: dict[str, WorkerHandle] = {}  # by address
         self.worker_of: dict[str, WorkerHandle] = {}  # instance key -> worker
+        self.device_workers: dict[str, asyncio.Task] = {}  # "cpu"/"gpu:N" -> its start
         self.frontends: dict[int, FrontendHandle] = {}
         self._gen = itertools.count(1)
         self._restarts: dict[str, list[float]] = {}
@@ -88,6 +96,8 @@ class Server:
         self.stopping = False
         self.stop_requested = asyncio.Event()
         self.timer = PreciseTimer(self.loop, self._on_timer)
+        self.gpus = cuda.device_count()
+        self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone)
         self.handlers = {
             InferRequest: self.on_infer,
             CancelRequest: self.on_cancel,
@@ -97,6 +107,7 @@ class Server:
             WorkerReady: self.on_worker_ready,
             InstanceLoaded: self.on_instance_loaded,
             InferResponse: self.on_internal_response,
+            RegionRequest: self.on_region_call,
         }
 
     # -- the loop ---------------------------------------------------------------------
@@ -182,7 +193,8 @@ class Server:
                 raise cfg.ConfigError(
                     f"model '{source.name}' has no config.pbtxt, which "
                     "--strict-model-config=true requires")
-            plan = repository.plan_model(source)
+            plan = repository.plan_model(source, has_gpu=self.gpus > 0,
+                                         gpu_ids=list(range(self.gpus)))
         except Exception as exc:
             mv = ModelVersion(source.name, 0, str(source.path),
                               state=ModelReadyState.UNAVAILABLE, reason=str(exc))
@@ -214,8 +226,7 @@ class Server:
             mv.state = ModelReadyState.UNAVAILABLE
             mv.reason = str(exc)
             for slot in slots:
-                if slot.worker is not None:
-                    await self._stop_worker(slot.worker)
+                await self._drop_instance(slot)
             self.publish(mv)
             return False
         ms = ModelScheduler(plan.name, version, mv.config, self._send_batch, self._fail)
@@ -231,25 +242,59 @@ class Server:
 
     async def _start_instance(self, mv: ModelVersion, slot: InstanceSlot, config,
                               auto_complete: bool = False):
-        """Start a worker for `slot` (python: one process per instance) and load it."""
-        worker = await self._spawn_worker(slot.key)
+        """Place `slot` in a worker and load it there: a python instance gets a process
+        of its own, a framework instance joins its device's worker."""
+        if config.backend in DEVICE_WORKER_BACKENDS:
+            device = f"gpu:{slot.device_id}" if slot.kind == "KIND_GPU" else "cpu"
+            worker = await self._device_worker(device)
+        else:
+            worker = await self._spawn_worker(slot.key)
         slot.worker = worker
         worker.slots.append(slot)
         self.worker_of[slot.key] = worker
         config_json = json.dumps(cfg.config_to_json(config)).encode()
         reply = await self._load(worker, LoadInstance(
             slot.key, slot.name, mv.name, mv.version, mv.path, config_json,
-            kind=slot.kind, device_id=slot.device_id, auto_complete=auto_complete))
+            kind=slot.kind, device_id=slot.device_id, auto_complete=auto_complete,
+            backend_config=self.args.backend_config.get(config.backend, {})))
         if not reply.ok:
             raise RuntimeError(reply.error)
         if auto_complete and reply.config and reply.config != config_json:
             completed = json_format.ParseDict(json.loads(reply.config),
                                               model_config_pb2.ModelConfig(),
                                               ignore_unknown_fields=True)
-            completed = cfg.normalize(completed)
-            cfg.validate(completed)
+            completed = cfg.normalize(completed, has_gpu=self.gpus > 0,
+                                      gpu_ids=list(range(self.gpus)))
+            cfg.validate(completed, gpu_ids=list(range(self.gpus)) if self.gpus else [])
             return completed
         return config
+
+    async def _device_worker(self, device: str) -> WorkerHandle:
+        """The worker framework instances on `device` share, started on first use (and
+        again after it died)."""
+        task = self.device_workers.get(device)
+        if task is not None and task.done() and (
+                task.exception() is not None or task.result().address not in self.workers):
+            task = None  # it failed to start, or died since
+        if task is None:
+            task = self.device_workers[device] = self.loop.create_task(
+                self._spawn_worker(f"{device} worker", device))
+        return await asyncio.shield(task)
+
+    async def _drop_instance(self, slot: InstanceSlot) -> None:
+        """Undo a slot's placement after a failed load."""
+        worker = slot.worker
+        if worker is None:
+            return
+        slot.worker = None
+        self.worker_of.pop(slot.key, None)
+        if slot in worker.slots:
+            worker.slots.remove(slot)
+        if worker.device:  # shared with other models' instances: unload just this one
+            if worker.address in self.workers:
+                self.outbox.send(worker.address, UnloadInstance(slot.key))
+        else:
+            await self._stop_worker(worker)
 
     async def _load(self, worker: WorkerHandle, msg: LoadInstance) -> InstanceLoaded:
         fut = self.loop.create_future()
@@ -257,14 +302,14 @@ class Server:
         self.outbox.send(worker.address, msg)
         return await asyncio.wait_for(fut, self.args.startup_timeout_secs)
 
-    async def _spawn_worker(self, label: str) -> WorkerHandle:
+    async def _spawn_worker(self, label: str, device: str = "") -> WorkerHandle:
         gen = next(self._gen)
         address = ipc_address(self.run_dir, f"w{gen}")
-        worker = WorkerHandle(label, address, f"{self.shm_prefix}w{gen}")
+        worker = WorkerHandle(label, address, f"{self.shm_prefix}w{gen}", device)
         worker.child = Child(f"worker {label}", "workers.main", [
             "--name", label, "--address", address, "--scheduler", self.address,
             "--segment-prefix", worker.prefix, "--arena-bytes", str(self.args.arena_mib << 20),
-            "--log-verbose", str(self.args.log_verbose),
+            "--device", device or "cpu", "--log-verbose", str(self.args.log_verbose),
         ], on_exit=self._on_worker_exit)
         self.workers[address] = worker
         worker.child.start(self.loop)
@@ -300,6 +345,12 @@ class Server:
             what = f"'{req.model}'" + (f" version {req.version}" if req.version else "")
             self._fail(req, ErrorCode.UNAVAILABLE, f"model {what} is not ready")
             return
+        if _uses_regions(req):
+            try:
+                self.regions.resolve(req)
+            except InferError as exc:
+                self._fail(req, exc.code, exc.message)
+                return
         ms = mv.scheduler
         ms.enqueue(req, time.monotonic_ns())
         self._dirty.add(ms)
@@ -312,7 +363,12 @@ class Server:
     def on_batch_done(self, msg: BatchDone) -> None:
         ms = self.by_instance.get(msg.instance)
         if ms is not None:
-            ms.batch_done(msg.batch_id)
+            requests = ms.batch_done(msg.batch_id)
+            if msg.copies:
+                ms.copies[msg.instance] = msg.copies
+            if self.regions.users:
+                for req in requests:
+                    self.regions.finished(req)
             self._dirty.add(ms)
 
     def _send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
@@ -320,6 +376,39 @@ class Server:
 
     def _fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
         self.outbox.send(req.reply_to, InferResponse(req.id, error=reason, error_code=int(code)))
+        if self.regions.users:
+            self.regions.finished(req)
+
+    # -- client shared-memory regions -------------------------------------------------
+
+    def on_region_call(self, call: RegionRequest) -> None:
+        def answer(error: InferError | None = None, regions=()) -> None:
+            reply = RegionReply(call.call_id, regions=list(regions))
+            if error is not None:
+                reply.error, reply.error_code = error.message, int(error.code)
+            self.outbox.send(call.reply_to, reply)
+
+        try:
+            if call.op == "register":
+                self.regions.register(call)
+                log.info("registered %s shared memory region '%s'", call.kind, call.name)
+                answer()
+            elif call.op == "status":
+                answer(regions=self.regions.status(call.kind, call.name))
+            elif call.op == "unregister":
+                # answered once no request uses the region(s) any more
+                self.regions.unregister(call.kind, call.name, answer)
+            else:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"unknown shared memory operation '{call.op}'")
+        except InferError as exc:
+            answer(exc)
+
+    def _region_gone(self, region: Region) -> None:
+        log.info("unregistered %s shared memory region '%s'", region.kind, region.name)
+        gone = RegionGone(region.uid)
+        for worker in self.workers.values():
+            self.outbox.send(worker.address, gone)
 
     def on_internal_response(self, msg: InferResponse) -> None:
         # The scheduler asks for nothing yet (ensembles, BLS and warmup will).
@@ -483,6 +572,9 @@ class Server:
                                if fe.child is not None))
         # 2. workers finalize their models and free their arenas
         for mv in self.models.all():
+            if mv.scheduler is not None and mv.scheduler.batch_sizes:
+                log.info("%s", mv.scheduler.summary())
+        for mv in self.models.all():
             if mv.scheduler is not None:
                 mv.scheduler.fail_all(ErrorCode.UNAVAILABLE, "server is stopping")
         await asyncio.gather(*(self._stop_worker(w) for w in list(self.workers.values())))
@@ -496,3 +588,14 @@ class Server:
         self.outbox.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         log.info("server stopped")
+
+
+def _uses_regions(req: InferRequest) -> bool:
+    for ref in req.inputs:
+        if ref.region:
+            return True
+    if req.outputs:
+        for out in req.outputs:
+            if out.target is not None:
+                return True
+    return False

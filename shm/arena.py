@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -160,8 +161,11 @@ class Arena:
     the arena for reuse: a server that saw one 64 MiB input will likely see another.
     """
 
-    def __init__(self, prefix: str, chunk_size: int = 64 << 20, prefault: bool = True):
+    def __init__(self, prefix: str, chunk_size: int = 64 << 20, prefault: bool = True,
+                 on_segment=None):
         check_name(prefix)
+        # called with each new segment's view (a GPU worker pins it for DMA)
+        self.on_segment = on_segment
         self.prefix = prefix
         self.chunk_size = _round_up(chunk_size, PAGE)
         self.prefault = prefault
@@ -179,6 +183,8 @@ class Arena:
         self._lists[name] = _FreeList(size)
         self._bases[name] = address_of(seg.view)
         self._order.append(name)
+        if self.on_segment is not None:
+            self.on_segment(seg.view)
         return name
 
     def alloc(self, nbytes: int) -> tuple[str, int, memoryview]:
@@ -225,13 +231,21 @@ class Arena:
 class SegmentCache:
     """Segments of other processes, mapped once on first use and kept."""
 
-    def __init__(self):
+    def __init__(self, on_map=None):
         self._segments: dict[str, Segment] = {}
+        self._lock = threading.Lock()  # framework workers read from several threads
+        self.on_map = on_map  # called with each newly mapped segment's view
 
     def view(self, name: str, offset: int, nbytes: int) -> memoryview:
         seg = self._segments.get(name)
         if seg is None:
-            seg = self._segments[name] = Segment.attach(name)
+            with self._lock:
+                seg = self._segments.get(name)
+                if seg is None:
+                    seg = Segment.attach(name)
+                    if self.on_map is not None:
+                        self.on_map(seg.view)
+                    self._segments[name] = seg
         if offset < 0 or nbytes < 0 or offset + nbytes > seg.size:
             raise ValueError(f"block [{offset}, {offset + nbytes}) lies outside segment {name}")
         return seg.view[offset:offset + nbytes]

@@ -1,8 +1,11 @@
 """The worker process: hosts model instances and runs the batches sent to it.
 
-One run loop over one inbox. Batches run to completion on this thread: a python
-model's own code holds the GIL, which is why each python instance gets a process.
-Results go straight to each request's `reply_to`; the scheduler only hears BatchDone.
+One run loop over one inbox. A python instance (one per process: its own code holds
+the GIL) runs its batches to completion on this thread. Framework instances share the
+process of their device ("cpu" or "gpu:N") and each runs on a thread of its own, fed by
+a queue, so one instance's compute overlaps another's (onnxruntime and torch release
+the GIL). Results go straight to each request's `reply_to`; the scheduler only hears
+BatchDone.
 """
 
 from __future__ import annotations
@@ -10,19 +13,22 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 
-from shm.arena import Arena, SegmentCache
+from shm.arena import Arena
 from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError
 from shm.lifecycle import die_with_parent, setup_logging
+from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, StopWorker, UnloadInstance, WorkerReady)
 from workers.backends import create_instance
-from workers.tensors import OutputWriter
+from workers.tensors import Copies, TensorIO, targets_of
 
 log = logging.getLogger("shmserve.worker")
 
@@ -31,26 +37,64 @@ class _Stop(Exception):
     pass
 
 
+class InstanceThread:
+    """A framework instance's own thread: batches in through a queue, responses out
+    through the thread's own sockets (ZeroMQ sockets are not shared across threads)."""
+
+    def __init__(self, worker: "Worker", key: str, inst):
+        self.worker = worker
+        self.key = key
+        self.inst = inst
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.outbox = Outbox()
+        self.thread = threading.Thread(target=self._run, name=f"instance {key}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self.queue.get()
+                if item is None:
+                    break
+                if isinstance(item, str):  # a peer is gone: drop its socket
+                    self.outbox.drop(item)
+                    continue
+                self.worker.run_batch(self.inst, item, self.outbox)
+        finally:
+            self.outbox.close()
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+
 class Worker:
     def __init__(self, name: str, address: str, scheduler: str, segment_prefix: str,
-                 arena_bytes: int):
+                 arena_bytes: int, device: str = "cpu"):
         self.name = name
         self.address = address
         self.scheduler = scheduler
+        self.device = device
         self.inbox = Inbox(address, WORKER_INBOX)
         self.outbox = Outbox()
-        self.segments = SegmentCache()
+        pin = None
+        if device.startswith("gpu"):
+            # host memory the device copies from and to is pinned, for DMA speed
+            from shm.cuda import pin
         # Arena chunks are created on first large output, not at start, so a model
         # that only answers with small tensors costs no shared memory.
-        self.arena = Arena(segment_prefix, chunk_size=arena_bytes)
-        self.writer = OutputWriter(self.arena, address)
+        self.arena = Arena(segment_prefix, chunk_size=arena_bytes, on_segment=pin)
+        self.io = TensorIO(self.arena, address)
+        self.io.segments.on_map = pin
         self.instances = {}
+        self.threads: dict[str, InstanceThread] = {}
         self.handlers = {
             LoadInstance: self.on_load,
             ExecuteBatch: self.on_execute,
             UnloadInstance: self.on_unload,
             ReleaseBlocks: self.on_release,
             PeerGone: self.on_peer_gone,
+            RegionGone: self.on_region_gone,
             StopWorker: self.on_stop,
         }
 
@@ -67,13 +111,16 @@ class Worker:
             self.close()
 
     def close(self) -> None:
+        for t in self.threads.values():
+            t.stop()
+        self.threads.clear()
         for name, inst in list(self.instances.items()):
             try:
                 inst.finalize()
             except Exception:
                 log.exception("finalize() of %s failed", name)
         self.instances.clear()
-        self.segments.close()
+        self.io.close()
         self.arena.close()
         self.inbox.close()
         self.outbox.close()
@@ -84,6 +131,8 @@ class Worker:
         try:
             inst, config = create_instance(msg)
             self.instances[msg.instance] = inst
+            if getattr(inst, "threaded", False):
+                self.threads[msg.instance] = InstanceThread(self, msg.instance, inst)
             reply = InstanceLoaded(msg.instance, True, config=config)
         except Exception as exc:  # the reason goes to the model's state, not a crash
             log.exception("failed to load %s", msg.instance)
@@ -91,48 +140,72 @@ class Worker:
         self.outbox.send(self.scheduler, reply)
 
     def on_unload(self, msg: UnloadInstance) -> None:
+        thread = self.threads.pop(msg.instance, None)
+        if thread is not None:
+            thread.stop()
         inst = self.instances.pop(msg.instance, None)
         if inst is not None:
             inst.finalize()
 
     def on_release(self, msg: ReleaseBlocks) -> None:
-        self.writer.released(msg.reader, msg.blocks)
+        self.io.released(msg.reader, msg.blocks)
 
     def on_peer_gone(self, msg: PeerGone) -> None:
         self.outbox.drop(msg.address)
-        self.segments.forget(msg.segment_prefix)
-        self.writer.forget_reader(msg.address)
+        for t in self.threads.values():
+            t.queue.put(msg.address)
+        self.io.segments.forget(msg.segment_prefix)
+        self.io.forget_reader(msg.address)
+
+    def on_region_gone(self, msg: RegionGone) -> None:
+        # no request uses the region any more (the scheduler waited for that)
+        self.io.regions.forget(msg.uid)
 
     def on_stop(self, msg: StopWorker) -> None:
         raise _Stop()
 
     def on_execute(self, msg: ExecuteBatch) -> None:
+        thread = self.threads.get(msg.instance)
+        if thread is not None:
+            thread.queue.put(msg)
+            return
+        self.run_batch(self.instances.get(msg.instance), msg, self.outbox)
+
+    def run_batch(self, inst, msg: ExecuteBatch, outbox: Outbox) -> None:
+        """Run one batch on `inst` and answer every request, then the scheduler."""
         start = time.monotonic_ns()
         failed = 0
-        inst = self.instances.get(msg.instance)
-        send = self.outbox.send
+        send = outbox.send
+        copies = inst.copies if inst is not None else Copies()
         if inst is None:
             results = [InferError(ErrorCode.UNAVAILABLE,
                                   f"instance {msg.instance} is not loaded")] * len(msg.requests)
         else:
-            results = inst.execute(msg.requests, self.segments)
+            results = inst.execute(msg.requests, self.io)
+        responses = []
         for request, result in zip(msg.requests, results):
-            if isinstance(result, InferError):
-                failed += 1
-                send(request.reply_to, InferResponse(request.id, error=result.message,
-                                                     error_code=int(result.code)))
-                continue
-            try:
-                refs = self.writer.write(result, request.reply_to)
-            except Exception as exc:
-                failed += 1
-                send(request.reply_to, InferResponse(
-                    request.id, error=f"failed to return outputs: {_reason(exc)}",
-                    error_code=int(ErrorCode.INTERNAL)))
-                continue
-            send(request.reply_to, InferResponse(request.id, outputs=refs, owner=self.address))
+            if not isinstance(result, InferError):
+                try:
+                    refs = self.io.write(result, targets_of(request), request.reply_to,
+                                         copies)
+                    responses.append(InferResponse(request.id, outputs=refs,
+                                                   owner=self.address))
+                    continue
+                except InferError as exc:
+                    result = exc
+                except Exception as exc:
+                    log.exception("failed to return outputs of %s", msg.instance)
+                    result = InferError(ErrorCode.INTERNAL,
+                                        f"failed to return outputs: {_reason(exc)}")
+            failed += 1
+            responses.append(InferResponse(request.id, error=result.message,
+                                           error_code=int(result.code)))
+        if inst is not None and hasattr(inst, "synchronize"):
+            inst.synchronize()  # device copies into client regions are done
+        for request, response in zip(msg.requests, responses):
+            send(request.reply_to, response)
         send(self.scheduler, BatchDone(msg.batch_id, msg.instance, start,
-                                       time.monotonic_ns(), failed))
+                                       time.monotonic_ns(), failed, copies.as_list()))
 
 
 def _reason(exc: BaseException) -> str:
@@ -147,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scheduler", required=True)
     p.add_argument("--segment-prefix", required=True)
     p.add_argument("--arena-bytes", type=int, default=64 << 20)
+    p.add_argument("--device", default="cpu", help='"cpu" or "gpu:N"')
     p.add_argument("--log-verbose", type=int, default=0)
     args = p.parse_args(argv)
     setup_logging(f"worker[{args.name}]", args.log_verbose)
@@ -158,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the scheduler coordinates shutdown
     die_with_parent(signal.SIGTERM)
     worker = Worker(args.name, args.address, args.scheduler, args.segment_prefix,
-                    args.arena_bytes)
+                    args.arena_bytes, args.device)
     worker.run()
     sys.exit(0)
 

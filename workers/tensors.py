@@ -1,59 +1,201 @@
-"""Tensors in and out of a worker: descriptors to numpy views, numpy arrays to blocks."""
+"""Tensors in and out of a worker: descriptors to arrays, arrays to descriptors.
+
+Inputs are read where they lie: inline message bytes, a frontend's arena block, a
+client's system region (all numpy views, no copy), or a client's CUDA region (a cupy
+array over the IPC mapping). Outputs are written once: inline when small, into a block
+of this worker's arena, or straight into the region the client named for them. Every
+copy a worker makes is counted in `Copies`, per instance, so tests and benchmarks can
+check the copies the design promises instead of assuming them.
+
+Framework instances run on their own threads, so everything here that is shared
+(arena, segment and region caches) is safe to call from several threads.
+"""
 
 from __future__ import annotations
 
-from typing import Iterable
+import threading
 
 import numpy as np
 
 from shm import datatypes
 from shm.arena import Arena, SegmentCache
+from shm.errors import ErrorCode, InferError
+from shm.regions import RegionMaps
 from shm.tensor import INLINE_MAX, TensorRef
 
 
-def input_array(ref: TensorRef, segments: SegmentCache) -> np.ndarray:
-    """A numpy view of an input: over the message bytes, or in place in the arena block
-    the frontend wrote (no copy; BYTES are parsed into objects, which must copy)."""
-    if ref.data is not None:
-        buf = ref.data
-    else:
-        buf = segments.view(ref.segment, ref.offset, ref.nbytes)
-    return datatypes.tensor_from_buffer(ref.datatype, ref.shape, buf)
+class Copies:
+    """Bytes copied, by kind: host (host to host), h2d, d2h, d2d."""
+
+    __slots__ = ("host", "h2d", "d2h", "d2d")
+
+    def __init__(self):
+        self.host = self.h2d = self.d2h = self.d2d = 0
+
+    def as_list(self) -> list[int]:
+        return [self.host, self.h2d, self.d2h, self.d2d]
 
 
-class OutputWriter:
-    """Puts output tensors where the requester can read them: inline when small, else in
-    a block of this worker's arena, to be released by the reader."""
+def is_device_array(array) -> bool:
+    return hasattr(array, "__cuda_array_interface__")
+
+
+class TensorIO:
+    """Where a worker's tensors come from and go to."""
 
     def __init__(self, arena: Arena, owner: str):
         self.arena = arena
         self.owner = owner
+        self.segments = SegmentCache()
+        self.regions = RegionMaps()
+        self._lock = threading.Lock()  # the arena and `_held`, shared by threads
         # blocks each reader holds, so a reader that dies does not leak them
         self._held: dict[str, set[tuple[str, int]]] = {}
 
-    def write(self, outputs: Iterable[tuple[str, str, np.ndarray]], reader: str) -> list[TensorRef]:
+    # -- inputs -----------------------------------------------------------------------
+
+    def input(self, ref: TensorRef):
+        """The input as an array, without copying: numpy for host bytes, cupy for bytes
+        in a client's CUDA region."""
+        if ref.data is not None:
+            buf = ref.data
+        elif ref.region <= 0:
+            buf = self.segments.view(ref.segment, ref.offset, ref.nbytes)
+        elif ref.device >= 0:
+            region = self.regions.cuda(ref.region, ref.handle, ref.device, ref.region_size)
+            dtype = datatypes.NUMPY.get(ref.datatype)
+            if dtype is None or ref.datatype == "BYTES":
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"input '{ref.name}': {ref.datatype} cannot live in CUDA "
+                                 "shared memory")
+            count = _count(ref.shape)
+            if count * dtype.itemsize != ref.nbytes:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"input '{ref.name}': {ref.nbytes} bytes of CUDA shared "
+                                 f"memory do not hold a {ref.datatype} tensor of shape "
+                                 f"{ref.shape}")
+            return region.array(ref.offset, ref.nbytes, dtype, tuple(ref.shape))
+        else:
+            buf = self.regions.view(ref.region, ref.segment, ref.offset, ref.nbytes)
+        return datatypes.tensor_from_buffer(ref.datatype, ref.shape, buf)
+
+    def host_input(self, ref: TensorRef, copies: Copies) -> np.ndarray:
+        """The input in host memory: in place, or one device-to-host copy."""
+        array = self.input(ref)
+        if is_device_array(array):
+            copies.d2h += array.nbytes
+            return array.get()
+        return array
+
+    # -- outputs ----------------------------------------------------------------------
+
+    def write(self, outputs, targets: dict[str, TensorRef] | None, reader: str,
+              copies: Copies) -> list[TensorRef]:
+        """Descriptors for (name, datatype, array) outputs, each written once: into its
+        target region when the request named one, else inline or into the arena.
+        Arrays may be numpy or, from device models, cupy."""
         refs = []
-        for name, datatype, array in outputs:
-            buf = datatypes.tensor_to_buffer(datatype, array)
-            shape = list(array.shape)
-            n = len(buf) if isinstance(buf, bytes) else buf.nbytes
-            if n <= INLINE_MAX:
-                refs.append(TensorRef(name, datatype, shape, data=bytes(buf)))
-                continue
-            segment, offset, view = self.arena.alloc(n)
-            view[:] = buf  # the one copy of this output: model memory -> shared memory
-            self._held.setdefault(reader, set()).add((segment, offset))
-            refs.append(TensorRef(name, datatype, shape, segment=segment, offset=offset,
-                                  nbytes=n))
+        try:
+            for name, datatype, array in outputs:
+                target = targets.get(name) if targets else None
+                if target is not None:
+                    refs.append(self._write_region(name, datatype, array, target, copies))
+                else:
+                    refs.append(self._write_arena(name, datatype, array, reader, copies))
+        except BaseException:
+            self.released(reader, [(r.segment, r.offset) for r in refs
+                                   if r.data is None and not r.region])
+            raise
         return refs
 
+    def _write_arena(self, name, datatype, array, reader, copies) -> TensorRef:
+        shape = list(array.shape)
+        if is_device_array(array):
+            n = array.nbytes
+            if n <= INLINE_MAX:
+                copies.d2h += n
+                return TensorRef(name, datatype, shape, data=array.get().tobytes())
+            segment, offset, view = self._alloc(n, reader)
+            array.get(out=np.frombuffer(view, dtype=array.dtype).reshape(array.shape))
+            copies.d2h += n
+            return TensorRef(name, datatype, shape, segment=segment, offset=offset, nbytes=n)
+        buf = datatypes.tensor_to_buffer(datatype, array)
+        n = len(buf) if isinstance(buf, bytes) else buf.nbytes
+        if n <= INLINE_MAX:
+            return TensorRef(name, datatype, shape, data=bytes(buf))
+        segment, offset, view = self._alloc(n, reader)
+        view[:] = buf  # the one copy of this output: model memory -> shared memory
+        copies.host += n
+        return TensorRef(name, datatype, shape, segment=segment, offset=offset, nbytes=n)
+
+    def _write_region(self, name, datatype, array, target: TensorRef, copies) -> TensorRef:
+        shape = list(array.shape)
+        device = is_device_array(array)
+        buf = None if device else datatypes.tensor_to_buffer(datatype, array)
+        n = array.nbytes if device else (len(buf) if isinstance(buf, bytes) else buf.nbytes)
+        if n > target.nbytes:
+            raise InferError(ErrorCode.INVALID_ARG,
+                             f"shared memory size specified with the request for output "
+                             f"'{name}' ({target.nbytes} bytes) should be at least {n} "
+                             "bytes to hold the results")
+        if target.device >= 0:
+            region = self.regions.cuda(target.region, target.handle, target.device,
+                                       target.region_size)
+            if device:
+                dest = region.array(target.offset, n, array.dtype, array.shape)
+                dest[...] = array
+                copies.d2d += n
+            else:
+                host = np.frombuffer(buf, dtype=np.uint8)
+                region.array(target.offset, n, np.uint8, (n,)).set(host)
+                copies.h2d += n
+        else:
+            view = self.regions.view(target.region, target.segment, target.offset, n)
+            if device:
+                array.get(out=np.frombuffer(view, dtype=array.dtype).reshape(array.shape))
+                copies.d2h += n
+            else:
+                view[:] = buf
+                copies.host += n
+        return TensorRef(name, datatype, shape, segment=target.segment, offset=target.offset,
+                         nbytes=n, region=target.region, device=target.device)
+
+    def _alloc(self, n: int, reader: str):
+        with self._lock:
+            segment, offset, view = self.arena.alloc(n)
+            self._held.setdefault(reader, set()).add((segment, offset))
+        return segment, offset, view
+
+    # -- releases ---------------------------------------------------------------------
+
     def released(self, reader: str, blocks) -> None:
-        held = self._held.get(reader)
-        for segment, offset in blocks:
-            self.arena.free(segment, offset)
-            if held is not None:
-                held.discard((segment, offset))
+        with self._lock:
+            held = self._held.get(reader)
+            for segment, offset in blocks:
+                self.arena.free(segment, offset)
+                if held is not None:
+                    held.discard((segment, offset))
 
     def forget_reader(self, reader: str) -> None:
-        for segment, offset in self._held.pop(reader, ()):
-            self.arena.free(segment, offset)
+        with self._lock:
+            for segment, offset in self._held.pop(reader, ()):
+                self.arena.free(segment, offset)
+
+    def close(self) -> None:
+        self.segments.close()
+        self.regions.close()
+
+
+def targets_of(request) -> dict[str, TensorRef] | None:
+    """Output name -> the client region the request wants it written into."""
+    if not request.outputs:
+        return None
+    found = {o.name: o.target for o in request.outputs if o.target is not None}
+    return found or None
+
+
+def _count(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -9,6 +9,12 @@ from shm.messages.regions import RegionGone
 from shm.messages.results import PeerGone, ReleaseBlocks
 
 
+# Backends whose instances share one worker process per device ("cpu", "gpu:N"), each
+# instance on its own thread (frameworks release the GIL while they compute). Every
+# other backend (python) gets a process per instance.
+DEVICE_WORKER_BACKENDS = frozenset({"onnxruntime", "pytorch"})
+
+
 class WorkerReady(msgspec.Struct, tag=True, array_like=True):
     """A worker process is up and listening on `address`."""
 
@@ -62,6 +68,8 @@ class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     compute_start_ns: int = 0
     compute_end_ns: int = 0
     failed: int = 0
+    # bytes the instance has copied so far: [host, h2d, d2h, d2d] (workers/tensors.py)
+    copies: list[int] = []
 
 
 class UnloadInstance(msgspec.Struct, tag=True, array_like=True):

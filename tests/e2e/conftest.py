@@ -1,6 +1,6 @@
 import pytest
 
-from tests.e2e.harness import ServerProcess
+from tests.e2e.harness import DEFAULT_REPOS, ServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -10,6 +10,23 @@ def server(tmp_path_factory):
     marker_dir = tmp_path_factory.mktemp("markers")
     srv = ServerProcess(frontends=2, log_dir=tmp_path_factory.mktemp("logs"),
                         env={"SHMSERVE_TEST_MARKER_DIR": str(marker_dir)})
+    srv.start()
+    yield srv
+    code = srv.stop()
+    assert code == 0, srv.log()
+    assert srv.segments() == [], "server left shared memory behind"
+
+
+@pytest.fixture(scope="session")
+def shm_server(tmp_path_factory):
+    """A server that accepts client shared memory (--allow-client-shm=true), on the same
+    repositories, with two frontends: a region registered through one connection is
+    used through others."""
+    marker_dir = tmp_path_factory.mktemp("shm-markers")
+    srv = ServerProcess(DEFAULT_REPOS, "--allow-client-shm=true", frontends=2,
+                        log_dir=tmp_path_factory.mktemp("shm-logs"),
+                        env={"SHMSERVE_TEST_MARKER_DIR": str(marker_dir)})
+    srv.marker_dir = marker_dir
     srv.start()
     yield srv
     code = srv.stop()

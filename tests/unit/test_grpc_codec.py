@@ -222,6 +222,81 @@ def test_shared_memory_inputs_take_no_raw_contents():
     assert "unexpected 'content' provided when using shared memory" in decode_error(msg).message
 
 
+def test_tritonclient_shared_memory_request():
+    # what set_shared_memory puts on the wire, mixed with a raw input and output
+    shm_in = grpcclient.InferInput("S", [4], "FP32")
+    shm_in.set_shared_memory("in_region", 16, offset=8)
+    raw_in = grpcclient.InferInput("R", [2], "INT32")
+    raw_in.set_data_from_numpy(np.array([1, 2], np.int32))
+    shm_out = grpcclient.InferRequestedOutput("OS")
+    shm_out.set_shared_memory("out_region", 64)
+    outs = [shm_out, grpcclient.InferRequestedOutput("OR")]
+    msg = _get_inference_request("m", [shm_in, raw_in], "", "", outs, sequence_id=0,
+                                 sequence_start=False, sequence_end=False, priority=0,
+                                 timeout=None, parameters=None)
+    req = decode_infer_request(msg.SerializeToString())
+    assert req.inputs[0].data is None
+    assert req.inputs[0].parameters == {"shared_memory_region": "in_region",
+                                        "shared_memory_byte_size": 16,
+                                        "shared_memory_offset": 8}
+    assert bytes(req.inputs[1].data) == np.array([1, 2], np.int32).tobytes()
+    assert [(o.name, o.parameters) for o in req.outputs] == [
+        ("OS", {"shared_memory_region": "out_region", "shared_memory_byte_size": 64}),
+        ("OR", {})]
+
+
+def shm_tensor_error(target, **params) -> str:
+    """The error for an input ("input") or requested output ("output") carrying these
+    shared_memory_* parameters, each given as (InferParameter field, value)."""
+    msg = service_pb2.ModelInferRequest(model_name="m")
+    if target == "input":
+        tensor = msg.inputs.add(name="T", datatype="FP32", shape=[4])
+    else:
+        msg.inputs.add(name="X", datatype="FP32", shape=[1])
+        msg.raw_input_contents.append(b"\0" * 4)
+        tensor = msg.outputs.add(name="T")
+    for key, (field, value) in params.items():
+        setattr(tensor.parameters[key], field, value)
+    return decode_error(msg).message
+
+
+@pytest.mark.parametrize("target", ["input", "output"])
+@pytest.mark.parametrize("params,message", [
+    ({"shared_memory_region": ("int64_param", 1),
+      "shared_memory_byte_size": ("int64_param", 16)},
+     "invalid value type for 'shared_memory_region' parameter for tensor 'T', expected "
+     "string_param."),
+    ({"shared_memory_region": ("string_param", "r"),
+      "shared_memory_byte_size": ("string_param", "16")},
+     "invalid value type for 'shared_memory_byte_size' parameter for tensor 'T', "
+     "expected int64_param."),
+    ({"shared_memory_region": ("string_param", "r"),
+      "shared_memory_byte_size": ("int64_param", 16),
+      "shared_memory_offset": ("uint64_param", 8)},
+     "invalid value type for 'shared_memory_offset' parameter for tensor 'T', expected "
+     "int64_param."),
+    ({"shared_memory_offset": ("int64_param", 8)},
+     "'shared_memory_offset' can not be specified without 'shared_memory_region' "
+     "parameter for tensor 'T'"),
+    ({"shared_memory_byte_size": ("int64_param", 8)},
+     "'shared_memory_byte_size' can not be specified without 'shared_memory_region' "
+     "parameter for tensor 'T'"),
+    ({"shared_memory_region": ("string_param", "r")},
+     "'shared_memory_byte_size' must be specified along with 'shared_memory_region' "
+     "parameter for tensor 'T'"),
+])
+def test_shared_memory_parameter_checks(target, params, message):
+    # Triton's ParseSharedMemoryParams, with its wording
+    assert shm_tensor_error(target, **params) == message
+
+
+def test_shared_memory_output_cannot_be_classified():
+    assert shm_tensor_error("output", shared_memory_region=("string_param", "r"),
+                            shared_memory_byte_size=("int64_param", 16),
+                            classification=("int64_param", 2)) == (
+        "output can't set both 'shared_memory_region' and 'classification'")
+
+
 def test_request_parameters():
     data = client_request({"X": np.zeros(1, np.float32)}, sequence_id=7, sequence_start=True,
                           sequence_end=False, priority=2, timeout=1000,
@@ -307,11 +382,33 @@ def test_response_buffers_of_every_kind():
     assert raw["bytearray"] == b"\x01\x02"
     assert raw["in_shm"] == b"" and raw["empty"] == b""
     params = {o.name: o.parameters for o in msg.outputs}
-    assert params["in_shm"]["shared_memory_region"].string_param == "r"
+    assert not params["in_shm"]  # as Triton: no shared_memory_* echo
     p = params["params"]
     assert p["b"].bool_param is True and p["i"].int64_param == 5
     assert p["u"].uint64_param == 1 << 63 and p["f"].double_param == 0.25
     assert p["s"].string_param == "x"
+
+
+@pytest.mark.parametrize("shm_first", [True, False])
+def test_mixed_shared_memory_outputs_parse_with_tritonclient(shm_first):
+    # tritonclient's as_numpy finds an output's raw_output_contents entry by the
+    # output's position, so an output in a region must still take its (empty) slot
+    y = np.arange(6, dtype=np.int64).reshape(2, 3)
+    text = np.array([b"ab", b""], dtype=object)
+    outs = [OutputTensor("IN_SHM", "FP32", [4], None,
+                         {"shared_memory_region": "r", "shared_memory_byte_size": 16}),
+            OutputTensor("Y", "INT64", [2, 3], y),
+            OutputTensor("TEXT", "BYTES", [2], serialize_bytes(text))]
+    if not shm_first:
+        outs.append(outs.pop(0))
+    response = service_pb2.ModelInferResponse.FromString(
+        encode_infer_response(InferResult("m", "1", "x", outs)))
+    assert len(response.raw_output_contents) == 3
+    result = grpcclient.InferResult(response)
+    np.testing.assert_array_equal(result.as_numpy("Y"), y)
+    assert result.as_numpy("TEXT").tolist() == text.tolist()
+    out = result.get_output("IN_SHM")
+    assert (out.datatype, list(out.shape), dict(out.parameters)) == ("FP32", [4], {})
 
 
 def test_large_response_is_exact():

@@ -237,9 +237,6 @@ def test_metadata_errors(client, call):
     ("get_model_repository_index", ()),
     ("load_model", ("identity",)),
     ("unload_model", ("identity",)),
-    ("get_system_shared_memory_status", ()),
-    ("register_system_shared_memory", ("r", "/k", 16)),
-    ("get_cuda_shared_memory_status", ()),
     ("get_trace_settings", ()),
     ("get_log_settings", ()),
 ])

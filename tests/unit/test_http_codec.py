@@ -134,6 +134,52 @@ def test_shared_memory_input_has_no_data():
     assert req.outputs[0].binary_data is None
 
 
+def test_tritonclient_shared_memory_request():
+    # what InferInput/InferRequestedOutput.set_shared_memory put on the wire, mixed
+    # with a binary input and an ordinary output
+    data = np.arange(4, dtype=np.int32)
+    shm_in = httpclient.InferInput("X", [4], "FP32")
+    shm_in.set_shared_memory("in_region", 16, offset=32)
+    raw_in = httpclient.InferInput("Z", [4], "INT32")
+    raw_in.set_data_from_numpy(data, binary_data=True)
+    shm_out = httpclient.InferRequestedOutput("Y")
+    shm_out.set_shared_memory("out_region", 64)
+    plain_out = httpclient.InferRequestedOutput("W", binary_data=True)
+    body, header_length = httpclient.InferenceServerClient.generate_request_body(
+        [shm_in, raw_in], outputs=[shm_out, plain_out])
+    req = decode_infer_request(body, header_length, "m")
+    assert req.inputs[0].data is None
+    assert req.inputs[0].parameters == {"shared_memory_region": "in_region",
+                                        "shared_memory_byte_size": 16,
+                                        "shared_memory_offset": 32}
+    assert bytes(req.inputs[1].data) == data.tobytes()
+    y, w = req.outputs
+    assert y.parameters["shared_memory_region"] == "out_region"
+    assert y.parameters["shared_memory_byte_size"] == 64
+    assert "shared_memory_offset" not in y.parameters
+    assert y.binary_data is False  # tritonclient turns binary_data off for shm outputs
+    assert (w.binary_data, w.parameters) == (True, {"binary_data": True})
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"shared_memory_region": 7, "shared_memory_byte_size": 16},
+     "Unable to parse 'shared_memory_region'"),
+    ({"shared_memory_region": "r", "shared_memory_byte_size": -16},
+     "Unable to parse 'shared_memory_byte_size'"),
+    ({"shared_memory_region": "r", "shared_memory_byte_size": "16"},
+     "Unable to parse 'shared_memory_byte_size'"),
+    ({"shared_memory_region": "r", "shared_memory_byte_size": 16,
+      "shared_memory_offset": -1}, "Unable to parse 'shared_memory_offset'"),
+    ({"shared_memory_region": "r", "shared_memory_byte_size": 16,
+      "shared_memory_offset": 1.5}, "Unable to parse 'shared_memory_offset'"),
+])
+def test_shared_memory_parameter_types(params, message):
+    # Triton's CheckSharedMemoryData, for inputs and requested outputs alike
+    assert bad({"inputs": [{"name": "X", "shape": [4], "datatype": "FP32",
+                            "parameters": params}]}) == message
+    assert bad({"inputs": [], "outputs": [{"name": "Y", "parameters": params}]}) == message
+
+
 def test_empty_outputs_list_means_all_outputs():
     body = {"inputs": [], "outputs": []}
     assert decode_infer_request(json.dumps(body).encode(), None, "m").outputs is None
@@ -395,13 +441,28 @@ def test_non_utf8_bytes_and_bf16_fall_back_to_binary():
 
 
 def test_shared_memory_output_carries_no_data():
+    # as Triton's FinalizeResponse: name, datatype and shape only (no data, no
+    # binary_data_size, no shared_memory_* echo), even when the rest is binary
     result = InferResult("m", "1", "", [OutputTensor(
-        "Y", "FP32", [4], None, {"shared_memory_region": "r"})])
-    body, header_length = encode_infer_response(result, request_for())
+        "Y", "FP32", [4], None, {"shared_memory_region": "r",
+                                 "shared_memory_byte_size": 16, "other": 1})])
+    body, header_length = encode_infer_response(result, request_for(binary_output=True))
     assert header_length is None
     assert json.loads(body)["outputs"] == [{"name": "Y", "datatype": "FP32",
-                                            "shape": [4], "parameters": {
-                                                "shared_memory_region": "r"}}]
+                                            "shape": [4], "parameters": {"other": 1}}]
+
+
+def test_mixed_shared_memory_and_binary_outputs_parse_with_tritonclient():
+    y = np.arange(4, dtype=np.float32)
+    result = InferResult("m", "1", "", [
+        OutputTensor("IN_SHM", "FP32", [2, 2], None, {"shared_memory_region": "r",
+                                                      "shared_memory_byte_size": 16}),
+        OutputTensor("Y", "FP32", [4], memoryview(y).cast("B"))])
+    body, header_length = encode_infer_response(result, request_for(binary_output=True))
+    parsed = client_result(body, header_length)
+    np.testing.assert_array_equal(parsed.as_numpy("Y"), y)
+    assert parsed.get_output("IN_SHM") == {"name": "IN_SHM", "datatype": "FP32",
+                                           "shape": [2, 2]}
 
 
 def test_output_size_mismatch_is_internal_error():

@@ -218,11 +218,75 @@ def test_byte_size_mismatch():
         "model 'm'. Expected 128, got 120")
 
 
-def test_shared_memory_inputs_skip_byte_size():
+def assert_invalid(req, cfg, message):
+    assert error_of(req, cfg) == "[request id: <id_unknown>] " + message
+
+
+def shm_input(name, datatype, shape, **params):
+    return DecodedInput(name, datatype, shape, None, {"shared_memory_region": "r", **params})
+
+
+def test_shared_memory_input_size_is_its_byte_size():
     inputs = good_batched()
-    inputs[0] = DecodedInput("INPUT0", "FP32", [2, 16], None,
-                             {"shared_memory_region": "r", "shared_memory_byte_size": 4})
+    inputs[0] = shm_input("INPUT0", "FP32", [2, 16], shared_memory_byte_size=128,
+                          shared_memory_offset=64)
     assert validate_request(request(inputs), BATCHED) == 2
+    inputs[0] = shm_input("INPUT0", "FP32", [2, 16], shared_memory_byte_size=4)
+    assert_invalid(request(inputs), BATCHED,
+                   "input byte size mismatch for input 'INPUT0' for model 'm'. "
+                   "Expected 128, got 4")
+
+
+def test_shared_memory_input_needs_a_byte_size():
+    inputs = good_batched()
+    inputs[0] = shm_input("INPUT0", "FP32", [2, 16])
+    assert_invalid(request(inputs), BATCHED,
+                   "'shared_memory_byte_size' must be specified along with "
+                   "'shared_memory_region' parameter for tensor 'INPUT0'")
+
+
+@pytest.mark.parametrize("key,value", [
+    ("shared_memory_byte_size", -128), ("shared_memory_offset", -1),
+    ("shared_memory_offset", "0"), ("shared_memory_byte_size", True),
+])
+def test_shared_memory_bad_numbers(key, value):
+    inputs = good_batched()
+    inputs[0] = shm_input("INPUT0", "FP32", [2, 16], **{"shared_memory_byte_size": 128,
+                                                       key: value})
+    assert_invalid(request(inputs), BATCHED,
+                   f"invalid value for '{key}' parameter for tensor 'INPUT0': expected "
+                   f"a non-negative integer, got {value!r}")
+
+
+def test_shared_memory_bytes_input_size_is_not_checked():
+    # the length prefixes are in the region; Triton does not read them either
+    req = request([shm_input("TEXT", "BYTES", [1, 3], shared_memory_byte_size=5)],
+                  model="s")
+    assert validate_request(req, STRINGS) == 1
+
+
+def test_input_without_data_or_region():
+    inputs = good_batched()
+    inputs[0] = DecodedInput("INPUT0", "FP32", [2, 16], None)
+    assert_invalid(request(inputs), BATCHED,
+                   "unable to find data for input tensor 'INPUT0' for model 'm' in "
+                   "request.")
+
+
+def test_shared_memory_outputs():
+    ok = RequestedOutput("OUTPUT0", parameters={"shared_memory_region": "o",
+                                                "shared_memory_byte_size": 128})
+    assert validate_request(request(good_batched(), outputs=[ok]), BATCHED) == 2
+    missing = RequestedOutput("OUTPUT0", parameters={"shared_memory_region": "o"})
+    assert_invalid(request(good_batched(), outputs=[missing]), BATCHED,
+                   "'shared_memory_byte_size' must be specified along with "
+                   "'shared_memory_region' parameter for tensor 'OUTPUT0'")
+    negative = RequestedOutput("OUTPUT0", parameters={
+        "shared_memory_region": "o", "shared_memory_byte_size": 8,
+        "shared_memory_offset": -8})
+    assert_invalid(request(good_batched(), outputs=[negative]), BATCHED,
+                   "invalid value for 'shared_memory_offset' parameter for tensor "
+                   "'OUTPUT0': expected a non-negative integer, got -8")
 
 
 def test_shape_tensor_keeps_its_shape():

@@ -13,7 +13,7 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.worker import LoadInstance
 from workers.python_backend import pb_utils
-from workers.tensors import input_array
+from workers.tensors import Copies, is_device_array
 
 log = logging.getLogger("shmserve.python")
 
@@ -43,6 +43,11 @@ class PythonInstance:
         self.config = config
         self.output_types = {o["name"]: datatypes.from_config(o["data_type"])
                              for o in config.get("output", [])}
+        self.copies = Copies()
+        # Triton's python backend hands models host tensors unless this says "no"
+        force = config.get("parameters", {}).get("FORCE_CPU_ONLY_INPUT_TENSORS", {})
+        self.cpu_inputs = str(force.get("string_value", "yes")).lower() not in ("no", "false",
+                                                                               "off", "0")
         self.model = cls()
         args = {
             "model_config": json.dumps(config),
@@ -60,10 +65,10 @@ class PythonInstance:
         if hasattr(self.model, "finalize"):
             self.model.finalize()
 
-    def execute(self, requests: list[InferRequest], segments):
+    def execute(self, requests: list[InferRequest], io):
         """Per request: a list of (name, datatype, array), or an InferError."""
         try:
-            pb_requests = [self._request(r, segments) for r in requests]
+            pb_requests = [self._request(r, io) for r in requests]
         except Exception as exc:
             err = InferError(ErrorCode.INVALID_ARG, f"failed to read inputs: {exc}")
             return [err] * len(requests)
@@ -82,9 +87,17 @@ class PythonInstance:
             return [err] * len(requests)
         return [self._outputs(req, resp) for req, resp in zip(requests, responses)]
 
-    def _request(self, req: InferRequest, segments):
-        inputs = [pb_utils.Tensor._from_server(ref.name, ref.datatype, input_array(ref, segments))
-                  for ref in req.inputs]
+    def _input(self, ref, io):
+        if self.cpu_inputs:
+            return pb_utils.Tensor._from_server(ref.name, ref.datatype,
+                                                io.host_input(ref, self.copies))
+        array = io.input(ref)
+        if is_device_array(array):  # the client's CUDA memory, handed over as it is
+            return pb_utils.Tensor.from_dlpack(ref.name, array)
+        return pb_utils.Tensor._from_server(ref.name, ref.datatype, array)
+
+    def _request(self, req: InferRequest, io):
+        inputs = [self._input(ref, io) for ref in req.inputs]
         requested = ([o.name for o in req.outputs] if req.outputs is not None
                      else list(self.output_types))
         flags = 0
@@ -119,12 +132,16 @@ class PythonInstance:
             name = tensor.name()
             if wanted is not None and name not in wanted:
                 continue  # Triton returns only what was asked for
-            if not tensor.is_cpu():
-                return InferError(ErrorCode.UNSUPPORTED,
-                                  f"output '{name}' is on a GPU; device outputs arrive "
-                                  "with GPU workers")
-            array = tensor._host_array()  # BF16 as uint16 words, no copy
             datatype = tensor._datatype
+            if tensor.is_cpu():
+                array = tensor._host_array()  # BF16 as uint16 words, no copy
+            else:  # device memory: written once, straight to its destination
+                try:
+                    from shm.cuda import cupy
+                    array = cupy().from_dlpack(tensor)
+                except Exception as exc:
+                    return InferError(ErrorCode.INTERNAL,
+                                      f"output '{name}' is in device memory: {exc}")
             expected = self.output_types.get(name)
             if expected is not None and expected != datatype:
                 return InferError(

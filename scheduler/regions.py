@@ -1,0 +1,207 @@
+"""The registry of client shared-memory regions (system and CUDA), in the scheduler.
+
+Every register, status and unregister call of every frontend comes here, so there is
+one table and no frontend can race another. A request names regions; `resolve` checks
+them when it arrives and turns each name into what a worker needs (the POSIX key or the
+CUDA IPC handle, and the registration's uid), and the request counts as a user of its
+regions until it finishes. Unregistering a region takes its name away at once; the
+call is answered, and workers told to unmap, once its last user has finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable
+
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import InferRequest
+from shm.messages.regions import CUDA, SYSTEM, RegionRequest, RegionStatus
+from shm.regions import check_client_key, object_size
+from shm.tensor import TensorRef
+
+_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
+
+@dataclasses.dataclass(eq=False)
+class Region:
+    uid: int
+    name: str
+    kind: str
+    key: str = ""
+    offset: int = 0
+    byte_size: int = 0
+    device_id: int = 0
+    raw_handle: bytes = b""
+    users: int = 0
+    # unregister calls waiting for the last user: callbacks run when it is gone
+    waiters: list = dataclasses.field(default_factory=list)
+    gone: bool = False
+
+    def status(self) -> RegionStatus:
+        return RegionStatus(self.name, self.kind, self.key, self.offset, self.byte_size,
+                            self.device_id)
+
+
+class RegionRegistry:
+    def __init__(self, allowed: bool, cuda_devices: int,
+                 on_gone: Callable[[Region], None]):
+        self.allowed = allowed
+        self.cuda_devices = cuda_devices
+        self.on_gone = on_gone  # a region's last user finished after it was unregistered
+        self.by_name: dict[str, Region] = {}
+        self._uids = itertools.count(1)
+        # request (reply_to, id) -> the regions it uses
+        self.users: dict[tuple[str, int], list[Region]] = {}
+
+    # -- calls ------------------------------------------------------------------------
+
+    def register(self, call: RegionRequest) -> None:
+        self._check_allowed(call.kind)
+        if not call.name:
+            raise InferError(ErrorCode.INVALID_ARG, "shared memory region name must not be empty")
+        if call.name in self.by_name:
+            raise InferError(ErrorCode.ALREADY_EXISTS,
+                             f"shared memory region '{call.name}' already in manager")
+        if call.byte_size <= 0:
+            raise InferError(ErrorCode.INVALID_ARG,
+                             f"shared memory region '{call.name}' must have a positive "
+                             f"byte size, got {call.byte_size}")
+        region = Region(next(self._uids), call.name, call.kind, byte_size=call.byte_size)
+        if call.kind == SYSTEM:
+            try:
+                check_client_key(call.key)
+            except ValueError as exc:
+                raise InferError(ErrorCode.INVALID_ARG, str(exc)) from None
+            try:
+                size = object_size(call.key)
+            except OSError as exc:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"Unable to open shared memory region: '{call.key}' "
+                                 f"({exc.strerror})") from None
+            if call.offset < 0 or call.offset + call.byte_size > size:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"shared memory region '{call.name}': offset {call.offset}"
+                                 f" + byte size {call.byte_size} exceeds the "
+                                 f"{size} bytes of '{call.key}'")
+            region.key, region.offset = call.key, call.offset
+        else:
+            if not 0 <= call.device_id < self.cuda_devices:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"failed to register CUDA shared memory region "
+                                 f"'{call.name}': no CUDA device {call.device_id} "
+                                 f"(this server sees {self.cuda_devices})")
+            if len(call.raw_handle) != _IPC_HANDLE_BYTES:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"CUDA shared memory region '{call.name}': raw handle "
+                                 f"must be {_IPC_HANDLE_BYTES} bytes, got "
+                                 f"{len(call.raw_handle)}")
+            region.device_id, region.raw_handle = call.device_id, call.raw_handle
+        self.by_name[call.name] = region
+
+    def status(self, kind: str, name: str) -> list[RegionStatus]:
+        self._check_allowed(kind)
+        if name:
+            region = self.by_name.get(name)
+            if region is None or region.kind != kind:
+                raise InferError(ErrorCode.NOT_FOUND,
+                                 f"Unable to find {_what(kind)} region: '{name}'")
+            return [region.status()]
+        return [r.status() for r in self.by_name.values() if r.kind == kind]
+
+    def unregister(self, kind: str, name: str, done: Callable[[], None]) -> None:
+        """Take the region(s) away; `done` runs once none is in use any more (maybe now)."""
+        self._check_allowed(kind)
+        if name:
+            region = self.by_name.get(name)
+            regions = [region] if region is not None and region.kind == kind else []
+        else:
+            regions = [r for r in self.by_name.values() if r.kind == kind]
+        pending = [r for r in regions if r.users]
+        for r in regions:
+            del self.by_name[r.name]
+            r.gone = True
+            if not r.users:
+                self.on_gone(r)
+        if not pending:
+            done()
+            return
+        remaining = [len(pending)]
+
+        def one_finished() -> None:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done()
+
+        for r in pending:
+            r.waiters.append(one_finished)
+
+    def _check_allowed(self, kind: str) -> None:
+        if kind not in (SYSTEM, CUDA):
+            raise InferError(ErrorCode.INVALID_ARG, f"unknown shared memory kind '{kind}'")
+        if not self.allowed:
+            raise InferError(ErrorCode.UNAVAILABLE,
+                             f"{_what(kind)} is disabled on this server; start it with "
+                             "--allow-client-shm=true to register regions")
+        if kind == CUDA and not self.cuda_devices:
+            raise InferError(ErrorCode.UNSUPPORTED,
+                             "CUDA shared memory is not supported: this server sees no "
+                             "CUDA device")
+
+    # -- requests ---------------------------------------------------------------------
+
+    def resolve(self, req: InferRequest) -> None:
+        """Turn the region names `req` uses into what workers map, check the bounds,
+        and count `req` as their user. Raises InferError (the request fails)."""
+        used: list[Region] = []
+        for ref in req.inputs:
+            if ref.region == -1:
+                used.append(self._resolve(ref, f"input '{ref.name}'"))
+        if req.outputs:
+            for out in req.outputs:
+                if out.target is not None and out.target.region == -1:
+                    used.append(self._resolve(out.target, f"output '{out.name}'"))
+        if used:
+            for r in used:
+                r.users += 1
+            self.users[(req.reply_to, req.id)] = used
+
+    def _resolve(self, ref: TensorRef, what: str) -> Region:
+        region = self.by_name.get(ref.segment)
+        if region is None:
+            raise InferError(ErrorCode.INVALID_ARG,
+                             f"Unable to find shared memory region: '{ref.segment}'")
+        if ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > region.byte_size:
+            raise InferError(ErrorCode.INVALID_ARG,
+                             f"Invalid offset + byte size for shared memory region: "
+                             f"'{region.name}' ({what}: offset {ref.offset} + byte size "
+                             f"{ref.nbytes} > region size {region.byte_size})")
+        ref.region = region.uid
+        if region.kind == SYSTEM:
+            ref.segment = region.key
+            ref.offset += region.offset
+        else:
+            ref.segment = ""
+            ref.device = region.device_id
+            ref.handle = region.raw_handle
+            ref.region_size = region.byte_size  # the worker maps the whole allocation
+        return region
+
+    def finished(self, req: InferRequest) -> None:
+        """`req` is done (answered, failed or dropped): it no longer uses its regions."""
+        if not self.users:
+            return
+        used = self.users.pop((req.reply_to, req.id), None)
+        if not used:
+            return
+        for r in used:
+            r.users -= 1
+            if r.gone and not r.users:
+                self.on_gone(r)
+                waiters, r.waiters = r.waiters, []
+                for w in waiters:
+                    w()
+
+
+def _what(kind: str) -> str:
+    return "system shared memory" if kind == SYSTEM else "CUDA shared memory"

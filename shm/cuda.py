@@ -1,0 +1,89 @@
+"""CUDA, as far as every process needs it: counting devices without importing a
+framework, and the CUDA IPC and pinned-memory calls workers make (through cupy).
+
+The scheduler only counts devices (`device_count`, through the driver library, so it
+pays no cupy import); only worker processes that touch device memory import cupy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+
+@functools.cache
+def device_count() -> int:
+    """CUDA devices this process can use (CUDA_VISIBLE_DEVICES honoured); 0 without a
+    driver. SHMSERVE_GPUS=0 hides every device (tests of the CPU-only behaviour)."""
+    if os.environ.get("SHMSERVE_GPUS") == "0":
+        return 0
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    try:
+        if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+    except AttributeError:
+        return 0
+    return count.value
+
+
+def cupy():
+    """The cupy module, or an error that says how to get it."""
+    try:
+        import cupy as cp
+    except ImportError as exc:
+        raise RuntimeError("device memory needs cupy: install shmserve's gpu extra "
+                           "(pip install 'shmserve[gpu]')") from exc
+    return cp
+
+
+class IpcRegion:
+    """A client's CUDA memory, opened once in this process from its IPC handle."""
+
+    def __init__(self, handle: bytes, device: int, byte_size: int):
+        cp = cupy()
+        self.device = device
+        self.byte_size = byte_size
+        with cp.cuda.Device(device):
+            self.ptr = cp.cuda.runtime.ipcOpenMemHandle(handle)
+        mem = cp.cuda.UnownedMemory(self.ptr, byte_size, self, device)
+        self._base = cp.cuda.MemoryPointer(mem, 0)
+
+    def array(self, offset: int, nbytes: int, dtype, shape):
+        """A cupy array over [offset, offset + nbytes) of the region (no copy)."""
+        cp = cupy()
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.byte_size:
+            raise ValueError(f"[{offset}, {offset + nbytes}) lies outside the CUDA region "
+                             f"of {self.byte_size} bytes")
+        return cp.ndarray(shape, dtype=dtype, memptr=self._base + offset)
+
+    def close(self) -> None:
+        cp = cupy()
+        with cp.cuda.Device(self.device):
+            cp.cuda.runtime.ipcCloseMemHandle(self.ptr)
+
+
+def pin(buffer) -> int | None:
+    """Register host memory as pinned (page-locked) so copies to and from devices run
+    at DMA speed; returns the pointer to unpin, or None where that is not possible."""
+    import numpy as np
+    cp = cupy()
+    arr = np.frombuffer(buffer, dtype=np.uint8)
+    ptr = arr.ctypes.data
+    try:
+        cp.cuda.runtime.hostRegister(ptr, arr.nbytes, 0)
+    except Exception:
+        return None
+    return ptr
+
+
+def unpin(ptr: int) -> None:
+    cp = cupy()
+    try:
+        cp.cuda.runtime.hostUnregister(ptr)
+    except Exception:
+        pass
