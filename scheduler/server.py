@@ -220,6 +220,7 @@ class Server:
             config = await self._start_instance(mv, slots[0], mv.config,
                                                 auto_complete=not self.args.strict_model_config)
             mv.config = config
+            mv.config_json = b""  # printed again from the completed config
             await asyncio.gather(*(self._start_instance(mv, s, config) for s in slots[1:]))
         except Exception as exc:
             log.error("failed to load '%s' version %d: %s", plan.name, version, exc)

@@ -1,0 +1,201 @@
+"""Framework model instances (onnxruntime, PyTorch) as the worker runs them.
+
+A backend module supplies the model class (load, run on a dict of batch tensors); this
+module does what every framework instance needs around it: gather the requests of a
+batch into one tensor per input, place it on the instance's device, run, and split the
+outputs back into per-request views. The copies this makes are the ones the design
+allows, and are counted:
+- a batch of one is never copied: the model gets the view over shared memory (or the
+  client's region) itself;
+- a larger batch is gathered once, straight into the batch tensor (on a GPU instance,
+  host-to-device from the pinned arenas into the device batch tensor);
+- outputs are per-request slices of the model's batch outputs, written once by the
+  worker's TensorIO (device outputs go device-to-host straight into their destination,
+  or device-to-device into a client's CUDA region).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from shm import datatypes
+from shm.errors import ErrorCode, InferError
+from shm.messages.worker import LoadInstance
+from workers.tensors import Copies, TensorIO, is_device_array
+
+log = logging.getLogger("shmserve.framework")
+
+
+class FrameworkInstance:
+    """One instance of a framework model; runs on its own thread in a device worker."""
+
+    threaded = True
+
+    def __init__(self, msg: LoadInstance, config: dict, model_class, filename: str):
+        self.model_name = msg.model
+        self.config = config
+        self.max_batch = int(config.get("max_batch_size", 0) or 0)
+        self.copies = Copies()
+        path = os.path.join(msg.model_dir, str(msg.version), filename)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"model file not found: {path}")
+        self.stream = None
+        if msg.kind == "KIND_GPU":
+            from shm.cuda import cupy
+            cp = cupy()
+            self.device = f"cuda:{msg.device_id}"
+            with cp.cuda.Device(msg.device_id):
+                # each instance has its own stream, as Triton's instances do
+                self.stream = cp.cuda.Stream(non_blocking=True)
+            self.device_id = msg.device_id
+        else:
+            self.device = "cpu"
+            self.device_id = -1
+        self.model = model_class(config, path, self.device, msg.backend_config,
+                                 self.stream.ptr if self.stream is not None else None)
+        self.output_types = {o["name"]: datatypes.from_config(o["data_type"])
+                             for o in config.get("output", [])}
+        self.all_outputs = list(self.output_types)
+
+    def finalize(self) -> None:
+        self.model.close()
+
+    def execute(self, requests, io: TensorIO):
+        """Per request: a list of (name, datatype, array), or an InferError."""
+        if self.stream is not None:
+            with self.stream:
+                return self._execute(requests, io)
+        return self._execute(requests, io)
+
+    def synchronize(self) -> None:
+        """Wait for the device work of the last batch (outputs written to regions)."""
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def _execute(self, requests, io: TensorIO):
+        names = [ref.name for ref in requests[0].inputs]
+        if any(sorted(r.name for r in req.inputs) != sorted(names) for req in requests[1:]):
+            # optional inputs given by some requests only: run them one by one
+            results = []
+            for req in requests:
+                results.extend(self._execute([req], io))
+            return results
+        try:
+            inputs, sizes = self._gather(requests, names, io)
+        except InferError as exc:
+            return [exc] * len(requests)
+        except Exception as exc:
+            log.exception("failed to gather inputs of '%s'", self.model_name)
+            return [InferError(ErrorCode.INTERNAL, f"failed to gather inputs: {exc}")] * len(
+                requests)
+        wanted = self._wanted(requests)
+        try:
+            outputs = self.model.run(inputs, wanted)
+        except InferError as exc:
+            return [exc] * len(requests)
+        except Exception as exc:
+            log.exception("model '%s' failed", self.model_name)
+            return [InferError(ErrorCode.INTERNAL,
+                               f"model '{self.model_name}' failed: {exc}")] * len(requests)
+        return self._split(requests, outputs, sizes)
+
+    def _wanted(self, requests) -> list[str]:
+        wanted: list[str] = []
+        for req in requests:
+            if req.outputs is None:
+                return self.all_outputs
+            for o in req.outputs:
+                if o.name not in wanted:
+                    wanted.append(o.name)
+        return wanted
+
+    def _gather(self, requests, names, io: TensorIO):
+        on_device = self.stream is not None
+        copies = self.copies
+        per_input: dict[str, list] = {}
+        for req in requests:
+            for ref in req.inputs:
+                array = io.input(ref)
+                if not on_device and is_device_array(array):
+                    copies.d2h += array.nbytes  # a CPU model given CUDA memory
+                    array = array.get()
+                per_input.setdefault(ref.name, []).append(array)
+        sizes = [req.batch_size if self.max_batch else 1 for req in requests]
+        inputs = {}
+        for name, arrays in per_input.items():
+            if len(arrays) == 1:
+                inputs[name] = self._to_device(arrays[0]) if on_device else arrays[0]
+            elif on_device:
+                inputs[name] = self._gather_device(arrays)
+            else:
+                batch = np.concatenate(arrays, axis=0)  # the one gather copy
+                copies.host += batch.nbytes if batch.dtype != object else 0
+                inputs[name] = batch
+        return inputs, sizes
+
+    def _to_device(self, array):
+        if is_device_array(array):
+            return array  # already in the client's CUDA region: bound as it is
+        from shm.cuda import cupy
+        cp = cupy()
+        dev = cp.empty(array.shape, dtype=array.dtype)
+        dev.set(array, stream=self.stream)
+        self.copies.h2d += array.nbytes
+        return dev
+
+    def _gather_device(self, arrays):
+        from shm.cuda import cupy
+        cp = cupy()
+        first = arrays[0]
+        total = sum(a.shape[0] for a in arrays)
+        batch = cp.empty((total,) + tuple(first.shape[1:]), dtype=first.dtype)
+        row = 0
+        for a in arrays:
+            part = batch[row:row + a.shape[0]]
+            if is_device_array(a):
+                part[...] = a
+                self.copies.d2d += a.nbytes
+            else:
+                part.set(np.ascontiguousarray(a), stream=self.stream)
+                self.copies.h2d += a.nbytes
+            row += a.shape[0]
+        return batch
+
+    def _split(self, requests, outputs: dict, sizes: list[int]):
+        total = sum(sizes)
+        for name, array in outputs.items():
+            expected = self.output_types.get(name)
+            got = _datatype_of(array)
+            if expected is not None and got != expected and not (
+                    expected == "BF16" and got == "UINT16"):  # BF16 travels as words
+                err = InferError(ErrorCode.INTERNAL,
+                                 f"unexpected datatype {got} for inference output '{name}' "
+                                 f"of model '{self.model_name}', expecting {expected}")
+                return [err] * len(requests)
+            if len(requests) > 1 and (array.ndim == 0 or array.shape[0] != total):
+                err = InferError(ErrorCode.INTERNAL,
+                                 f"output '{name}' of model '{self.model_name}' has shape "
+                                 f"{list(array.shape)}, which does not hold a batch of "
+                                 f"{total}")
+                return [err] * len(requests)
+        results = []
+        row = 0
+        for req, size in zip(requests, sizes):
+            wanted = None if req.outputs is None else {o.name for o in req.outputs}
+            out = []
+            for name, array in outputs.items():
+                if wanted is not None and name not in wanted:
+                    continue
+                part = array if len(requests) == 1 else array[row:row + size]
+                out.append((name, self.output_types.get(name) or _datatype_of(array), part))
+            results.append(out)
+            row += size
+        return results
+
+
+def _datatype_of(array) -> str:
+    dtype = np.dtype(array.dtype)
+    return datatypes.from_numpy(dtype)

@@ -1,0 +1,749 @@
+"""The onnxruntime backend: Triton's config auto-complete and one ORT session per instance.
+
+This is the framework part only: the worker gathers a batch into one array per input,
+calls `OnnxModel.run`, and splits the outputs. The rules follow Triton's onnxruntime
+backend (`src/onnxruntime.cc`: AutoCompleteConfig, ValidateInputs/ValidateOutputs, the
+session options and execution accelerators its README documents). Errors a user can fix
+in the config are ValueError, worded as Triton words them where it has a wording.
+
+Threads: Triton leaves ORT's default (one intra-op thread per core, per session). Here
+the worker runs every instance of a model in one process, and Triton starts two CPU
+instances of an ONNX model by default, so without `intra_op_thread_count` a session gets
+cores / (instances of its kind in the config) threads instead, so instances that run at
+once do not fight over cores. `--backend-config=onnxruntime,enable-global-threadpool=1`
+(with `intra_op_thread_count` / `inter_op_thread_count` there) shares one pool in the
+process, as Triton does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from shm import datatypes
+from shm.errors import ErrorCode, InferError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_SIZE = 4
+WILDCARD_DIM = -1
+
+# ORT type strings -> Triton datatypes (the types a Triton config can name)
+_ORT_TYPES = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(bfloat16)": "BF16",
+    "tensor(string)": "BYTES",
+}
+# optimization.graph.level -> ORT level; anything else (0, absent) enables all (Triton)
+_GRAPH_LEVEL = {
+    -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+}
+# TensorRT accelerator parameters Triton passes on under the same name; the others it
+# renames (see _tensorrt_options).
+_TRT_SAME_NAME = {
+    "trt_max_partition_iterations", "trt_min_subgraph_size", "trt_dla_enable",
+    "trt_dla_core", "trt_engine_cache_enable", "trt_engine_cache_path",
+    "trt_engine_cache_prefix", "trt_dump_subgraphs", "trt_force_sequential_engine_build",
+    "trt_context_memory_sharing_enable", "trt_layer_norm_fp32_fallback",
+    "trt_timing_cache_enable", "trt_timing_cache_path", "trt_force_timing_cache",
+    "trt_detailed_build_log", "trt_build_heuristics_enable", "trt_sparsity_enable",
+    "trt_builder_optimization_level", "trt_auxiliary_streams", "trt_tactic_sources",
+    "trt_extra_plugin_lib_paths", "trt_profile_min_shapes", "trt_profile_max_shapes",
+    "trt_profile_opt_shapes", "trt_cuda_graph_enable", "trt_dump_ep_context_model",
+    "trt_ep_context_file_path", "trt_ep_context_embed_mode",
+}
+_TRT_PRECISION = {"FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable",
+                  "INT8": "trt_int8_enable", "FP32": None}
+
+
+@dataclass
+class TensorInfo:
+    """One graph input or output: Triton datatype and dims, -1 where not fixed."""
+
+    name: str
+    datatype: str
+    dims: list[int]
+
+
+@dataclass
+class GraphIO:
+    """What a session says about its graph, in graph order."""
+
+    inputs: dict[str, TensorInfo]
+    outputs: dict[str, TensorInfo]
+    # initializers a request may override; Triton accepts them as inputs
+    overridable: dict[str, TensorInfo]
+
+    @classmethod
+    def of(cls, session: ort.InferenceSession) -> "GraphIO":
+        def infos(args):
+            return {a.name: _tensor_info(a) for a in args}
+        return cls(infos(session.get_inputs()), infos(session.get_outputs()),
+                   infos(session.get_overridable_initializers()))
+
+
+def _tensor_info(arg) -> TensorInfo:
+    datatype = _ORT_TYPES.get(arg.type)
+    if datatype is None:
+        raise ValueError(f"'{arg.name}' has ONNX type {arg.type}, which a Triton config "
+                         "cannot describe")
+    # symbolic (str) and unknown (None) dimensions are variable-size
+    dims = [d if isinstance(d, int) and d >= 0 else WILDCARD_DIM for d in (arg.shape or [])]
+    return TensorInfo(arg.name, datatype, dims)
+
+
+def model_file(model_path: str | os.PathLike) -> str:
+    """The ONNX file: `model_path` itself, or `model.onnx` inside it when it is a
+    directory (Triton's rule for a model stored as a directory)."""
+    path = Path(model_path)
+    if path.is_dir():
+        path = path / "model.onnx"
+    if not path.is_file():
+        raise ValueError(f"unable to find '{path}'")
+    return str(path)
+
+
+def read_graph(model_path: str, backend_config: dict[str, str] | None = None) -> GraphIO:
+    """Inputs and outputs of the ONNX file, from a throwaway CPU session (no graph
+    optimization, one thread: only the metadata is wanted)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    _use_threads(options, backend_config or {}, 1, 1)
+    session = ort.InferenceSession(model_file(model_path), options,
+                                   providers=["CPUExecutionProvider"])
+    return GraphIO.of(session)
+
+
+# --- auto-complete and validation --------------------------------------------------
+
+
+def auto_complete(config: dict, model_path: str, backend_config: dict[str, str]) -> dict:
+    """Triton's onnxruntime-backend auto-complete: returns a new config dict.
+
+    As Triton does, a config that lists both inputs and outputs is only checked against
+    the graph; otherwise max_batch_size is completed from the graph (the backend's
+    `default-max-batch-size`, 4 unless set, when every graph input and output has a
+    variable first dimension; dynamic batching is turned on when the result is > 1 and
+    no scheduler is named) and the missing inputs or outputs are filled in.
+    """
+    config = copy.deepcopy(config)
+    graph = read_graph(model_path, backend_config)
+    inputs = config.get("input") or []
+    outputs = config.get("output") or []
+    if (inputs or config.get("batch_input")) and outputs:
+        log.info("skipping model configuration auto-complete for '%s': inputs and outputs "
+                 "already specified", config.get("name", ""))
+    else:
+        _complete_max_batch(config, graph, backend_config)
+        if not (inputs or config.get("batch_input")):
+            config["input"] = _complete_io(config, graph.inputs)
+        if not outputs:
+            config["output"] = _complete_io(config, graph.outputs)
+    validate(config, graph)
+    return config
+
+
+def _complete_max_batch(config: dict, graph: GraphIO, backend_config: dict) -> None:
+    name = config.get("name", "")
+    tensors = [*graph.inputs.values(), *graph.outputs.values()]
+    can_batch = all(t.dims and t.dims[0] == WILDCARD_DIM for t in tensors)
+    max_batch = int(config.get("max_batch_size") or 0)
+    if not can_batch:
+        if max_batch != 0:
+            raise ValueError(f"autofill failed for model '{name}': model does not support "
+                             "batching while non-zero max_batch_size is specified")
+        return
+    if max_batch == 0:
+        default = backend_config.get("default-max-batch-size", str(DEFAULT_MAX_BATCH_SIZE))
+        max_batch = max(_to_int(default, "backend config 'default-max-batch-size'"), 0)
+        config["max_batch_size"] = max_batch
+        log.warning("autofilled max_batch_size to %d for model '%s' since batching is "
+                    "supported but no max_batch_size is specified in model configuration",
+                    max_batch, name)
+    if max_batch > 1 and "dynamic_batching" not in config \
+            and "sequence_batching" not in config:
+        config["dynamic_batching"] = {}
+
+
+def _complete_io(config: dict, infos: dict[str, TensorInfo]) -> list[dict]:
+    batched = int(config.get("max_batch_size") or 0) > 0
+    ios = []
+    for info in infos.values():
+        io = {"name": info.name, "data_type": datatypes.to_config(info.datatype)}
+        dims = info.dims[1:] if batched else list(info.dims)
+        if not dims:
+            # A scalar: Triton gives it dims [1], and with batching a reshape to [].
+            dims = [1]
+            if batched:
+                io["reshape"] = {"shape": []}
+        io["dims"] = dims
+        ios.append(io)
+    return ios
+
+
+def validate(config: dict, graph: GraphIO) -> None:
+    """Raise ValueError where the config contradicts the graph (Triton's ValidateInputs,
+    ValidateOutputs and sequence-control checks)."""
+    name = config.get("name", "")
+    max_batch = int(config.get("max_batch_size") or 0)
+    inputs = config.get("input") or []
+    expected = sum(1 for io in inputs if not io.get("optional"))
+    expected += len(config.get("batch_input") or [])
+    seq = config.get("sequence_batching")
+    if seq is not None:
+        expected += _validate_sequence(name, seq, graph, max_batch)
+    if len(graph.inputs) != expected:
+        raise ValueError(f"unable to load model '{name}', configuration expects {expected} "
+                         f"inputs, model provides {len(graph.inputs)}")
+    model_inputs = {**graph.inputs, **graph.overridable}
+    batch_outputs = {n for b in config.get("batch_output") or []
+                     for n in b.get("target_name") or []}
+    for io in inputs:
+        if io.get("optional") and max_batch != 0:
+            raise ValueError(f"unable to load model '{name}', optional input '{io['name']}' "
+                             "is not supported for models that support batching")
+        info = _find(name, "input", io.get("name", ""), io.get("data_type"), model_inputs,
+                     "inputs")
+        dims = _config_shape(io)
+        if io.get("allow_ragged_batch"):
+            if info.dims != [WILDCARD_DIM]:
+                raise ValueError(
+                    f"unable to load model '{name}', configuration expects model provides "
+                    f"input with shape [-1] for ragged input '{info.name}', model provides "
+                    f"{_shape_str(info.dims)}")
+        else:
+            _compare_dims(name, info, dims, max_batch, exact=False)
+    for io in config.get("output") or []:
+        info = _find(name, "output", io.get("name", ""), io.get("data_type"), graph.outputs,
+                     "outputs")
+        if info.name not in batch_outputs:
+            _compare_dims(name, info, _config_shape(io), max_batch, exact=True)
+    for state in (seq or {}).get("state") or []:
+        _find(name, "input state", state.get("input_name", ""), state.get("data_type"),
+              model_inputs, "inputs")
+        _find(name, "output state", state.get("output_name", ""), state.get("data_type"),
+              graph.outputs, "outputs")
+
+
+def _find(model: str, kind: str, io_name: str, data_type, tensors: dict[str, TensorInfo],
+          where: str) -> TensorInfo:
+    """The graph tensor a config entry names, with the datatype the config gives."""
+    info = tensors.get(io_name)
+    if info is None:
+        allowed = ", ".join(tensors) or "none"
+        raise ValueError(f"unable to load model '{model}', configuration names {kind} "
+                         f"'{io_name}', which the model does not have (model {where}: "
+                         f"{allowed})")
+    wanted = datatypes.from_config(str(data_type or ""))
+    if wanted != info.datatype:
+        raise ValueError(f"unable to load model '{model}', configuration expects datatype "
+                         f"{data_type} for {kind} '{io_name}', model provides "
+                         f"{datatypes.to_config(info.datatype)}")
+    return info
+
+
+def _compare_dims(model: str, info: TensorInfo, dims: list[int], max_batch: int,
+                  exact: bool) -> None:
+    """Triton's CompareDimsSupported; a graph scalar accepts only dims of 1s."""
+    if not info.dims:
+        if any(d != 1 for d in dims):
+            raise ValueError(
+                f"unable to load model '{model}', scalar tensor '{info.name}', should only "
+                "provide 1 in the model configuration when the model doesn't support "
+                f"batching. Model configuration provided: {_shape_str(dims)}.")
+        return
+    where = f"model '{model}', tensor '{info.name}': "
+    if max_batch > 0:
+        if info.dims[0] != WILDCARD_DIM:
+            raise ValueError(where + "for the model to support batching the shape should "
+                             "have at least 1 dimension and the first dimension must be -1; "
+                             f"but shape expected by the model is {_shape_str(info.dims)}")
+        full = [WILDCARD_DIM, *dims]
+    else:
+        full = dims
+    ok = len(info.dims) == len(full) and all(
+        m == d for m, d in zip(info.dims, full) if exact or m != WILDCARD_DIM)
+    if not ok:
+        detail = (f"{len(full)} dimensions (an initial batch dimension because "
+                  "max_batch_size > 0 followed by the explicit tensor shape, making "
+                  f"complete shape {_shape_str(full)})" if max_batch > 0
+                  else f"{len(full)} dimensions (shape {_shape_str(full)})")
+        raise ValueError(where + f"the model expects {len(info.dims)} dimensions (shape "
+                         f"{_shape_str(info.dims)}) but the model configuration specifies "
+                         + detail)
+
+
+def _validate_sequence(model: str, seq: dict, graph: GraphIO, max_batch: int) -> int:
+    """Check the control tensors the model takes; returns how many inputs the sequence
+    batcher adds (controls and states)."""
+    added = 0
+    for control_input in seq.get("control_input") or []:
+        for control in control_input.get("control") or []:
+            if control.get("int32_false_true"):
+                datatype = "TYPE_INT32"
+            elif control.get("fp32_false_true"):
+                datatype = "TYPE_FP32"
+            elif control.get("bool_false_true"):
+                datatype = "TYPE_BOOL"
+            else:  # CONTROL_SEQUENCE_CORRID names its type
+                datatype = control.get("data_type") or ""
+            info = _find(model, "sequence control", control_input.get("name", ""), datatype,
+                         graph.inputs, "inputs")
+            debatched = info.dims[1:] if max_batch > 0 else info.dims
+            if debatched != [1]:
+                raise ValueError(f"unable to load model '{model}', sequence control "
+                                 f"'{info.name}' in model has dims {_shape_str(debatched)} "
+                                 "but dims [1] is expected")
+            added += 1
+    return added + len(seq.get("state") or [])
+
+
+def _config_shape(io: dict) -> list[int]:
+    """The shape the model sees: the reshape when there is one, else dims."""
+    reshape = io.get("reshape")
+    dims = reshape.get("shape", []) if reshape is not None else io.get("dims", [])
+    return [int(d) for d in dims]
+
+
+def _shape_str(dims) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _to_int(text, what: str) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"{what} must be an integer, got '{text}'") from None
+
+
+def _to_bool(text, what: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{what} must be a boolean (true/false, 1/0), got '{text}'")
+
+
+def _param(config: dict, key: str) -> str | None:
+    """A model config `parameters` entry's string value, None when absent."""
+    value = (config.get("parameters") or {}).get(key)
+    if isinstance(value, dict):
+        return str(value.get("string_value", ""))
+    return None if value is None else str(value)
+
+
+def _int_param(config: dict, key: str, default: int) -> int:
+    value = _param(config, key)
+    return default if value in (None, "") else _to_int(value, f"parameter '{key}'")
+
+
+# --- session options and execution providers --------------------------------------
+
+_global_pool = False  # the process uses ORT's global thread pools (set once, for good)
+
+
+def _use_threads(options: ort.SessionOptions, backend_config: dict, intra: int,
+                 inter: int) -> None:
+    """Per-session pools of `intra`/`inter` threads (0: ORT's default), or the process's
+    global pools when the backend config enables them: ORT then refuses any session
+    that asks for its own, so every later session in the process shares them."""
+    global _global_pool
+    if not _global_pool and _to_bool(backend_config.get("enable-global-threadpool", "0"),
+                                     "backend config 'enable-global-threadpool'"):
+        sizes = [_to_int(backend_config.get(k, "0"), f"backend config '{k}'")
+                 for k in ("intra_op_thread_count", "inter_op_thread_count")]
+        try:
+            ort.set_global_thread_pool_sizes(*sizes)
+        except Exception as exc:  # pools already made: they are used as they are
+            log.warning("onnxruntime global thread pools not resized: %s", exc)
+        _global_pool = True
+    if _global_pool:
+        options.use_per_session_threads = False
+        return
+    if intra > 0:
+        options.intra_op_num_threads = intra
+    if inter > 0:
+        options.inter_op_num_threads = inter
+
+
+def default_intra_op_threads(config: dict, kind: str) -> int:
+    """Cores this process may use, shared among the config's instances of `kind` (all
+    in one worker process): ORT's own default gives every session all cores."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    group_kind = "KIND_GPU" if kind == "cuda" else "KIND_CPU"
+    instances = sum(max(int(g.get("count") or 1), 1) for g in config.get("instance_group") or []
+                    if g.get("kind", "KIND_CPU") == group_kind)
+    return max(1, cores // max(instances, 1))
+
+
+def session_options(config: dict, backend_config: dict[str, str],
+                    kind: str = "cpu") -> tuple[ort.SessionOptions, ort.RunOptions]:
+    """Session and run options from the config, under the names Triton's backend reads."""
+    options = ort.SessionOptions()
+    level = ((config.get("optimization") or {}).get("graph") or {}).get("level", 0)
+    options.graph_optimization_level = _GRAPH_LEVEL.get(
+        _to_int(level, "optimization.graph.level"), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    mode = _int_param(config, "execution_mode", 0)
+    if mode not in (0, 1):
+        raise ValueError("Invalid configuration value provided. Expected values for "
+                         f"execution_mode are 0 or 1 but got {mode}.")
+    options.execution_mode = (ort.ExecutionMode.ORT_SEQUENTIAL if mode == 0
+                              else ort.ExecutionMode.ORT_PARALLEL)
+    intra = _int_param(config, "intra_op_thread_count", 0) \
+        or default_intra_op_threads(config, kind)
+    _use_threads(options, backend_config, intra, _int_param(config, "inter_op_thread_count", 0))
+    key = "session.use_device_allocator_for_initializers"
+    if (value := _param(config, key)) is not None:
+        options.add_session_config_entry(key, value)
+    if (value := _param(config, "enable_mem_arena")) is not None:
+        options.enable_cpu_mem_arena = _to_bool(value, "parameter 'enable_mem_arena'")
+    if (value := _param(config, "enable_mem_pattern")) is not None:
+        options.enable_mem_pattern = _to_bool(value, "parameter 'enable_mem_pattern'")
+    run_options = ort.RunOptions()
+    key = "memory.enable_memory_arena_shrinkage"
+    if (value := _param(config, key)) is not None:
+        run_options.add_run_config_entry(key, value)
+    return options, run_options
+
+
+def execution_providers(config: dict, kind: str, device_id: int = 0,
+                        stream_ptr: int | None = None) -> list[tuple[str, dict[str, str]]]:
+    """(provider, options) in priority order: TensorRT, CUDA, OpenVINO, CPU.
+
+    An accelerator this onnxruntime build lacks is left out with a warning; a name
+    Triton does not know is an error, as in Triton."""
+    available = set(ort.get_available_providers())
+    accelerators = (config.get("optimization") or {}).get("execution_accelerators") or {}
+    chosen = []
+    if kind == "cuda":
+        if "CUDAExecutionProvider" not in available:
+            raise RuntimeError("onnxruntime has no CUDA execution provider; install the gpu "
+                               "extra (onnxruntime-gpu) to run KIND_GPU instances")
+        cuda = {"device_id": str(device_id), **_legacy_cuda_options(config)}
+        for accelerator in accelerators.get("gpu_execution_accelerator") or []:
+            name = accelerator.get("name", "")
+            params = {k: str(v) for k, v in (accelerator.get("parameters") or {}).items()}
+            if name == "tensorrt":
+                if "TensorrtExecutionProvider" in available:
+                    chosen.append(("TensorrtExecutionProvider",
+                                   _tensorrt_options(params, device_id, stream_ptr)))
+                else:
+                    log.warning("model '%s' asks for the tensorrt accelerator, which this "
+                                "onnxruntime lacks: running on CUDA only", config.get("name"))
+            elif name == "cuda":
+                for key in ("do_copy_in_default_stream", "use_ep_level_unified_stream"):
+                    if key in params:
+                        _to_bool(params[key], f"cuda accelerator parameter '{key}'")
+                cuda.update(params)
+            else:
+                raise ValueError(f"unknown Execution Accelerator '{name}' is requested")
+        if stream_ptr:  # ORT takes 0 for "no stream"
+            cuda["user_compute_stream"] = str(stream_ptr)
+            cuda["has_user_compute_stream"] = "1"
+        chosen.append(("CUDAExecutionProvider", cuda))
+    for accelerator in accelerators.get("cpu_execution_accelerator") or []:
+        name = accelerator.get("name", "")
+        if name != "openvino":
+            raise ValueError(f"unknown Execution Accelerator '{name}' is requested")
+        if "OpenVINOExecutionProvider" in available:
+            chosen.append(("OpenVINOExecutionProvider", {"device_type": "CPU"}))
+        else:
+            log.warning("model '%s' asks for the openvino accelerator, which this "
+                        "onnxruntime lacks: running on the default CPU provider",
+                        config.get("name"))
+    chosen.append(("CPUExecutionProvider", {}))
+    return chosen
+
+
+def _legacy_cuda_options(config: dict) -> dict[str, str]:
+    """CUDA options Triton still reads from `parameters` (deprecated there)."""
+    options = {}
+    choices = {"cudnn_conv_algo_search": ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"),
+               "arena_extend_strategy": ("kNextPowerOfTwo", "kSameAsRequested")}
+    for key, names in choices.items():
+        if _param(config, key) is not None:
+            index = _int_param(config, key, 0)
+            if not 0 <= index < len(names):
+                raise ValueError(f"unsupported {key} value '{index}' is requested")
+            options[key] = names[index]
+    for key in ("gpu_mem_limit", "do_copy_in_default_stream"):
+        if (value := _param(config, key)) is not None:
+            options[key] = value
+    return options
+
+
+def _tensorrt_options(params: dict[str, str], device_id: int,
+                      stream_ptr: int | None) -> dict[str, str]:
+    options = {"device_id": str(device_id)}
+    for key, value in params.items():
+        if key == "precision_mode":
+            if value not in _TRT_PRECISION:
+                raise ValueError(f"unsupported precision mode '{value}' is requested")
+            if _TRT_PRECISION[value]:
+                options[_TRT_PRECISION[value]] = "1"
+        elif key == "max_workspace_size_bytes":
+            options["trt_max_workspace_size"] = str(_to_int(value, key))
+        elif key in ("int8_calibration_table_name", "int8_use_native_calibration_table"):
+            options["trt_" + key] = value
+        elif key in _TRT_SAME_NAME:
+            options[key] = value
+        else:
+            raise ValueError(f"unknown parameter '{key}' is provided for TensorRT "
+                             "Execution Accelerator")
+    if stream_ptr:
+        options["user_compute_stream"] = str(stream_ptr)
+        options["has_user_compute_stream"] = "1"
+    return options
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    """"cpu" -> ("cpu", 0); "cuda:N" (or "gpu:N") -> ("cuda", N)."""
+    kind, _, index = device.strip().lower().partition(":")
+    if kind == "cpu" and not index:
+        return "cpu", 0
+    if kind in ("cuda", "gpu") and (not index or index.isdigit()):
+        return "cuda", int(index or 0)
+    raise ValueError(f"unknown device '{device}' (expected 'cpu' or 'cuda:N')")
+
+
+# --- instances ---------------------------------------------------------------------
+
+
+class OnnxModel:
+    """One instance of an ONNX model: an ORT session on the CPU or on one GPU.
+
+    `run` takes whole batches (batch dimension included when max_batch_size > 0) and
+    is called by one thread at a time per instance; ORT releases the GIL while it runs.
+    A config `reshape` is applied here: inputs are viewed in the model's shape and
+    outputs in the config's, so callers deal in config shapes only.
+    """
+
+    def __init__(self, config: dict, model_path: str, device: str,
+                 backend_config: dict[str, str], stream_ptr: int | None = None):
+        self.config = config
+        self.name = config.get("name", "")
+        self.device, self.device_id = parse_device(device)
+        self.max_batch_size = int(config.get("max_batch_size") or 0)
+        backend_config = backend_config or {}
+        path = model_file(model_path)
+        self.session_options, self.run_options = session_options(
+            config, backend_config, self.device)
+        self.providers = execution_providers(config, self.device, self.device_id, stream_ptr)
+        self._cupy = _import_cupy() if self.device == "cuda" else None
+        self.session = ort.InferenceSession(path, self.session_options,
+                                            providers=self.providers)
+        if self.device == "cuda" and "CUDAExecutionProvider" not in self.session.get_providers():
+            # ORT falls back to the CPU when the CUDA provider fails to load
+            raise RuntimeError(f"onnxruntime could not start its CUDA execution provider on "
+                               f"cuda:{self.device_id} for model '{self.name}' (check the "
+                               "CUDA and cuDNN libraries onnxruntime-gpu needs)")
+        self.graph = GraphIO.of(self.session)
+        validate(config, self.graph)
+        self._check_supported()
+        self.input_names = [io["name"] for io in config.get("input") or []] \
+            or list(self.graph.inputs)
+        self.output_names = [io["name"] for io in config.get("output") or []] \
+            or list(self.graph.outputs)
+        self._datatype = {n: t.datatype for tensors in (self.graph.overridable,
+                          self.graph.inputs, self.graph.outputs) for n, t in tensors.items()}
+        self._to_model = _reshapes(config.get("input") or [], "reshape")
+        self._to_config = _reshapes(config.get("output") or [], "dims")
+        self._stream = None
+        if self._cupy is not None and stream_ptr:
+            self._stream = self._cupy.cuda.ExternalStream(stream_ptr, self.device_id)
+
+    def _check_supported(self) -> None:
+        for tensors in (self.graph.inputs, self.graph.outputs):
+            for info in tensors.values():
+                if info.datatype == "BF16":
+                    raise ValueError(f"model '{self.name}': BF16 tensor '{info.name}' is not "
+                                     "supported by the onnxruntime backend")
+
+    def run(self, inputs: dict[str, object], output_names: list[str]) -> dict[str, object]:
+        """Outputs `output_names` (all config outputs when empty) of one batch."""
+        names = list(output_names) if output_names else self.output_names
+        if self.session is None:
+            raise RuntimeError(f"model '{self.name}' instance is closed")
+        for name in names:
+            if name not in self.graph.outputs:
+                raise ValueError(f"model '{self.name}' has no output named '{name}'")
+        if self._cupy is not None:
+            return self._run_cuda(inputs, names)
+        # session.run over numpy beats IO binding on the CPU (measured): ORT reads
+        # contiguous arrays of the right type in place and hands back its own buffers.
+        feeds = {name: self._host_input(name, value) for name, value in inputs.items()}
+        values = self.session.run(names, feeds, self.run_options)
+        return {name: self._output(name, value) for name, value in zip(names, values)}
+
+    def close(self) -> None:
+        self.session = None
+
+    # -- inputs and outputs ---------------------------------------------------------
+
+    def _datatype_of(self, name: str) -> str:
+        try:
+            return self._datatype[name]
+        except KeyError:
+            raise ValueError(f"model '{self.name}' has no tensor named '{name}'") from None
+
+    def _host_input(self, name: str, value) -> np.ndarray:
+        datatype = self._datatype_of(name)
+        if not isinstance(value, np.ndarray):
+            # a device array handed to a CPU instance, or a list: one copy to the host
+            value = value.get() if hasattr(value, "__cuda_array_interface__") \
+                else np.asarray(value)
+        if datatype == "BYTES":
+            return self._shape_for_model(name, _to_ort_strings(name, value))
+        dtype = datatypes.to_numpy(datatype)
+        if value.dtype != dtype:
+            value = value.astype(dtype)  # a cast the frontend's checks should make rare
+        return self._shape_for_model(name, np.ascontiguousarray(value))
+
+    def _shape_for_model(self, name: str, array):
+        shape = self._to_model.get(name)
+        if shape is None:
+            return array
+        lead = tuple(array.shape[:1]) if self.max_batch_size > 0 else ()
+        return array.reshape(lead + shape)
+
+    def _output(self, name: str, array):
+        if self._datatype[name] == "BYTES":
+            array = _from_ort_strings(array)
+        shape = self._to_config.get(name)
+        if shape is None:
+            return array
+        lead = tuple(array.shape[:1]) if self.max_batch_size > 0 else ()
+        return array.reshape(lead + shape)
+
+    def _run_cuda(self, inputs: dict, names: list[str]) -> dict[str, object]:
+        """IO binding: device inputs bound by pointer, outputs left where ORT allocates
+        them on the device and handed back as cupy arrays over that memory."""
+        cp = self._cupy
+        binding = self.session.io_binding()
+        kept = []  # arrays bound by pointer must outlive the run
+        copied_on_device = False
+        # without a stream from the worker, ORT uses its own and cupy its current one
+        with cp.cuda.Device(self.device_id), (self._stream or contextlib.nullcontext()):
+            for name, value in inputs.items():
+                datatype = self._datatype_of(name)
+                if datatype == "BYTES" or not hasattr(value, "__cuda_array_interface__"):
+                    binding.bind_cpu_input(name, self._host_input(name, value))
+                    continue
+                array = cp.asarray(value)  # a view for cupy or any __cuda_array_interface__
+                if array.device.id != self.device_id:
+                    raise ValueError(f"input '{name}' is on cuda:{array.device.id}, model "
+                                     f"'{self.name}' runs on cuda:{self.device_id}")
+                dtype = datatypes.to_numpy(datatype)
+                if array.dtype != dtype or not array.flags.c_contiguous:
+                    array = cp.ascontiguousarray(array, dtype=dtype)
+                    copied_on_device = True
+                array = self._shape_for_model(name, array)
+                kept.append(array)
+                binding.bind_input(name, "cuda", self.device_id, dtype.type,
+                                   list(array.shape), array.data.ptr)
+            if copied_on_device and self._stream is None:
+                # those copies ran on cupy's stream, not on ORT's
+                cp.cuda.get_current_stream().synchronize()
+            for name in names:
+                if self._datatype_of(name) == "BYTES":  # ORT strings live on the host
+                    binding.bind_output(name, "cpu")
+                else:
+                    binding.bind_output(name, "cuda", self.device_id)
+            # Run synchronizes ORT's stream at the end, so outputs are complete on return.
+            self.session.run_with_iobinding(binding, self.run_options)
+            values = binding.get_outputs()
+            result = {}
+            for name, value in zip(names, values):
+                if self._datatype[name] == "BYTES":
+                    result[name] = self._output(name, value.numpy())
+                else:
+                    result[name] = self._output(name, self._device_array(name, value))
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        del kept
+        return result
+
+    def _device_array(self, name: str, value: ort.OrtValue):
+        """A cupy array over an output's device memory, no copy. The OrtValue is the
+        UnownedMemory's owner, so the array keeps ORT's buffer alive; dropping the last
+        view returns it to ORT's allocator (a consumer on another stream must be done
+        with it, i.e. synchronized, before letting go)."""
+        cp = self._cupy
+        dtype = datatypes.to_numpy(self._datatype[name])
+        shape = tuple(value.shape())
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes == 0:
+            return cp.empty(shape, dtype)
+        memory = cp.cuda.UnownedMemory(value.data_ptr(), nbytes, value, self.device_id)
+        return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(memory, 0))
+
+
+def _reshapes(ios: list[dict], key: str) -> dict[str, tuple[int, ...]]:
+    """Per tensor with a config reshape: the shape (without batch) to view it in, `key`
+    naming the side ("reshape": the model's, "dims": the config's). numpy infers at
+    most one -1, so a shape with more is left to the caller."""
+    out = {}
+    for io in ios:
+        if io.get("reshape") is None:
+            continue
+        shape = io["reshape"].get("shape", []) if key == "reshape" else io.get("dims", [])
+        shape = tuple(int(d) for d in shape)
+        if shape.count(WILDCARD_DIM) <= 1:
+            out[io["name"]] = shape
+    return out
+
+
+def _to_ort_strings(name: str, array: np.ndarray) -> np.ndarray:
+    """BYTES elements as str: ORT's Python API passes string tensors as text (it would
+    take a bytes object as its repr), so the elements must be UTF-8."""
+    flat = np.asarray(array, dtype=object).reshape(-1)
+    out = np.empty(flat.shape, dtype=object)
+    try:
+        out[:] = [x if isinstance(x, str) else bytes(x).decode("utf-8")
+                  if isinstance(x, (bytes, bytearray, memoryview)) else str(x) for x in flat]
+    except UnicodeDecodeError:
+        raise InferError(ErrorCode.INVALID_ARG,
+                         f"BYTES input '{name}' holds bytes that are not UTF-8; onnxruntime "
+                         "passes string tensors as UTF-8 text") from None
+    return out.reshape(np.shape(array))
+
+
+def _from_ort_strings(array: np.ndarray) -> np.ndarray:
+    """ORT's str elements back to bytes, as BYTES tensors carry them."""
+    flat = array.reshape(-1)
+    out = np.empty(flat.shape, dtype=object)
+    out[:] = [x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in flat]
+    return out.reshape(array.shape)
+
+
+def _import_cupy():
+    try:
+        import cupy
+    except ImportError:
+        raise RuntimeError("CUDA instances of the onnxruntime backend need cupy; install the "
+                           "gpu extra") from None
+    return cupy
