@@ -149,6 +149,9 @@ class TensorIO:
                 host = np.frombuffer(buf, dtype=np.uint8)
                 region.array(target.offset, n, np.uint8, (n,)).set(host)
                 copies.h2d += n
+            # the response may go out only once the bytes are in the client's memory
+            from shm.cuda import cupy
+            cupy().cuda.get_current_stream().synchronize()
         else:
             view = self.regions.view(target.region, target.segment, target.offset, n)
             if device:
