@@ -1,0 +1,183 @@
+"""The scheduler's registry of client shared-memory regions, and the workers' maps."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+from scheduler.cli import parse_backend_config
+from scheduler.regions import RegionRegistry
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import InferRequest, RequestedOutput
+from shm.messages.regions import CUDA, SYSTEM, RegionRequest
+from shm.regions import RegionMaps, check_client_key
+from shm.tensor import TensorRef
+
+
+@pytest.fixture
+def key():
+    """A client's POSIX shm object of 4096 bytes."""
+    name = f"sstest-unit-{uuid.uuid4().hex[:10]}"
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 4096)
+    os.close(fd)
+    yield "/" + name
+    os.unlink(f"/dev/shm/{name}")
+
+
+def registry(allowed=True, gpus=0):
+    gone = []
+    return RegionRegistry(allowed, gpus, gone.append), gone
+
+
+def register(reg, name, key, byte_size=4096, offset=0):
+    reg.register(RegionRequest(1, "fe", "register", SYSTEM, name, key, offset, byte_size))
+
+
+def request(rid, *inputs, outputs=None):
+    return InferRequest(rid, "fe", "m", 1, list(inputs), outputs)
+
+
+def ref(region, offset=0, nbytes=16, name="IN"):
+    return TensorRef(name, "UINT8", [nbytes], segment=region, offset=offset, nbytes=nbytes,
+                     region=-1)
+
+
+def test_register_checks_keys_sizes_and_names(key):
+    reg, _ = registry()
+    register(reg, "a", key, 2048, offset=2048)
+    with pytest.raises(InferError, match="already in manager") as e:
+        register(reg, "a", key)
+    assert e.value.code == ErrorCode.ALREADY_EXISTS
+    with pytest.raises(InferError, match="exceeds"):
+        register(reg, "b", key, 2048, offset=2049)
+    with pytest.raises(InferError, match="Unable to open"):
+        register(reg, "b", "/sstest-no-such-object")
+    for bad in ("", "/", "/a/b", "..", "/..", "x\0y"):
+        with pytest.raises(InferError, match="invalid shared memory key"):
+            register(reg, "b", bad)
+    with pytest.raises(InferError, match="server's own memory"):
+        register(reg, "b", "/shmserve-1234-f0-0")
+    with pytest.raises(InferError, match="positive byte size"):
+        register(reg, "b", key, 0)
+    assert [s.name for s in reg.status(SYSTEM, "")] == ["a"]
+    assert reg.status(SYSTEM, "a")[0].offset == 2048
+    with pytest.raises(InferError, match="Unable to find") as e:
+        reg.status(SYSTEM, "zzz")
+    assert e.value.code == ErrorCode.NOT_FOUND
+
+
+def test_disabled_and_cuda_without_devices(key):
+    reg, _ = registry(allowed=False)
+    with pytest.raises(InferError, match="--allow-client-shm=true"):
+        register(reg, "a", key)
+    reg, _ = registry(allowed=True, gpus=0)
+    with pytest.raises(InferError, match="no CUDA device") as e:
+        reg.register(RegionRequest(1, "fe", "register", CUDA, "c", byte_size=16,
+                                   raw_handle=bytes(64)))
+    assert e.value.code == ErrorCode.UNSUPPORTED
+    reg, _ = registry(allowed=True, gpus=1)
+    with pytest.raises(InferError, match="64 bytes"):
+        reg.register(RegionRequest(1, "fe", "register", CUDA, "c", byte_size=16,
+                                   raw_handle=bytes(10)))
+    reg.register(RegionRequest(1, "fe", "register", CUDA, "c", byte_size=16, device_id=0,
+                               raw_handle=bytes(64)))
+    req = request(1, ref("c", 0, 16))
+    reg.resolve(req)
+    assert req.inputs[0].device == 0 and req.inputs[0].handle == bytes(64)
+    assert req.inputs[0].region_size == 16
+
+
+def test_resolve_checks_bounds_and_rewrites_to_the_object(key):
+    reg, _ = registry()
+    register(reg, "a", key, 1024, offset=1024)
+    req = request(1, ref("a", offset=1000, nbytes=24),
+                  outputs=[RequestedOutput("OUT", target=ref("a", 0, 8, name="OUT"))])
+    reg.resolve(req)
+    inp, out = req.inputs[0], req.outputs[0].target
+    assert inp.segment == key and inp.offset == 2024 and inp.region > 0
+    assert out.offset == 1024 and out.region == inp.region
+    with pytest.raises(InferError, match="Invalid offset"):
+        reg.resolve(request(2, ref("a", offset=1000, nbytes=25)))
+    with pytest.raises(InferError, match="Unable to find shared memory region: 'nope'"):
+        reg.resolve(request(3, ref("nope")))
+    assert list(reg.users) == [("fe", 1)]  # failed requests hold nothing
+
+
+def test_unregister_waits_for_the_last_user(key):
+    reg, gone = registry()
+    register(reg, "a", key)
+    first, second = request(1, ref("a")), request(2, ref("a"))
+    reg.resolve(first)
+    reg.resolve(second)
+    answered = []
+    reg.unregister(SYSTEM, "a", lambda: answered.append(True))
+    # the name is gone at once, the region only once nobody uses it
+    assert reg.status(SYSTEM, "") == []
+    with pytest.raises(InferError, match="Unable to find"):
+        reg.resolve(request(3, ref("a")))
+    assert answered == [] and gone == []
+    reg.finished(first)
+    assert answered == [] and gone == []
+    reg.finished(second)
+    assert answered == [True] and [r.name for r in gone] == ["a"]
+    # the name may be registered again, as a new region
+    register(reg, "a", key)
+    assert reg.by_name["a"].uid != gone[0].uid
+
+
+def test_unregister_unused_and_all(key):
+    reg, gone = registry()
+    register(reg, "a", key)
+    register(reg, "b", key)
+    answered = []
+    reg.unregister(SYSTEM, "missing", lambda: answered.append("missing"))
+    reg.unregister(SYSTEM, "", lambda: answered.append("all"))
+    assert answered == ["missing", "all"]
+    assert sorted(r.name for r in gone) == ["a", "b"]
+
+
+def test_region_maps_view_and_bounds(key):
+    maps = RegionMaps()
+    view = maps.view(7, key, 100, 8)
+    view[:] = b"abcdefgh"
+    assert maps.view(7, key, 100, 8).tobytes() == b"abcdefgh"
+    with pytest.raises(ValueError, match="outside"):
+        maps.view(7, key, 4090, 8)
+    # a client that shrinks its object cannot make us read past its end
+    os.truncate(f"/dev/shm{key}", 1024)
+    with pytest.raises(ValueError, match="outside"):
+        maps.view(7, key, 1020, 8)
+    del view
+    maps.forget(7)
+    maps.close()
+
+
+def test_client_keys():
+    assert check_client_key("/abc") == "abc"
+    assert check_client_key("abc") == "abc"
+    with pytest.raises(ValueError):
+        check_client_key("/" + "x" * 300)
+
+
+def test_backend_config_flag():
+    assert parse_backend_config(["onnxruntime,default-max-batch-size=8",
+                                 "pytorch,intra-op-thread-count=2",
+                                 "onnxruntime,enable-global-threadpool=1"]) == {
+        "onnxruntime": {"default-max-batch-size": "8", "enable-global-threadpool": "1"},
+        "pytorch": {"intra-op-thread-count": "2"}}
+    for bad in ("onnxruntime", "onnxruntime,novalue", ",a=b"):
+        with pytest.raises(ValueError, match="format"):
+            parse_backend_config([bad])
+
+
+def test_numpy_view_keeps_working_after_forget(key):
+    """A model may keep an input view past the batch; forgetting the map must not
+    crash it (the mapping goes when the last view does)."""
+    maps = RegionMaps()
+    arr = np.frombuffer(maps.view(1, key, 0, 16), dtype=np.uint8)
+    maps.forget(1)
+    assert arr.sum() >= 0
