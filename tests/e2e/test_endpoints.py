@@ -29,8 +29,9 @@ def test_server_metadata(server, protocol):
     assert md["name"] == "shmserve"
     assert md["version"]
     assert "binary_tensor_data" in md["extensions"]
+    assert {"system_shared_memory", "cuda_shared_memory"} <= set(md["extensions"])
     # nothing is claimed that is not served yet
-    assert "system_shared_memory" not in md["extensions"]
+    assert not {"statistics", "model_repository", "sequence"} & set(md["extensions"])
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
