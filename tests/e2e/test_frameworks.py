@@ -132,22 +132,26 @@ def test_onnx_mlp_batches_concurrent_requests(fw_server):
     request gets its own rows."""
     rng = np.random.default_rng(7)
     xs = [rng.standard_normal((1 + i % 3, 512)).astype(np.float32) for i in range(24)]
-
-    def one(x):
-        client = clients.client(fw_server, "grpc")
-        result = client.infer("onnx_mlp", [clients.infer_input("grpc", "INPUT0", x, "FP32")])
-        return result.as_numpy("OUTPUT0")
-
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        outs = list(pool.map(one, xs))
+    outs = _concurrent_rows(fw_server, "grpc", "onnx_mlp", "INPUT0", "OUTPUT0", xs, 12)
     for x, y in zip(xs, outs):
         np.testing.assert_allclose(y, onnx_models.mlp_reference(x), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
-def test_onnx_with_system_shm(fw_server, protocol):
-    client = clients.client(fw_server, protocol)
-    x = np.arange(2 * 1024, dtype=np.float32).reshape(2, 1024)
+def _concurrent_rows(server, protocol, model, in_name, out_name, xs, threads):
+    """Each x sent as its own request, many at once; the outputs in the same order."""
+    def one(x):
+        client = clients.client(server, protocol)
+        result = client.infer(model, [clients.infer_input(protocol, in_name, x, "FP32")])
+        return result.as_numpy(out_name)
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(one, xs))
+
+
+def _identity_through_system_shm(server, protocol, model, in_name, out_name, x):
+    """Input from a client region, output into the same region after it; returns what
+    the region holds there."""
+    client = clients.client(server, protocol)
     key = f"/sstest-{uuid.uuid4().hex[:12]}"
     handle = shm.create_shared_memory_region(key[1:], key, 2 * x.nbytes)
     name = f"r{uuid.uuid4().hex[:8]}"
@@ -155,16 +159,24 @@ def test_onnx_with_system_shm(fw_server, protocol):
         shm.set_shared_memory_region(handle, [x])
         client.register_system_shared_memory(name, key, 2 * x.nbytes)
         mod = clients.module(protocol)
-        inp = mod.InferInput("INPUT0", [2, 1024], "FP32")
+        inp = mod.InferInput(in_name, list(x.shape), "FP32")
         inp.set_shared_memory(name, x.nbytes)
-        out = mod.InferRequestedOutput("OUTPUT0")
+        out = mod.InferRequestedOutput(out_name)
         out.set_shared_memory(name, x.nbytes, offset=x.nbytes)
-        client.infer("onnx_identity", [inp], outputs=[out])
-        got = shm.get_contents_as_numpy(handle, np.float32, [4, 1024])
-        np.testing.assert_array_equal(got[2:], x)
+        client.infer(model, [inp], outputs=[out])
+        got = shm.get_contents_as_numpy(handle, np.float32, [2 * x.shape[0], *x.shape[1:]])
+        return got[x.shape[0]:].copy()
     finally:
         client.unregister_system_shared_memory()
         shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_onnx_with_system_shm(fw_server, protocol):
+    x = np.arange(2 * 1024, dtype=np.float32).reshape(2, 1024)
+    got = _identity_through_system_shm(fw_server, protocol, "onnx_identity", "INPUT0",
+                                       "OUTPUT0", x)
+    np.testing.assert_array_equal(got, x)
 
 
 def test_framework_instances_share_one_cpu_worker(fw_server):
@@ -234,14 +246,7 @@ def test_torch_mlp_batches_concurrent_requests(fw_server):
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal((1 + i % 2, 512)).astype(np.float32) for i in range(16)]
     model_dir = Path(fw_server.repo) / "torch_mlp"
-
-    def one(x):
-        client = clients.client(fw_server, "http")
-        result = client.infer("torch_mlp", [clients.infer_input("http", "INPUT__0", x, "FP32")])
-        return result.as_numpy("OUTPUT__0")
-
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        outs = list(pool.map(one, xs))
+    outs = _concurrent_rows(fw_server, "http", "torch_mlp", "INPUT__0", "OUTPUT__0", xs, 8)
     for x, y in zip(xs, outs):
         np.testing.assert_allclose(y, torch_models.mlp_reference(model_dir, x), rtol=1e-4,
                                    atol=1e-4)
@@ -249,21 +254,7 @@ def test_torch_mlp_batches_concurrent_requests(fw_server):
 
 @needs_torch
 def test_torch_with_system_shm(fw_server):
-    client = clients.client(fw_server, "grpc")
     x = np.linspace(-1, 1, 3 * 4096, dtype=np.float32).reshape(3, 4096)
-    key = f"/sstest-{uuid.uuid4().hex[:12]}"
-    handle = shm.create_shared_memory_region(key[1:], key, 2 * x.nbytes)
-    name = f"r{uuid.uuid4().hex[:8]}"
-    try:
-        shm.set_shared_memory_region(handle, [x])
-        client.register_system_shared_memory(name, key, 2 * x.nbytes)
-        inp = clients.module("grpc").InferInput("INPUT__0", [3, 4096], "FP32")
-        inp.set_shared_memory(name, x.nbytes)
-        out = clients.module("grpc").InferRequestedOutput("OUTPUT__0")
-        out.set_shared_memory(name, x.nbytes, offset=x.nbytes)
-        client.infer("torch_identity", [inp], outputs=[out])
-        got = shm.get_contents_as_numpy(handle, np.float32, [6, 4096])
-        np.testing.assert_array_equal(got[3:], x)
-    finally:
-        client.unregister_system_shared_memory()
-        shm.destroy_shared_memory_region(handle)
+    got = _identity_through_system_shm(fw_server, "grpc", "torch_identity", "INPUT__0",
+                                       "OUTPUT__0", x)
+    np.testing.assert_array_equal(got, x)
