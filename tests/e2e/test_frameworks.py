@@ -258,3 +258,45 @@ def test_torch_with_system_shm(fw_server):
     got = _identity_through_system_shm(fw_server, "grpc", "torch_identity", "INPUT__0",
                                        "OUTPUT__0", x)
     np.testing.assert_array_equal(got, x)
+
+
+def test_a_killed_device_worker_comes_back_with_all_its_instances(fw_server):
+    """The CPU worker hosts instances of several models; killed, it is started again
+    and every one of those models serves again. (Last in this file: it kills.)"""
+    import os
+    import signal
+
+    from tests.e2e.harness import wait_until
+
+    def cpu_worker():
+        for pid in fw_server.children():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if b"workers.main" in argv and argv[argv.index(b"--name") + 1] == b"cpu worker":
+                return pid
+        return None
+
+    old = cpu_worker()
+    assert old is not None
+    os.kill(old, signal.SIGKILL)
+    new = wait_until(lambda: (pid := cpu_worker()) not in (None, old) and pid, 30,
+                     what="a new cpu worker")
+    client = clients.client(fw_server, "http")
+    a = np.ones((1, 16), dtype=np.float32)
+
+    def serves() -> bool:
+        try:
+            result = client.infer("onnx_add_sub", [
+                clients.infer_input("http", "INPUT0", a, "FP32"),
+                clients.infer_input("http", "INPUT1", a, "FP32")])
+        except Exception:
+            return False
+        return bool((result.as_numpy("OUTPUT0") == 2).all())
+
+    wait_until(serves, 120, 0.2, "onnx_add_sub serving again")
+    x = np.zeros((1, 512), dtype=np.float32)
+    outs = _concurrent_rows(fw_server, "http", "onnx_mlp", "INPUT0", "OUTPUT0", [x], 1)
+    np.testing.assert_allclose(outs[0], onnx_models.mlp_reference(x), rtol=1e-4, atol=1e-4)
+    assert cpu_worker() == new
