@@ -1,4 +1,4 @@
-"""The onnxruntime backend: Triton's config auto-complete and one ORT session per instance.
+"""The onnxruntime backend: one ORT session per instance (configs: onnx_config.py).
 
 This is the framework part only: the worker gathers a batch into one array per input,
 calls `OnnxModel.run`, and splits the outputs. The rules follow Triton's onnxruntime
