@@ -514,3 +514,14 @@ def test_gpu_mlp_and_bytes(mlp, repo):
     s = np.array([[b"a"], [b"bc"]], dtype=object)
     out = strings.run({"INPUT0": s}, ["OUTPUT0"])["OUTPUT0"]
     assert isinstance(out, np.ndarray) and out.tolist() == [[b"a"], [b"bc"]]
+
+
+def test_onnxruntime_session_settings_pass_through_and_spinning_is_off_by_default():
+    options, _ = ob.session_options({"name": "m"}, {})
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    config = {"name": "m", "parameters": {
+        "session.intra_op.allow_spinning": {"string_value": "1"},
+        "session.inter_op.allow_spinning": {"string_value": "0"}}}
+    options, _ = ob.session_options(config, {})
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
