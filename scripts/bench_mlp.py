@@ -9,7 +9,7 @@ same number and sizes, back to back, and prints requests/s of both and their rat
 how much of the framework's own speed survives serving.
 
     scripts/bench_mlp --concurrency 16 --duration 10
-    scripts/bench_mlp --device gpu --shm cuda      # on a GPU machine (see --help)
+    scripts/bench_mlp --device gpu                  # the model on CUDA (a GPU machine)
 """
 
 from __future__ import annotations
