@@ -122,12 +122,8 @@ class SchedulerCore:
         params = request.parameters
         outputs = None
         if request.outputs is not None:
-            try:
-                outputs = [RequestedOutput(o.name, o.parameters, _output_target(o))
-                           for o in request.outputs]
-            except BaseException:
-                self.free_blocks(blocks)
-                raise
+            outputs = [RequestedOutput(o.name, o.parameters, _output_target(o))
+                       for o in request.outputs]
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self.pending[rid] = _Pending(fut, blocks)
@@ -171,8 +167,7 @@ class SchedulerCore:
         held = []
         for ref in resp.outputs:
             if ref.region:  # written into the client's region: nothing to send
-                outputs.append(OutputTensor(ref.name, ref.datatype, ref.shape, None,
-                                            _region_echo(request, ref)))
+                outputs.append(OutputTensor(ref.name, ref.datatype, ref.shape, None))
                 continue
             if ref.data is not None:
                 data = ref.data
@@ -296,12 +291,7 @@ def _describe_inputs(arena: Arena, inputs, refs: list, blocks: list) -> None:
     for inp in inputs:
         data = inp.data
         if data is None:  # in a client's region: the scheduler resolves the name
-            p = inp.parameters
-            refs.append(TensorRef(inp.name, inp.datatype, inp.shape,
-                                  segment=str(p["shared_memory_region"]),
-                                  offset=_int_param(p, "shared_memory_offset"),
-                                  nbytes=_int_param(p, "shared_memory_byte_size"),
-                                  region=-1))
+            refs.append(_region_ref(inp.name, inp.datatype, inp.shape, inp.parameters))
             continue
         n = data.nbytes if isinstance(data, memoryview) else len(data)
         if n <= INLINE_MAX:
@@ -318,12 +308,12 @@ def _describe_inputs(arena: Arena, inputs, refs: list, blocks: list) -> None:
                               offset=offset, nbytes=n))
 
 
-def _int_param(params: dict, key: str) -> int:
-    value = params.get(key, 0)
-    if type(value) is not int or value < 0:
-        raise InferError(ErrorCode.INVALID_ARG,
-                         f"'{key}' must be a non-negative integer, got {value!r}")
-    return value
+def _region_ref(name: str, datatype: str, shape, params: dict) -> TensorRef:
+    """A tensor in a client region, by the region's name (validate_request has checked
+    the shared_memory_* parameters); the scheduler resolves and bounds-checks it."""
+    return TensorRef(name, datatype, shape, segment=params["shared_memory_region"],
+                     offset=params.get("shared_memory_offset", 0),
+                     nbytes=params["shared_memory_byte_size"], region=-1)
 
 
 def _output_target(out) -> TensorRef | None:
@@ -331,26 +321,7 @@ def _output_target(out) -> TensorRef | None:
     p = out.parameters
     if not p or "shared_memory_region" not in p:
         return None
-    if "shared_memory_byte_size" not in p:
-        raise InferError(ErrorCode.INVALID_ARG,
-                         f"output '{out.name}' names shared memory region "
-                         f"'{p['shared_memory_region']}' but no 'shared_memory_byte_size'")
-    return TensorRef(out.name, "", [], segment=str(p["shared_memory_region"]),
-                     offset=_int_param(p, "shared_memory_offset"),
-                     nbytes=_int_param(p, "shared_memory_byte_size"), region=-1)
-
-
-def _region_echo(request: DecodedRequest, ref: TensorRef) -> dict:
-    """The response parameters of an output written into a client region."""
-    for out in request.outputs or ():
-        if out.name == ref.name:
-            p = out.parameters
-            echo = {"shared_memory_region": p["shared_memory_region"],
-                    "shared_memory_byte_size": ref.nbytes}
-            if p.get("shared_memory_offset"):
-                echo["shared_memory_offset"] = p["shared_memory_offset"]
-            return echo
-    return {"shared_memory_byte_size": ref.nbytes}
+    return _region_ref(out.name, "", [], p)
 
 
 _CONTROL_PARAMETERS = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",

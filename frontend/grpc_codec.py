@@ -17,11 +17,12 @@ Error texts follow Triton's grpc infer handler (they are what tritonclient users
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2
 
 from shm.datatypes import element_size, is_known
-from shm.errors import ErrorCode, InferError
+from shm.errors import GRPC_STATUS, ErrorCode, InferError
 
 from .types import DecodedInput, DecodedRequest, InferResult, RequestedOutput
 
@@ -57,6 +58,14 @@ _CONTENTS_TYPE = {"bool_contents": "BOOL", "int_contents": "INT32", "int64_conte
                   "uint_contents": "UINT32", "uint64_contents": "UINT64",
                   "fp32_contents": "FP32", "fp64_contents": "FP64", "bytes_contents": "BYTES"}
 _NARROW = {"INT8": np.int8, "INT16": np.int16, "UINT8": np.uint8, "UINT16": np.uint16}
+
+
+_GRPC_CODES = {code: getattr(grpc.StatusCode, name) for code, name in GRPC_STATUS.items()}
+
+
+def grpc_status(code: ErrorCode) -> grpc.StatusCode:
+    """The gRPC status an error of `code` is answered with (Triton's mapping)."""
+    return _GRPC_CODES.get(code, grpc.StatusCode.UNKNOWN)
 
 
 def _bad(message: str) -> InferError:

@@ -22,7 +22,7 @@ import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from shm.datatypes import from_config
-from shm.errors import GRPC_STATUS, ErrorCode, InferError
+from shm.errors import ErrorCode, InferError
 
 from . import grpc_codec, shm_endpoints
 from .types import FrontendCore
@@ -35,7 +35,6 @@ DEFAULT_EXTENSIONS = ("classification", "sequence", "model_configuration", "sche
                       "system_shared_memory", "cuda_shared_memory", "binary_tensor_data",
                       "parameters")
 
-_STATUS = {code: getattr(grpc.StatusCode, name) for code, name in GRPC_STATUS.items()}
 _DATA_TYPE_NAME = model_config_pb2.DataType.Name
 
 
@@ -246,7 +245,7 @@ def _internal(rpc: str, exc: Exception) -> InferError:
 
 
 async def _abort(context, error: InferError):
-    await context.abort(_STATUS.get(error.code, grpc.StatusCode.UNKNOWN), error.message)
+    await context.abort(grpc_codec.grpc_status(error.code), error.message)
 
 
 def _unimplemented(name: str):

@@ -26,19 +26,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 from tritonclient.grpc import service_pb2
 
-from shm.errors import GRPC_STATUS, HTTP_STATUS, ErrorCode, InferError
-from shm.messages.regions import CUDA, SYSTEM
+from shm.errors import HTTP_STATUS, ErrorCode, InferError
+from shm.messages.regions import CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM
 
+from .grpc_codec import grpc_status
 from .http_codec import encode_error, json_dumps, json_loads
 from .types import FrontendCore
 
 log = logging.getLogger(__name__)
 
-CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 _INVALID = ErrorCode.INVALID_ARG
 _PREFIX = {SYSTEM: "/v2/systemsharedmemory", CUDA: "/v2/cudasharedmemory"}
 _ANY_METHOD = ("GET", "POST", "PUT", "DELETE", "PATCH")
-_GRPC_STATUS = {code: getattr(grpc.StatusCode, name) for code, name in GRPC_STATUS.items()}
 
 
 def _bad(message: str) -> InferError:
@@ -51,7 +50,7 @@ def _need_name(kind: str, name: str) -> None:
 
 
 def _check_handle(raw_handle: bytes) -> bytes:
-    if len(raw_handle) != CUDA_IPC_HANDLE_SIZE:
+    if len(raw_handle) != CUDA_IPC_HANDLE_BYTES:
         raise _bad("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
     return raw_handle
 
@@ -200,8 +199,7 @@ class _Rpcs:
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
             log.exception("%s shared memory %s failed", kind, op)
             error = InferError(ErrorCode.INTERNAL, f"internal error: {e}")
-        await context.abort(_GRPC_STATUS.get(error.code, grpc.StatusCode.UNKNOWN),
-                            error.message)
+        await context.abort(grpc_status(error.code), error.message)
 
     async def system_status(self, request, context):
         regions = await self._call(context, "status", SYSTEM, name=request.name)

@@ -97,9 +97,7 @@ class FrontendCore(Protocol):
         Inputs with `data` None name a client shared-memory region in `parameters`
         (shared_memory_region / shared_memory_offset / shared_memory_byte_size), and
         so may requested outputs. An output written into a region comes back with
-        `data` None and `parameters` {"shared_memory_region": name,
-        "shared_memory_byte_size": bytes written} (plus "shared_memory_offset" when the
-        request gave one)."""
+        `data` None (Triton says nothing more about it in the response)."""
 
     async def shm_call(self, op: str, kind: str, *, name: str = "", key: str = "",
                        offset: int = 0, byte_size: int = 0, device_id: int = 0,

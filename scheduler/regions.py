@@ -16,11 +16,11 @@ from typing import Callable
 
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
-from shm.messages.regions import CUDA, SYSTEM, RegionRequest, RegionStatus
+from shm.messages.regions import (CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, RegionRequest,
+                                  RegionStatus)
 from shm.regions import check_client_key, object_size
 from shm.tensor import TensorRef
 
-_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 
 
 @dataclasses.dataclass(eq=False)
@@ -91,10 +91,10 @@ class RegionRegistry:
                                  f"failed to register CUDA shared memory region "
                                  f"'{call.name}': no CUDA device {call.device_id} "
                                  f"(this server sees {self.cuda_devices})")
-            if len(call.raw_handle) != _IPC_HANDLE_BYTES:
+            if len(call.raw_handle) != CUDA_IPC_HANDLE_BYTES:
                 raise InferError(ErrorCode.INVALID_ARG,
                                  f"CUDA shared memory region '{call.name}': raw handle "
-                                 f"must be {_IPC_HANDLE_BYTES} bytes, got "
+                                 f"must be {CUDA_IPC_HANDLE_BYTES} bytes, got "
                                  f"{len(call.raw_handle)}")
             region.device_id, region.raw_handle = call.device_id, call.raw_handle
         self.by_name[call.name] = region

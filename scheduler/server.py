@@ -346,12 +346,11 @@ class Server:
             what = f"'{req.model}'" + (f" version {req.version}" if req.version else "")
             self._fail(req, ErrorCode.UNAVAILABLE, f"model {what} is not ready")
             return
-        if _uses_regions(req):
-            try:
-                self.regions.resolve(req)
-            except InferError as exc:
-                self._fail(req, exc.code, exc.message)
-                return
+        try:
+            self.regions.resolve(req)  # names of client regions, if the request has any
+        except InferError as exc:
+            self._fail(req, exc.code, exc.message)
+            return
         ms = mv.scheduler
         ms.enqueue(req, time.monotonic_ns())
         self._dirty.add(ms)
@@ -589,14 +588,3 @@ class Server:
         self.outbox.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         log.info("server stopped")
-
-
-def _uses_regions(req: InferRequest) -> bool:
-    for ref in req.inputs:
-        if ref.region:
-            return True
-    if req.outputs:
-        for out in req.outputs:
-            if out.target is not None:
-                return True
-    return False

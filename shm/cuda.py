@@ -69,7 +69,8 @@ class IpcRegion:
 
 def pin(buffer) -> int | None:
     """Register host memory as pinned (page-locked) so copies to and from devices run
-    at DMA speed; returns the pointer to unpin, or None where that is not possible."""
+    at DMA speed; returns its address, or None where that is not possible. (Nothing
+    unpins yet: segments are pinned for the life of the worker.)"""
     import numpy as np
     cp = cupy()
     arr = np.frombuffer(buffer, dtype=np.uint8)
@@ -80,10 +81,3 @@ def pin(buffer) -> int | None:
         return None
     return ptr
 
-
-def unpin(ptr: int) -> None:
-    cp = cupy()
-    try:
-        cp.cuda.runtime.hostUnregister(ptr)
-    except Exception:
-        pass

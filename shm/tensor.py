@@ -35,7 +35,3 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
     device: int = -1
     handle: bytes = b""
     region_size: int = 0  # CUDA regions: the size of the allocation `handle` opens
-
-    @property
-    def in_region(self) -> bool:
-        return self.region != 0

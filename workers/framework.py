@@ -50,10 +50,8 @@ class FrameworkInstance:
             with cp.cuda.Device(msg.device_id):
                 # each instance has its own stream, as Triton's instances do
                 self.stream = cp.cuda.Stream(non_blocking=True)
-            self.device_id = msg.device_id
         else:
             self.device = "cpu"
-            self.device_id = -1
         self.model = model_class(config, path, self.device, msg.backend_config,
                                  self.stream.ptr if self.stream is not None else None)
         self.output_types = {o["name"]: datatypes.from_config(o["data_type"])
@@ -70,14 +68,10 @@ class FrameworkInstance:
                 return self._execute(requests, io)
         return self._execute(requests, io)
 
-    def synchronize(self) -> None:
-        """Wait for the device work of the last batch (outputs written to regions)."""
-        if self.stream is not None:
-            self.stream.synchronize()
-
     def _execute(self, requests, io: TensorIO):
         names = [ref.name for ref in requests[0].inputs]
-        if any(sorted(r.name for r in req.inputs) != sorted(names) for req in requests[1:]):
+        same = sorted(names)
+        if any(sorted(r.name for r in req.inputs) != same for req in requests[1:]):
             # optional inputs given by some requests only: run them one by one
             results = []
             for req in requests:

@@ -200,8 +200,6 @@ class Worker:
             failed += 1
             responses.append(InferResponse(request.id, error=result.message,
                                            error_code=int(result.code)))
-        if inst is not None and hasattr(inst, "synchronize"):
-            inst.synchronize()  # device copies into client regions are done
         for request, response in zip(msg.requests, responses):
             send(request.reply_to, response)
         send(self.scheduler, BatchDone(msg.batch_id, msg.instance, start,

@@ -14,6 +14,7 @@ import msgspec
 
 SYSTEM = "system"
 CUDA = "cuda"
+CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 
 
 class RegionRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

@@ -7,8 +7,6 @@ real socket); the ASGI interface is driven directly for what tritonclient never 
 
 import base64
 import json
-import threading
-import time
 
 import grpc
 import numpy as np
@@ -23,7 +21,7 @@ from frontend.types import InferResult, OutputTensor
 from shm.errors import ErrorCode, InferError
 from shm.messages.regions import CUDA, SYSTEM, RegionStatus
 from tests.unit.test_grpc_server import ServerThread
-from tests.unit.test_http_server import call, free_port
+from tests.unit.test_http_server import call, served  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(60)
 T = 10
@@ -98,23 +96,10 @@ def app(core):
 
 
 @pytest.fixture
-def http_client(app):
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+def http_client(served):
+    client = httpclient.InferenceServerClient(served)
     yield client
     client.close()
-    server.should_exit = True
-    thread.join(10)
 
 
 @pytest.fixture(scope="module")
