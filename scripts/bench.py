@@ -250,13 +250,14 @@ class PointSpec:
     input_name: str
     output_name: str
     streams: int
-    shm: str  # "none" | "system"
+    shm: str  # "none" | "system" | "cuda"
     verify: bool
     warmup: float
     duration: float
     max_requests: int | None  # this process's share
     tag: str = ""  # makes shared-memory names unique
     stream_offset: int = 0
+    cuda_device: int = 0  # where --shm cuda puts the regions
 
 
 class Recorder:
@@ -344,8 +345,11 @@ def _stamp_value(seq: int, np_dtype):
 
 
 class Stream:
-    """One closed-loop stream's tensors: its input, its expected output and, with system
-    shared memory, its two regions."""
+    """One closed-loop stream's tensors: its input, its expected output and, with shared
+    memory, its two regions: system (POSIX) or CUDA (device memory, shared by IPC
+    handle). With CUDA regions the input lives on the device and the output stays there:
+    checking it costs a device-to-host copy, stamping one a host-to-device copy, so both
+    happen only with verification on."""
 
     def __init__(self, spec: PointSpec, index: int, mod, np_dtype):
         import numpy as np
@@ -377,6 +381,8 @@ class Stream:
     # shared memory lifecycle: create_regions / register / unregister / destroy
 
     def create_regions(self):
+        if self.spec.shm == "cuda":
+            return self._create_cuda_regions()
         import tritonclient.utils.shared_memory as shm
         self.in_handle = shm.create_shared_memory_region(
             self.in_name, "/" + self.in_name, self.nbytes, create_only=True)
@@ -390,8 +396,32 @@ class Stream:
         self.input.set_shared_memory(self.in_name, self.nbytes)
         self.output.set_shared_memory(self.out_name, self.nbytes)
 
+    def _create_cuda_regions(self):
+        import tritonclient.utils.cuda_shared_memory as cudashm
+        dev = self.spec.cuda_device
+        self.in_handle = cudashm.create_shared_memory_region(self.in_name, self.nbytes, dev)
+        self.out_handle = cudashm.create_shared_memory_region(self.out_name, self.nbytes, dev)
+        cudashm.set_shared_memory_region(self.in_handle, [self.expected])
+        self.input.set_shared_memory(self.in_name, self.nbytes)
+        self.output.set_shared_memory(self.out_name, self.nbytes)
+
+    def register(self, control, registered: list):
+        """Register both regions with the server through the blocking `control` client,
+        appending each name to `registered` once the server has it."""
+        for name, h in ((self.in_name, self.in_handle), (self.out_name, self.out_handle)):
+            if self.spec.shm == "cuda":
+                import tritonclient.utils.cuda_shared_memory as cudashm
+                control.register_cuda_shared_memory(name, cudashm.get_raw_handle(h),
+                                                    self.spec.cuda_device, self.nbytes)
+            else:
+                control.register_system_shared_memory(name, "/" + name, self.nbytes)
+            registered.append(name)
+
     def destroy_regions(self):
-        import tritonclient.utils.shared_memory as shm
+        if self.spec.shm == "cuda":
+            import tritonclient.utils.cuda_shared_memory as shm
+        else:
+            import tritonclient.utils.shared_memory as shm
         self.in_view = self.out_view = None  # views pin the mapping
         for h, name in ((self.in_handle, self.in_name), (self.out_handle, self.out_name)):
             if h is not None:
@@ -400,10 +430,11 @@ class Stream:
                 except Exception as e:  # keep going: the segment must not outlive us
                     print(f"bench: destroying shm region {name} failed: {e}",
                           file=sys.stderr)
-                    try:
-                        os.unlink("/dev/shm/" + name)
-                    except OSError:
-                        pass
+                    if self.spec.shm == "system":
+                        try:
+                            os.unlink("/dev/shm/" + name)
+                        except OSError:
+                            pass
         self.in_handle = self.out_handle = None
 
     def prepare(self):
@@ -413,6 +444,11 @@ class Stream:
             v = _stamp_value(self.seq, self.expected.dtype)
             self.expected.flat[0] = v
             self.in_view.flat[0] = v
+        elif self.spec.shm == "cuda" and self.spec.verify:
+            import tritonclient.utils.cuda_shared_memory as cudashm
+            self.seq += 1
+            self.expected.flat[0] = _stamp_value(self.seq, self.expected.dtype)
+            cudashm.set_shared_memory_region(self.in_handle, [self.expected])
 
     def check(self, result) -> bool:
         if not self.spec.verify:
@@ -420,6 +456,11 @@ class Stream:
         import numpy as np
         if self.out_view is not None:
             return np.array_equal(self.out_view, self.expected)
+        if self.spec.shm == "cuda":
+            import tritonclient.utils.cuda_shared_memory as cudashm
+            got = cudashm.get_contents_as_numpy(self.out_handle, self.expected.dtype,
+                                                self.expected.shape)
+            return np.array_equal(got, self.expected)
         out = result.as_numpy(self.spec.output_name)
         return out is not None and out.shape == self.expected.shape and \
             np.array_equal(out, self.expected)
@@ -588,14 +629,12 @@ class PointSession:
         self.registered: list[str] = []
 
     def setup(self):
-        if self.spec.shm != "system":
+        if self.spec.shm == "none":
             return
         self.control = self.mod.InferenceServerClient(self.spec.url)
         for s in self.streams:
             s.create_regions()
-            for name in (s.in_name, s.out_name):
-                self.control.register_system_shared_memory(name, "/" + name, s.nbytes)
-                self.registered.append(name)
+            s.register(self.control, self.registered)
 
     def run(self, t0: float) -> dict:
         global _running
@@ -610,9 +649,12 @@ class PointSession:
         return rec.result()
 
     def teardown(self):
-        for name in self.registered:
+        for name in self.registered:  # only names the control client registered
             try:
-                self.control.unregister_system_shared_memory(name)
+                if self.spec.shm == "cuda":
+                    self.control.unregister_cuda_shared_memory(name)
+                else:
+                    self.control.unregister_system_shared_memory(name)
             except Exception as e:
                 print(f"bench: unregistering {name} failed: {e}", file=sys.stderr)
         self.registered = []
@@ -807,6 +849,7 @@ class BenchConfig:
     warmup: float = 1.0
     timeout: float = 30.0
     shm: str = "none"
+    cuda_device: int = 0
     verify: bool = True
     client_processes: int = 1
     impl: str | None = None
@@ -828,6 +871,7 @@ def run_one(pool: ClientPool, cfg: BenchConfig, shape, concurrency: int) -> Row:
             url=cfg.url, protocol=cfg.protocol, impl=impl, model=cfg.model,
             timeout=cfg.timeout, shape=list(shape), dtype=cfg.dtype, input_name=cfg.input_name,
             output_name=cfg.output_name, streams=streams, shm=cfg.shm,
+            cuda_device=cfg.cuda_device,
             verify=cfg.verify, warmup=cfg.warmup, duration=cfg.duration,
             max_requests=budget, tag=tag, stream_offset=offset))
         offset += streams
@@ -878,7 +922,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per point")
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds one request may take; a slower one is an error")
-    p.add_argument("--shm", choices=["none", "system"], default="none")
+    p.add_argument("--shm", choices=["none", "system", "cuda"], default="none",
+                   help="where tensors travel: in the request (none), or in POSIX (system) "
+                        "or CUDA shared-memory regions registered with the server")
+    p.add_argument("--cuda-device", type=int, default=0,
+                   help="the GPU that holds the regions with --shm cuda")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
                    help="check output == input (default: on when the model name "
                         "contains 'identity')")
@@ -909,7 +957,7 @@ def config_from_args(args) -> BenchConfig:
         shapes=args.shape or [[1, 16]], dtype=args.dtype, input_name=args.input_name,
         output_name=args.output_name, concurrency=args.concurrency,
         duration=args.duration, max_requests=args.max_requests, warmup=args.warmup,
-        timeout=args.timeout, shm=args.shm,
+        timeout=args.timeout, shm=args.shm, cuda_device=args.cuda_device,
         verify=default_verify(args.model) if args.verify is None else args.verify,
         client_processes=args.client_processes, impl=args.client_impl,
         server=args.server_name)

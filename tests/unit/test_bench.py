@@ -71,6 +71,14 @@ def test_cli_defaults_and_verify_switch():
     assert cfg.verify is False
 
 
+def test_cli_cuda_shm_options():
+    p = bench.build_parser()
+    cfg = bench.config_from_args(p.parse_args(["--shm", "cuda", "--cuda-device", "1"]))
+    assert cfg.shm == "cuda" and cfg.cuda_device == 1
+    with pytest.raises(SystemExit):
+        p.parse_args(["--shm", "gpu"])
+
+
 def test_cli_rejects_bad_values():
     p = bench.build_parser()
     with pytest.raises(SystemExit):
