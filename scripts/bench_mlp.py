@@ -6,10 +6,18 @@ serves it with dynamic batching, drives it with scripts/bench over gRPC at the g
 concurrency, and reads from the server's shutdown summary which batch sizes it formed.
 Then it runs the same model in onnxruntime in this process, the same batches in the
 same number and sizes, back to back, and prints requests/s of both and their ratio:
-how much of the framework's own speed survives serving.
+how much of the framework's own speed survives serving. Each round starts a fresh
+server, so its batch sizes are its own; rounds alternate served and raw, which spreads a
+shared machine's stalls over both.
 
-    scripts/bench_mlp --concurrency 16 --duration 10
-    scripts/bench_mlp --device gpu                  # the model on CUDA (a GPU machine)
+It also reads the CPU time of every server process and of the client over the measured
+window and prints it per request, beside the raw run's CPU time per request: a view of
+where the time goes that stalls of the whole machine do not distort.
+
+    scripts/bench_mlp --concurrency 16 --duration 10 --rounds 3
+    scripts/bench_mlp --device gpu --shm cuda      # on a GPU machine: the model on CUDA,
+                                                   # inputs and outputs in CUDA regions,
+                                                   # raw side with IO binding on the device
 """
 
 from __future__ import annotations
@@ -65,8 +73,47 @@ def wait_ready(port: int, proc, timeout: float = 120.0) -> None:
     raise TimeoutError("server not ready")
 
 
-def served(repo: Path, args) -> tuple[dict, dict[int, int]]:
-    """(bench row, {batch size: batches}) from one served run."""
+def _process_tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _cpu_by_role(pids: list[int]) -> dict[str, float]:
+    """CPU seconds (user + system) of each process, summed by role: the module it runs
+    (scheduler.main, frontend.main, workers.main, python_runner...) or 'client'."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        role = "client"
+        if b"-m" in argv:
+            role = argv[argv.index(b"-m") + 1].decode()
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def served(repo: Path, args) -> tuple[dict, dict[int, int], dict[str, float]]:
+    """(bench row, {batch size: batches}, {role: CPU ms per request}) from one served
+    run; a fresh server each time."""
     log_path = Path(tempfile.mkdtemp(prefix="bench-mlp-")) / "server.log"
     http, grpc, metrics = args.ports
     cmd = [sys.executable, "-m", "scheduler.main", "--model-repository", str(repo),
@@ -79,13 +126,26 @@ def served(repo: Path, args) -> tuple[dict, dict[int, int]]:
     try:
         wait_ready(http, proc)
         out = Path(log_path.parent / "bench.json")
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"),
-                        "--url", f"127.0.0.1:{grpc}", "--protocol", "grpc", "--model", "mlp",
-                        "--shape", "1,512", "--concurrency", str(args.concurrency),
-                        "--duration", str(args.duration), "--warmup", str(args.warmup),
-                        "--shm", args.shm, "--no-verify", "--json", str(out)],
-                       check=True, cwd=ROOT)
+        client = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "bench.py"),
+             "--url", f"127.0.0.1:{grpc}", "--protocol", "grpc", "--model", "mlp",
+             "--shape", "1,512", "--concurrency", str(args.concurrency),
+             "--duration", str(args.duration), "--warmup", str(args.warmup),
+             "--shm", args.shm, "--no-verify", "--json", str(out)], cwd=ROOT)
+        # CPU over the inner part of the measured window: the client reaches it after
+        # starting its processes and warming up, and leaves it before tearing down
+        margin = min(1.0, args.duration / 4)
+        time.sleep(args.warmup + 1.0 + margin)
+        pids = _process_tree(proc.pid) + _process_tree(client.pid)
+        t0, cpu0 = time.monotonic(), _cpu_by_role(pids)
+        time.sleep(max(args.duration - 2 * margin, 0.5))
+        t1, cpu1 = time.monotonic(), _cpu_by_role(pids)
+        if client.wait() != 0:
+            raise RuntimeError(f"scripts/bench exited with {client.returncode}")
         row = json.loads(out.read_text())["rows"][0]
+        requests = row["throughput"] * (t1 - t0)
+        cpu_ms = {role: 1e3 * (cpu1[role] - cpu0.get(role, 0.0)) / requests
+                  for role in cpu1} if requests else {}
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
@@ -95,25 +155,48 @@ def served(repo: Path, args) -> tuple[dict, dict[int, int]]:
     if m is None:
         raise RuntimeError(f"no batch summary in the server log {log_path}")
     sizes = {int(k): int(v) for k, v in (p.split(":") for p in m.group(3).split(", ") if p)}
-    return row, sizes
+    return row, sizes, cpu_ms
 
 
-def raw(repo: Path, sizes: dict[int, int], args) -> float:
-    """Seconds onnxruntime in-process takes for the same batches."""
+def raw(repo: Path, sizes: dict[int, int], args) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) onnxruntime in this process takes for the same
+    batches. On the GPU the inputs already lie on the device and the outputs stay there
+    (IO binding, buffers allocated once), as a tuned application would run it."""
     import onnxruntime as ort
-    providers = (["CUDAExecutionProvider"] if args.device == "gpu"
-                 else ["CPUExecutionProvider"])
-    sess = ort.InferenceSession(str(repo / "mlp" / "1" / "model.onnx"), providers=providers)
+    path = str(repo / "mlp" / "1" / "model.onnx")
     rng = np.random.default_rng(0)
     inputs = {b: rng.standard_normal((b, 512)).astype(np.float32) for b in sizes}
+    if args.device == "gpu":
+        sess = ort.InferenceSession(path, providers=["CUDAExecutionProvider"])
+        if "CUDAExecutionProvider" not in sess.get_providers():
+            raise RuntimeError("onnxruntime has no CUDA provider here (onnxruntime-gpu?)")
+        bindings = {}
+        for b, x in inputs.items():
+            binding = sess.io_binding()
+            binding.bind_ortvalue_input(
+                "INPUT0", ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0))
+            binding.bind_ortvalue_output("OUTPUT0", ort.OrtValue.ortvalue_from_shape_and_type(
+                [b, 512], np.float32, "cuda", 0))
+            bindings[b] = binding
+
+        def step(b):
+            sess.run_with_iobinding(bindings[b])
+    else:
+        # the session options the server's onnxruntime backend uses by default
+        opts = ort.SessionOptions()
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        feeds = {b: {"INPUT0": x} for b, x in inputs.items()}
+
+        def step(b):
+            sess.run(None, feeds[b])
     for b in inputs:  # warm up every shape once
-        sess.run(None, {"INPUT0": inputs[b]})
-    start = time.perf_counter()
+        step(b)
+    wall, cpu = time.perf_counter(), time.process_time()
     for b, n in sizes.items():
-        x = {"INPUT0": inputs[b]}
         for _ in range(n):
-            sess.run(None, x)
-    return time.perf_counter() - start
+            step(b)
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:
@@ -126,28 +209,49 @@ def main() -> None:
                    help="max_queue_delay_microseconds of the dynamic batcher")
     p.add_argument("--instances", type=int, default=1)
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    p.add_argument("--shm", choices=["none", "system"], default="none")
+    p.add_argument("--shm", choices=["none", "system", "cuda"], default="none")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="served-then-raw rounds, each with a fresh server")
     p.add_argument("--ports", type=lambda t: [int(x) for x in t.split(",")],
                    default=[28300, 28301, 28302])
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    results = []
     with tempfile.TemporaryDirectory(prefix="mlp-repo-") as tmp:
         repo = Path(tmp)
         build(repo, args)
-        row, sizes = served(repo, args)
-        rows = sum(b * n for b, n in sizes.items())
-        seconds = raw(repo, sizes, args)
-    raw_rate = rows / seconds
-    served_rate = row["throughput"]
-    print(f"batch sizes the server formed: {dict(sorted(sizes.items()))}")
-    print(f"served: {served_rate:.1f} infer/s (p50 {row['p50_ms']:.2f} ms) at concurrency "
-          f"{args.concurrency}, {args.shm} shm")
-    print(f"raw onnxruntime, same batches: {raw_rate:.1f} infer/s")
-    print(f"served / raw: {served_rate / raw_rate:.2f}")
+        for r in range(args.rounds):
+            row, sizes, cpu_ms = served(repo, args)
+            requests = sum(b * n for b, n in sizes.items())
+            wall, cpu = raw(repo, sizes, args)
+            result = {"sizes": dict(sorted(sizes.items())), "served": row,
+                      "raw_infer_per_s": requests / wall,
+                      "ratio": row["throughput"] / (requests / wall),
+                      "served_cpu_ms_per_request": cpu_ms,
+                      "raw_cpu_ms_per_request": 1e3 * cpu / requests}
+            results.append(result)
+            report(r, result, args)
+    ratios = sorted(x["ratio"] for x in results)
+    print(f"served / raw over {len(ratios)} round(s): median {ratios[len(ratios) // 2]:.2f}, "
+          f"range {ratios[0]:.2f}-{ratios[-1]:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "sizes": sizes, "served": row, "raw_infer_per_s": raw_rate,
-            "ratio": served_rate / raw_rate, "machine": os.uname().nodename}, indent=1))
+            "args": vars(args), "rounds": results, "machine": os.uname().nodename,
+            "cpus": os.cpu_count()}, indent=1))
+
+
+def report(r: int, x: dict, args) -> None:
+    row = x["served"]
+    print(f"round {r + 1}: batch sizes the server formed: {x['sizes']}")
+    print(f"  served: {row['throughput']:.1f} infer/s (p50 {row['p50_ms']:.2f} ms) at "
+          f"concurrency {args.concurrency}, {args.shm} shm, model on {args.device}")
+    print(f"  raw onnxruntime, same batches: {x['raw_infer_per_s']:.1f} infer/s")
+    print(f"  served / raw: {x['ratio']:.2f}")
+    cpu = x["served_cpu_ms_per_request"]
+    parts = ", ".join(f"{role} {ms:.2f}" for role, ms in sorted(cpu.items()))
+    server = sum(ms for role, ms in cpu.items() if role != "client")
+    print(f"  CPU ms per request: {parts}; server {server:.2f} against raw "
+          f"{x['raw_cpu_ms_per_request']:.2f}")
 
 
 if __name__ == "__main__":
