@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""How much of a gRPC request's cost is grpcio's own: server CPU per request of gRPC
+servers that answer ModelInfer with a canned reply and do nothing else, beside
+shmserve's frontend process serving the example repository's identity model, all
+driven by the same scripts/bench client, alternating, in one run.
+
+    scripts/grpc_floor.py --rounds 2 --duration 6
+
+Servers: `aio` (grpc.aio on asyncio's loop), `aio-uvloop` (grpc.aio on uvloop, as the
+frontend runs), `sync` (grpc.server on a thread pool), and `shmserve` (its frontend
+process alone; the scheduler and worker are counted apart). A canned server's CPU per
+request is the floor a Python gRPC frontend built on grpcio cannot go under here.
+
+Also runs as the canned server itself: `grpc_floor.py --serve MODE PORT`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+SERVICE = "inference.GRPCInferenceService"
+MODES = ("aio", "aio-uvloop", "sync", "shmserve")
+
+
+def serve(mode: str, port: int) -> None:
+    """A ModelInfer that answers every request with the same serialized reply."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    reply = service_pb2.ModelInferResponse(model_name="identity_fp32", model_version="1")
+    reply.outputs.add(name="OUTPUT0", datatype="FP32", shape=[1, 16])
+    reply.raw_output_contents.append(bytes(64))
+    wire = reply.SerializeToString()
+    address = f"127.0.0.1:{port}"
+
+    def handlers(infer):
+        return (grpc.method_handlers_generic_handler(SERVICE, {
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}),)
+
+    if mode == "sync":
+        from concurrent.futures import ThreadPoolExecutor
+        server = grpc.server(ThreadPoolExecutor(16))
+        server.add_generic_rpc_handlers(handlers(lambda data, context: wire))
+        server.add_insecure_port(address)
+        server.start()
+        server.wait_for_termination()
+        return
+
+    async def infer(data, context):
+        return wire
+
+    async def main():
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers(handlers(infer))
+        server.add_insecure_port(address)
+        await server.start()
+        await server.wait_for_termination()
+
+    if mode == "aio-uvloop":
+        import uvloop
+        uvloop.run(main())
+    else:
+        import asyncio
+        asyncio.run(main())
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _frontend_pid(root: int) -> int:
+    from bench_mlp import _process_tree
+    for pid in _process_tree(root):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"frontend.main" in f.read():
+                return pid
+    raise RuntimeError("no frontend process")
+
+
+def _wait_port(port: int, proc, timeout: float = 120.0) -> None:
+    import socket
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on {port}")
+
+
+def measure(mode: str, args) -> dict:
+    port = args.port
+    if mode == "shmserve":
+        cmd = [sys.executable, "-m", "scheduler.main", "--model-repository",
+               str(ROOT / "examples" / "model_repository"), "--grpc-port", str(port),
+               "--http-port", str(port + 1), "--metrics-port", str(port + 2),
+               "--grpc-address", "127.0.0.1", "--http-address", "127.0.0.1",
+               "--frontend-processes", "1"]
+    else:
+        cmd = [sys.executable, __file__, "--serve", mode, str(port)]
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        if mode == "shmserve":
+            from bench_mlp import wait_ready
+            wait_ready(port + 1, server)
+        else:
+            _wait_port(port, server)
+        pid = _frontend_pid(server.pid) if mode == "shmserve" else server.pid
+        out = Path(tempfile.mkdtemp(prefix="grpc-floor-")) / "bench.json"
+        client = subprocess.Popen(
+            [sys.executable, str(ROOT / "scripts" / "bench.py"), "--url", f"127.0.0.1:{port}",
+             "--model", "identity_fp32", "--shape", "1,16", "--concurrency",
+             str(args.concurrency), "--duration", str(args.duration), "--warmup",
+             str(args.warmup), "--no-verify", "--json", str(out)],
+            cwd=ROOT, stdout=subprocess.DEVNULL)
+        margin = min(1.0, args.duration / 4)
+        time.sleep(args.warmup + 1.0 + margin)  # into the measured window
+        t0, c0 = time.monotonic(), _cpu(pid)
+        time.sleep(max(args.duration - 2 * margin, 0.5))
+        t1, c1 = time.monotonic(), _cpu(pid)
+        if client.wait() != 0:
+            raise RuntimeError(f"scripts/bench exited with {client.returncode}")
+        row = json.loads(out.read_text())["rows"][0]
+    finally:
+        server.send_signal(signal.SIGINT if mode == "shmserve" else signal.SIGKILL)
+        server.wait(60)
+    requests = row["throughput"] * (t1 - t0)
+    return {"mode": mode, "throughput": row["throughput"], "p50_ms": row["p50_ms"],
+            "server_cpu_ms": 1e3 * (c1 - c0) / requests if requests else float("nan")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--serve", nargs=2, metavar=("MODE", "PORT"), help=argparse.SUPPRESS)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--duration", type=float, default=6.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--port", type=int, default=28450)
+    args = p.parse_args()
+    if args.serve:
+        return serve(args.serve[0], int(args.serve[1]))
+    modes = args.modes.split(",")
+    for m in modes:
+        if m not in MODES:
+            raise SystemExit(f"unknown mode {m!r} (one of {', '.join(MODES)})")
+    print(f"{'round':>5} {'server':>11} {'infer/s':>9} {'p50 ms':>8} {'server CPU ms/req':>18}")
+    for r in range(args.rounds):
+        for mode in modes:
+            x = measure(mode, args)
+            print(f"{r + 1:>5} {mode:>11} {x['throughput']:>9.1f} {x['p50_ms']:>8.2f} "
+                  f"{x['server_cpu_ms']:>18.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
