@@ -68,6 +68,7 @@ class SchedulerCore:
         }
 
     def attach(self, loop) -> None:
+        self.outbox.loop = loop  # sends never block the loop
         self.inbox.attach(loop, lambda msg: self.handlers[type(msg)](msg))
 
     # -- FrontendCore -----------------------------------------------------------------

@@ -83,7 +83,7 @@ class Server:
         self.run_dir = tempfile.mkdtemp(prefix="shmserve-")
         self.address = ipc_address(self.run_dir, "scheduler")
         self.inbox = Inbox(self.address, SCHEDULER_INBOX)
-        self.outbox = Outbox()
+        self.outbox = Outbox(self.loop)
         self.models = ModelTable()
         self.by_instance: dict[str, ModelScheduler] = {}
         self.workers: dict[str, WorkerHandle] = {}  # by address

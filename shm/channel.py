@@ -1,9 +1,24 @@
-"""Framed message channels between processes: ZeroMQ `ipc://` PUSH/PULL pairs.
+"""Framed message channels between processes: Unix stream sockets, read and written
+by the thread that owns them.
 
-Every process binds one PULL socket, its inbox, and keeps one PUSH socket per peer it
-sends to. ZeroMQ frames each message, queues while a peer (re)starts and needs no
-accept loop; against asyncio Unix sockets with length prefixes it saved ~15 us per
-message here because framing and buffering run in C, off the GIL.
+Every process binds one listening socket, its inbox; peers connect to it and keep the
+connection. A frame is a 4-byte little-endian length and a msgpack body. Reading drains
+whatever a connection holds in one `recv_into`, so a burst of messages costs one
+system call and one wake-up.
+
+Why not ZeroMQ (what this module used first): a ZeroMQ message passes through an I/O
+thread on each side, three thread wake-ups per message where a socket needs one. On the
+2-core dev VM, where a wake-up costs 50-150 us, a ping-pong between two asyncio loops
+cost 300-600 us of CPU per round trip on each side with `ipc://` PUSH/PULL and 100-160
+us with this (1.1 ms against 0.23-0.30 ms of wall time); see the closing note of
+issue 3.
+
+Sending: an Outbox given an event loop never blocks on a peer. Frames wait in a
+per-peer queue that the loop writes out at the end of the current pass (one system
+call, one wake-up of the peer for a burst of messages), and what the socket does not
+take then is written when the peer reads; a peer not listening yet (a child starting)
+is retried for a while before its messages are dropped. An Outbox without a loop (worker threads) sends blocking, with a timeout
+after which the peer is given up. Each Outbox belongs to one thread.
 
 Messages are msgspec Structs tagged by class name and encoded as msgpack. A decoder
 accepts only the union of types its inbox expects: anything else is a protocol error.
@@ -12,86 +27,196 @@ accepts only the union of types its inbox expects: anything else is a protocol e
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 import logging
+import os
+import selectors
+import socket
+import struct
+import time
 from typing import Any, Callable, Iterable
 
 import msgspec
-import zmq
 
 log = logging.getLogger("shmserve.channel")
 
-_CTX: zmq.Context | None = None
-
-# pyzmq's constants are enums: every `&` or flag argument on them goes through the enum
-# machinery, which showed up in profiles of the hot path. Plain ints do not.
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-
-
-def context() -> zmq.Context:
-    global _CTX
-    if _CTX is None:
-        _CTX = zmq.Context(io_threads=1)
-    return _CTX
+_HEADER = struct.Struct("<I")
+_READ_BYTES = 1 << 20           # one recv_into takes up to this much
+_SOCKET_BUFFER = 4 << 20        # asked of the kernel each way (it may grant less)
+_BLOCKING_SEND_TIMEOUT = 30.0   # a thread's send to a peer that stopped reading
+_CONNECT_RETRY = 0.02           # a loop's retry of a peer not listening yet...
+_CONNECT_PATIENCE = 30.0        # ...until it has been absent this long
+_IOV_MAX = 512                  # frames per sendmsg
 
 
 def ipc_address(run_dir: str, name: str) -> str:
     return f"ipc://{run_dir}/{name}"
 
 
+def _path(address: str) -> str:
+    return address[len("ipc://"):] if address.startswith("ipc://") else address
+
+
+class _Connection:
+    """One accepted connection: its socket and the start of a frame not yet whole."""
+
+    __slots__ = ("sock", "partial")
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.partial = bytearray()
+
+
 class Inbox:
-    """The bound PULL socket of one process, decoding into a fixed set of types."""
+    """The listening socket of one process, decoding into a fixed set of types."""
 
     def __init__(self, address: str, types: Iterable[type]):
         self.address = address
-        self.sock = context().socket(zmq.PULL)
-        self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(address)
+        self._path = _path(address)
+        try:
+            os.unlink(self._path)  # a stale socket of an earlier process
+        except FileNotFoundError:
+            pass
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self._path)
+        self.listener.listen(256)
+        self.listener.setblocking(False)
+        self._conns: dict[int, _Connection] = {}
+        self._buf = bytearray(_READ_BYTES)
+        self._view = memoryview(self._buf)
         types = tuple(types)
-        self._decoder = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else
-                                                 _union(types))
+        self._decode = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else
+                                                _union(types)).decode
+        self._ready: collections.deque = collections.deque()  # blocking recv's backlog
+        self._selector: selectors.BaseSelector | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def recv(self, timeout_ms: int | None = None) -> Any | None:
-        """Blocking receive (worker loops); None on timeout."""
-        if timeout_ms is not None and not self.sock.poll(timeout_ms):
-            return None
-        return self._decoder.decode(self.sock.recv(copy=True))
+    # -- reading ------------------------------------------------------------------------
 
-    def attach(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None],
-               after_burst: Callable[[], None] | None = None) -> None:
-        """Deliver every message to `handle` from the event loop, without a task per recv;
-        `after_burst` runs once each time the socket has been drained.
+    def _accept(self) -> list[_Connection]:
+        new = []
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return new
+            except OSError as exc:  # e.g. out of descriptors: try again on the next wake
+                log.error("accept on %s failed: %s", self.address, exc)
+                return new
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BUFFER)
+            conn = _Connection(sock)
+            self._conns[sock.fileno()] = conn
+            new.append(conn)
 
-        ZeroMQ's FD is edge-triggered: each wake-up must drain the socket completely.
-        """
-        sock, decode = self.sock, self._decoder.decode
-
-        def on_readable():
-            while sock.getsockopt(_EVENTS) & _POLLIN:
-                try:
-                    frame = sock.recv(_NOBLOCK, copy=True)
-                except zmq.Again:
+    def _read(self, conn: _Connection, deliver: Callable[[Any], None]) -> bool:
+        """Deliver every whole frame the connection holds; False once it has closed."""
+        sock, buf, view = conn.sock, self._buf, self._view
+        while True:
+            try:
+                n = sock.recv_into(buf)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                n = 0
+            if n == 0:
+                return False
+            if conn.partial:
+                partial = conn.partial
+                partial += view[:n]
+                if len(partial) < 4 or len(partial) - 4 < _HEADER.unpack_from(partial)[0]:
+                    if n < len(buf):
+                        return True
+                    continue  # a frame larger than one read: keep gathering it
+                data = memoryview(partial)
+            else:
+                data = view[:n]
+            end = len(data)
+            pos = 0
+            while end - pos >= 4:
+                size = _HEADER.unpack_from(data, pos)[0]
+                if end - pos - 4 < size:
                     break
+                start = pos + 4
+                pos = start + size
                 try:
-                    msg = decode(frame)
+                    msg = self._decode(data[start:pos])
                 except msgspec.DecodeError as exc:
                     log.error("dropping malformed message on %s: %s", self.address, exc)
                     continue
-                try:
-                    handle(msg)
-                except Exception:
-                    log.exception("handler failed for %s", type(msg).__name__)
+                deliver(msg)
+            rest = bytes(data[pos:]) if pos < end else b""
+            data.release()
+            conn.partial = bytearray(rest)
+            if n < len(buf):
+                return True  # most likely drained; the level-triggered poll says if not
+
+    def _drop(self, conn: _Connection) -> None:
+        fd = conn.sock.fileno()
+        self._conns.pop(fd, None)
+        if self._loop is not None:
+            self._loop.remove_reader(fd)
+        elif self._selector is not None:
+            self._selector.unregister(conn.sock)
+        conn.sock.close()
+
+    def recv(self, timeout_ms: int | None = None) -> Any | None:
+        """Blocking receive (worker loops); None on timeout."""
+        if self._selector is None:
+            self._selector = selectors.DefaultSelector()
+            self._selector.register(self.listener, selectors.EVENT_READ)
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        ready, deliver = self._ready, self._ready.append
+        while not ready:
+            wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            events = self._selector.select(wait)
+            for key, _ in events:
+                if key.fileobj is self.listener:
+                    for conn in self._accept():
+                        self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+                elif not self._read(key.data, deliver):
+                    self._drop(key.data)
+            if not events and deadline is not None and time.monotonic() >= deadline:
+                return None
+        return ready.popleft()
+
+    def attach(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None],
+               after_burst: Callable[[], None] | None = None) -> None:
+        """Deliver every message to `handle` from the event loop, without a task per
+        message; `after_burst` runs once after each connection's burst is handled."""
+        self._loop = loop
+
+        def deliver(msg):
+            try:
+                handle(msg)
+            except Exception:
+                log.exception("handler failed for %s", type(msg).__name__)
+
+        def on_readable(conn: _Connection):
+            if not self._read(conn, deliver):
+                self._drop(conn)
             if after_burst is not None:
                 after_burst()
 
-        loop.add_reader(sock.getsockopt(zmq.FD), on_readable)
-        # messages that arrived before we attached never raise the edge again
-        loop.call_soon(on_readable)
+        def on_connect():
+            for conn in self._accept():
+                loop.add_reader(conn.sock.fileno(), on_readable, conn)
+
+        loop.add_reader(self.listener.fileno(), on_connect)
 
     def close(self) -> None:
-        self.sock.close(0)
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        if self._loop is not None:
+            self._loop.remove_reader(self.listener.fileno())
+        self.listener.close()
+        if self._selector is not None:
+            self._selector.close()
+        try:
+            os.unlink(self._path)
+        except OSError:
+            pass
 
 
 def _union(types: tuple[type, ...]):
@@ -103,41 +228,144 @@ _ENCODER = msgspec.msgpack.Encoder()
 encode = _ENCODER.encode
 
 
+class _Peer:
+    """A connection to one peer's inbox, and what waits to be written to it."""
+
+    __slots__ = ("address", "sock", "loop", "queue", "since", "retry", "writer")
+
+    def __init__(self, address: str, loop: asyncio.AbstractEventLoop | None):
+        self.address = address
+        self.sock: socket.socket | None = None
+        self.loop = loop
+        self.queue: collections.deque = collections.deque()  # frames not yet written
+        self.since = time.monotonic()  # when it was first found absent
+        self.retry: asyncio.TimerHandle | None = None
+        self.writer = False  # the loop watches the socket for room to write
+
+    def connect(self) -> bool:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(_path(self.address))
+        except OSError:
+            sock.close()
+            return False
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
+        if self.loop is None:
+            sock.settimeout(_BLOCKING_SEND_TIMEOUT)
+        else:
+            sock.setblocking(False)
+        self.sock = sock
+        return True
+
+    def close(self) -> None:
+        if self.retry is not None:
+            self.retry.cancel()
+            self.retry = None
+        if self.sock is not None:
+            if self.writer:
+                self.writer = False
+                if not self.loop.is_closed():
+                    self.loop.remove_writer(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+        self.queue.clear()
+
+
 class Outbox:
-    """PUSH sockets to peers, connected lazily and kept."""
+    """Connections to peers, made on first send and kept; owned by one thread, the
+    thread of `loop` if it has one (set it before the first send)."""
 
-    def __init__(self):
-        self._socks: dict[str, zmq.Socket] = {}
-
-    def _sock(self, address: str) -> zmq.Socket:
-        sock = self._socks.get(address)
-        if sock is None:
-            sock = context().socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            # bounded, so messages to a peer that died do not pile up forever
-            sock.setsockopt(zmq.SNDHWM, 100_000)
-            sock.connect(address)
-            self._socks[address] = sock
-        return sock
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+        self.loop = loop
+        self._peers: dict[str, _Peer] = {}
 
     def send(self, address: str, msg: Any) -> bool:
-        """Queue one message; False if the peer's queue is full (it is gone)."""
-        try:
-            # copy=True: for messages of a few hundred bytes, zero-copy frames cost
-            # more to track than the copy they save
-            self._sock(address).send(_ENCODER.encode(msg), _NOBLOCK)
-            return True
-        except zmq.Again:
-            log.warning("peer %s is not reading; dropped %s", address, type(msg).__name__)
-            return False
+        """Send or queue one message; False if the peer is known to be gone."""
+        body = _ENCODER.encode(msg)
+        frame = _HEADER.pack(len(body)) + body
+        peer = self._peers.get(address)
+        if peer is None:
+            peer = self._peers[address] = _Peer(address, self.loop)
+            if not peer.connect():
+                if peer.loop is None:  # a thread has no loop to retry from
+                    return self._gone(peer, type(msg).__name__)
+                peer.queue.append(frame)
+                peer.retry = peer.loop.call_later(_CONNECT_RETRY, self._reconnect, peer)
+                return True
+        if peer.loop is None:
+            try:
+                peer.sock.sendall(frame)
+                return True
+            except OSError as exc:  # gone, or stopped reading for the whole timeout
+                log.debug("send to %s failed: %s", address, exc)
+                return self._gone(peer, type(msg).__name__)
+        queue = peer.queue
+        queue.append(frame)
+        # the first frame of a pass schedules the write; later ones (and frames behind a
+        # full socket or an absent peer) go with it
+        if len(queue) == 1 and peer.sock is not None:
+            peer.loop.call_soon(self._flush, peer)
+        return True
+
+    def _gone(self, peer: _Peer, what: str) -> bool:
+        log.warning("peer %s is gone; dropped %s", peer.address, what)
+        self.drop(peer.address)
+        return False
+
+    def _reconnect(self, peer: _Peer) -> None:
+        peer.retry = None
+        if self._peers.get(peer.address) is not peer:
+            return
+        if peer.connect():
+            self._flush(peer)
+        elif time.monotonic() - peer.since < _CONNECT_PATIENCE:
+            peer.retry = peer.loop.call_later(_CONNECT_RETRY, self._reconnect, peer)
+        else:
+            self._gone(peer, f"{len(peer.queue)} message(s)")
+
+    def _flush(self, peer: _Peer) -> None:
+        """Write what the peer's queue holds, as far as the socket takes it."""
+        queue, sock = peer.queue, peer.sock
+        if sock is None or self._peers.get(peer.address) is not peer:
+            return  # dropped, or waiting to connect
+        while queue:
+            frames = list(itertools.islice(queue, _IOV_MAX))
+            try:
+                n = sock.sendmsg(frames)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError:
+                self._gone(peer, f"{len(queue)} message(s)")
+                return
+            for frame in frames:
+                if n < len(frame):  # the socket is full: go on when the peer has read
+                    if n:
+                        queue[0] = memoryview(frame)[n:]
+                    if not peer.writer:
+                        peer.loop.add_writer(sock.fileno(), self._flush, peer)
+                        peer.writer = True
+                    return
+                n -= len(frame)
+                queue.popleft()
+        if peer.writer:
+            peer.loop.remove_writer(sock.fileno())
+            peer.writer = False
 
     def drop(self, address: str) -> None:
         """Forget a peer that is gone, and what was queued for it."""
-        sock = self._socks.pop(address, None)
-        if sock is not None:
-            sock.close(0)
+        peer = self._peers.pop(address, None)
+        if peer is not None:
+            peer.close()
 
     def close(self) -> None:
-        for sock in self._socks.values():
-            sock.close(0)
-        self._socks.clear()
+        """Write out what is still queued (a process's last words, such as a frontend's
+        FrontendStopped, are sent just before it closes), then close every connection."""
+        for peer in self._peers.values():
+            if peer.queue and peer.sock is not None:
+                try:
+                    peer.sock.settimeout(2.0)
+                    peer.sock.sendall(b"".join(peer.queue))
+                except OSError:
+                    pass
+            peer.close()
+        self._peers.clear()

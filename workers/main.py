@@ -39,7 +39,7 @@ class _Stop(Exception):
 
 class InstanceThread:
     """A framework instance's own thread: batches in through a queue, responses out
-    through the thread's own sockets (ZeroMQ sockets are not shared across threads)."""
+    through the thread's own Outbox (an Outbox belongs to one thread)."""
 
     def __init__(self, worker: "Worker", key: str, inst):
         self.worker = worker

@@ -1,0 +1,174 @@
+"""shm.channel: frames over Unix sockets, blocking (worker threads) and on a loop."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+
+import msgspec
+import pytest
+
+from shm.channel import Inbox, Outbox, encode, ipc_address
+
+
+class Ping(msgspec.Struct, tag=True):
+    n: int
+    blob: bytes = b""
+
+
+class Pong(msgspec.Struct, tag=True):
+    n: int
+
+
+@pytest.fixture
+def address(tmp_path):
+    return ipc_address(str(tmp_path), "inbox")
+
+
+def test_blocking_send_and_recv_keep_order_across_sizes(address):
+    inbox = Inbox(address, [Ping, Pong])
+    out = Outbox()
+    # small frames, one larger than a whole read (it arrives in pieces), then small again
+    sizes = [0, 10, 70_000, 3 << 20, 5, 1 << 20, 0]
+    sent = [Ping(i, os.urandom(size)) for i, size in enumerate(sizes)] + [Pong(99)]
+
+    def send_all():
+        for msg in sent:
+            assert out.send(address, msg)
+
+    t = threading.Thread(target=send_all)
+    t.start()
+    got = [inbox.recv(timeout_ms=10_000) for _ in sent]
+    t.join()
+    assert got == sent
+    assert inbox.recv(timeout_ms=50) is None  # nothing more, and the timeout holds
+    out.close()
+    inbox.close()
+    assert not os.path.exists(address[len("ipc://"):])
+
+
+def test_messages_from_several_peers_all_arrive(address):
+    inbox = Inbox(address, [Ping])
+
+    def peer(k):
+        out = Outbox()
+        for i in range(200):
+            out.send(address, Ping(k * 1000 + i))
+        out.close()
+
+    threads = [threading.Thread(target=peer, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    got = [inbox.recv(timeout_ms=10_000).n for _ in range(800)]
+    for t in threads:
+        t.join()
+    assert sorted(got) == sorted(k * 1000 + i for k in range(4) for i in range(200))
+    for k in range(4):  # each peer's own messages stay in order
+        mine = [n for n in got if n // 1000 == k]
+        assert mine == sorted(mine)
+    inbox.close()
+
+
+def test_a_malformed_frame_is_dropped_and_the_next_one_delivered(address):
+    inbox = Inbox(address, [Ping])
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(address[len("ipc://"):])
+    bad = encode(Pong(1))  # a type this inbox does not take
+    good = encode(Ping(2))
+    sock.sendall(len(bad).to_bytes(4, "little") + bad + len(good).to_bytes(4, "little")
+                 + good)
+    assert inbox.recv(timeout_ms=5_000) == Ping(2)
+    sock.close()
+    inbox.close()
+
+
+def test_a_thread_sending_to_nobody_is_told_the_peer_is_gone(tmp_path):
+    out = Outbox()
+    assert out.send(ipc_address(str(tmp_path), "nobody"), Ping(1)) is False
+
+
+def test_loop_sends_wait_for_a_peer_that_starts_later_and_keep_order(address):
+    """A child's inbox may not exist yet when its parent first writes to it."""
+    got: list = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        out = Outbox(loop)
+        for i in range(50):
+            assert out.send(address, Ping(i))  # queued: nobody listens yet
+        await asyncio.sleep(0.1)
+        inbox = Inbox(address, [Ping])
+        done = loop.create_future()
+
+        def handle(msg):
+            got.append(msg.n)
+            if len(got) == 60 and not done.done():
+                done.set_result(None)
+
+        inbox.attach(loop, handle)
+        for i in range(50, 60):
+            out.send(address, Ping(i))
+        await asyncio.wait_for(done, 10)
+        out.close()
+        inbox.close()
+
+    asyncio.run(main())
+    assert got == list(range(60))
+
+
+def test_loop_sends_more_than_the_socket_holds_without_blocking(address):
+    """A peer that does not read yet: the loop goes on, and every frame arrives later."""
+    inbox = Inbox(address, [Ping])
+    blob = bytes(256 << 10)
+
+    async def main():
+        out = Outbox(asyncio.get_running_loop())
+        for i in range(64):  # 16 MiB: far more than a socket buffer
+            out.send(address, Ping(i, blob))
+        await asyncio.sleep(0)  # the loop runs (and does not block) while nobody reads
+        return out
+
+    loop = asyncio.new_event_loop()
+    out = loop.run_until_complete(main())
+    received = []
+    reader = threading.Thread(
+        target=lambda: received.extend(inbox.recv(timeout_ms=10_000).n for _ in range(64)))
+    reader.start()
+    while reader.is_alive():  # the loop writes the rest as the reader makes room
+        loop.run_until_complete(asyncio.sleep(0.01))
+    reader.join()
+    assert received == list(range(64))
+    out.close()
+    loop.close()
+    inbox.close()
+
+
+def test_close_writes_out_what_is_still_queued(address):
+    """A frontend's last message goes out even though its loop ends right after."""
+    inbox = Inbox(address, [Ping])
+
+    async def main():
+        out = Outbox(asyncio.get_running_loop())
+        out.send(address, Ping(1))
+        out.send(address, Ping(2))
+        out.close()  # before the loop had a pass to write them
+
+    asyncio.run(main())
+    assert [inbox.recv(timeout_ms=5_000).n for _ in range(2)] == [1, 2]
+    inbox.close()
+
+
+def test_a_closed_connection_is_forgotten_and_others_go_on(address):
+    inbox = Inbox(address, [Ping])
+    first, second = Outbox(), Outbox()
+    first.send(address, Ping(1))
+    assert inbox.recv(timeout_ms=5_000) == Ping(1)
+    first.close()
+    second.send(address, Ping(2))
+    assert inbox.recv(timeout_ms=5_000) == Ping(2)
+    assert inbox.recv(timeout_ms=100) is None
+    assert len(inbox._conns) == 1  # the closed one was dropped
+    second.close()
+    inbox.close()
