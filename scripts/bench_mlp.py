@@ -111,6 +111,29 @@ def _cpu_by_role(pids: list[int]) -> dict[str, float]:
     return out
 
 
+def run_bench(bench_args: list[str], warmup: float, duration: float, sample):
+    """Run scripts/bench with `bench_args` for `duration` seconds after `warmup`, calling
+    `sample(client)` (client: its Popen) at the start and at the end of the inner part
+    of the measured window, which the client reaches after starting its processes and
+    warming up and leaves before tearing down. Returns (bench's row, seconds between the
+    two samples, first sample, second sample)."""
+    out = Path(tempfile.mkdtemp(prefix="bench-")) / "bench.json"
+    client = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "bench.py"), *bench_args, "--duration",
+         str(duration), "--warmup", str(warmup), "--json", str(out)],
+        cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        margin = min(1.0, duration / 4)
+        time.sleep(warmup + 1.0 + margin)
+        t0, first = time.monotonic(), sample(client)
+        time.sleep(max(duration - 2 * margin, 0.5))
+        t1, second = time.monotonic(), sample(client)
+    finally:
+        if client.wait() != 0:
+            raise RuntimeError(f"scripts/bench exited with {client.returncode}")
+    return json.loads(out.read_text())["rows"][0], t1 - t0, first, second
+
+
 def served(repo: Path, args) -> tuple[dict, dict[int, int], dict[str, float]]:
     """(bench row, {batch size: batches}, {role: CPU ms per request}) from one served
     run; a fresh server each time."""
@@ -125,25 +148,18 @@ def served(repo: Path, args) -> tuple[dict, dict[int, int], dict[str, float]]:
                                 start_new_session=True)
     try:
         wait_ready(http, proc)
-        out = Path(log_path.parent / "bench.json")
-        client = subprocess.Popen(
-            [sys.executable, str(ROOT / "scripts" / "bench.py"),
-             "--url", f"127.0.0.1:{grpc}", "--protocol", "grpc", "--model", "mlp",
-             "--shape", "1,512", "--concurrency", str(args.concurrency),
-             "--duration", str(args.duration), "--warmup", str(args.warmup),
-             "--shm", args.shm, "--no-verify", "--json", str(out)], cwd=ROOT)
-        # CPU over the inner part of the measured window: the client reaches it after
-        # starting its processes and warming up, and leaves it before tearing down
-        margin = min(1.0, args.duration / 4)
-        time.sleep(args.warmup + 1.0 + margin)
-        pids = _process_tree(proc.pid) + _process_tree(client.pid)
-        t0, cpu0 = time.monotonic(), _cpu_by_role(pids)
-        time.sleep(max(args.duration - 2 * margin, 0.5))
-        t1, cpu1 = time.monotonic(), _cpu_by_role(pids)
-        if client.wait() != 0:
-            raise RuntimeError(f"scripts/bench exited with {client.returncode}")
-        row = json.loads(out.read_text())["rows"][0]
-        requests = row["throughput"] * (t1 - t0)
+        pids: list[int] = []
+
+        def sample(client):
+            if not pids:
+                pids.extend(_process_tree(proc.pid) + _process_tree(client.pid))
+            return _cpu_by_role(pids)
+
+        row, seconds, cpu0, cpu1 = run_bench(
+            ["--url", f"127.0.0.1:{grpc}", "--protocol", "grpc", "--model", "mlp",
+             "--shape", "1,512", "--concurrency", str(args.concurrency), "--shm", args.shm,
+             "--no-verify"], args.warmup, args.duration, sample)
+        requests = row["throughput"] * seconds
         cpu_ms = {role: 1e3 * (cpu1[role] - cpu0.get(role, 0.0)) / requests
                   for role in cpu1} if requests else {}
     finally:

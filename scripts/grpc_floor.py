@@ -17,12 +17,10 @@ Also runs as the canned server itself: `grpc_floor.py --serve MODE PORT`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -103,6 +101,7 @@ def _wait_port(port: int, proc, timeout: float = 120.0) -> None:
 
 
 def measure(mode: str, args) -> dict:
+    from bench_mlp import run_bench
     port = args.port
     if mode == "shmserve":
         cmd = [sys.executable, "-m", "scheduler.main", "--model-repository",
@@ -121,25 +120,14 @@ def measure(mode: str, args) -> dict:
         else:
             _wait_port(port, server)
         pid = _frontend_pid(server.pid) if mode == "shmserve" else server.pid
-        out = Path(tempfile.mkdtemp(prefix="grpc-floor-")) / "bench.json"
-        client = subprocess.Popen(
-            [sys.executable, str(ROOT / "scripts" / "bench.py"), "--url", f"127.0.0.1:{port}",
-             "--model", "identity_fp32", "--shape", "1,16", "--concurrency",
-             str(args.concurrency), "--duration", str(args.duration), "--warmup",
-             str(args.warmup), "--no-verify", "--json", str(out)],
-            cwd=ROOT, stdout=subprocess.DEVNULL)
-        margin = min(1.0, args.duration / 4)
-        time.sleep(args.warmup + 1.0 + margin)  # into the measured window
-        t0, c0 = time.monotonic(), _cpu(pid)
-        time.sleep(max(args.duration - 2 * margin, 0.5))
-        t1, c1 = time.monotonic(), _cpu(pid)
-        if client.wait() != 0:
-            raise RuntimeError(f"scripts/bench exited with {client.returncode}")
-        row = json.loads(out.read_text())["rows"][0]
+        row, seconds, c0, c1 = run_bench(
+            ["--url", f"127.0.0.1:{port}", "--model", "identity_fp32", "--shape", "1,16",
+             "--concurrency", str(args.concurrency), "--no-verify"],
+            args.warmup, args.duration, lambda client: _cpu(pid))
     finally:
         server.send_signal(signal.SIGINT if mode == "shmserve" else signal.SIGKILL)
         server.wait(60)
-    requests = row["throughput"] * (t1 - t0)
+    requests = row["throughput"] * seconds
     return {"mode": mode, "throughput": row["throughput"], "p50_ms": row["p50_ms"],
             "server_cpu_ms": 1e3 * (c1 - c0) / requests if requests else float("nan")}
 
