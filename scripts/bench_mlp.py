@@ -73,7 +73,7 @@ def wait_ready(port: int, proc, timeout: float = 120.0) -> None:
     raise TimeoutError("server not ready")
 
 
-def _process_tree(root: int) -> list[int]:
+def process_tree(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -91,7 +91,7 @@ def _process_tree(root: int) -> list[int]:
     return out
 
 
-def _cpu_by_role(pids: list[int]) -> dict[str, float]:
+def cpu_by_role(pids: list[int]) -> dict[str, float]:
     """CPU seconds (user + system) of each process, summed by role: the module it runs
     (scheduler.main, frontend.main, workers.main, python_runner...) or 'client'."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -152,8 +152,8 @@ def served(repo: Path, args) -> tuple[dict, dict[int, int], dict[str, float]]:
 
         def sample(client):
             if not pids:
-                pids.extend(_process_tree(proc.pid) + _process_tree(client.pid))
-            return _cpu_by_role(pids)
+                pids.extend(process_tree(proc.pid) + process_tree(client.pid))
+            return cpu_by_role(pids)
 
         row, seconds, cpu0, cpu1 = run_bench(
             ["--url", f"127.0.0.1:{grpc}", "--protocol", "grpc", "--model", "mlp",

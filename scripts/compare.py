@@ -94,7 +94,7 @@ class Server:
             self.wait_ready()
             return
         for port in (self.spec.http, self.spec.grpc):
-            if _port_busy(port):
+            if port_busy(port):
                 raise RuntimeError(f"{self.spec.name}: port {port} is already in use "
                                    "(another server still running?)")
         log = open(self.log_path, "ab")
@@ -178,7 +178,7 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _port_busy(port: int) -> bool:
+def port_busy(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0

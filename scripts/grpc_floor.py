@@ -17,7 +17,6 @@ Also runs as the canned server itself: `grpc_floor.py --serve MODE PORT`.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -72,36 +71,20 @@ def serve(mode: str, port: int) -> None:
         asyncio.run(main())
 
 
-def _cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _frontend_pid(root: int) -> int:
-    from bench_mlp import _process_tree
-    for pid in _process_tree(root):
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"frontend.main" in f.read():
-                return pid
-    raise RuntimeError("no frontend process")
-
-
 def _wait_port(port: int, proc, timeout: float = 120.0) -> None:
-    import socket
+    from compare import port_busy
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if port_busy(port):
+            return
         time.sleep(0.2)
     raise TimeoutError(f"nothing listens on {port}")
 
 
 def measure(mode: str, args) -> dict:
-    from bench_mlp import run_bench
+    from bench_mlp import cpu_by_role, process_tree, run_bench, wait_ready
     port = args.port
     if mode == "shmserve":
         cmd = [sys.executable, "-m", "scheduler.main", "--model-repository",
@@ -115,15 +98,17 @@ def measure(mode: str, args) -> dict:
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         if mode == "shmserve":
-            from bench_mlp import wait_ready
             wait_ready(port + 1, server)
         else:
             _wait_port(port, server)
-        pid = _frontend_pid(server.pid) if mode == "shmserve" else server.pid
+        # CPU of the frontend process alone, or of the canned server (which runs as a
+        # script, and cpu_by_role counts scripts as 'client')
+        role = "frontend.main" if mode == "shmserve" else "client"
+        pids = process_tree(server.pid)
         row, seconds, c0, c1 = run_bench(
             ["--url", f"127.0.0.1:{port}", "--model", "identity_fp32", "--shape", "1,16",
              "--concurrency", str(args.concurrency), "--no-verify"],
-            args.warmup, args.duration, lambda client: _cpu(pid))
+            args.warmup, args.duration, lambda client: cpu_by_role(pids)[role])
     finally:
         server.send_signal(signal.SIGINT if mode == "shmserve" else signal.SIGKILL)
         server.wait(60)

@@ -228,6 +228,11 @@ _ENCODER = msgspec.msgpack.Encoder()
 encode = _ENCODER.encode
 
 
+def _frame(msg: Any) -> bytes:
+    body = encode(msg)
+    return _HEADER.pack(len(body)) + body
+
+
 class _Peer:
     """A connection to one peer's inbox, and what waits to be written to it."""
 
@@ -281,29 +286,39 @@ class Outbox:
 
     def send(self, address: str, msg: Any) -> bool:
         """Send or queue one message; False if the peer is known to be gone."""
-        body = _ENCODER.encode(msg)
-        frame = _HEADER.pack(len(body)) + body
+        return self._send(address, [_frame(msg)], type(msg).__name__)
+
+    def send_many(self, messages: Iterable[tuple[str, Any]]) -> None:
+        """Send (address, message) pairs; those to one peer go out in one write, in
+        their order (a batch's responses to one frontend: one system call, one wake-up)."""
+        by_peer: dict[str, list[bytes]] = {}
+        for address, msg in messages:
+            by_peer.setdefault(address, []).append(_frame(msg))
+        for address, frames in by_peer.items():
+            self._send(address, frames, f"{len(frames)} message(s)")
+
+    def _send(self, address: str, frames: list[bytes], what: str) -> bool:
         peer = self._peers.get(address)
         if peer is None:
             peer = self._peers[address] = _Peer(address, self.loop)
             if not peer.connect():
                 if peer.loop is None:  # a thread has no loop to retry from
-                    return self._gone(peer, type(msg).__name__)
-                peer.queue.append(frame)
+                    return self._gone(peer, what)
+                peer.queue.extend(frames)
                 peer.retry = peer.loop.call_later(_CONNECT_RETRY, self._reconnect, peer)
                 return True
         if peer.loop is None:
             try:
-                peer.sock.sendall(frame)
+                peer.sock.sendall(frames[0] if len(frames) == 1 else b"".join(frames))
                 return True
             except OSError as exc:  # gone, or stopped reading for the whole timeout
                 log.debug("send to %s failed: %s", address, exc)
-                return self._gone(peer, type(msg).__name__)
+                return self._gone(peer, what)
         queue = peer.queue
-        queue.append(frame)
-        # the first frame of a pass schedules the write; later ones (and frames behind a
-        # full socket or an absent peer) go with it
-        if len(queue) == 1 and peer.sock is not None:
+        queue.extend(frames)
+        # the first frames of a pass schedule the write; later ones (and frames behind a
+        # full socket or an absent peer) go with them
+        if len(queue) == len(frames) and peer.sock is not None:
             peer.loop.call_soon(self._flush, peer)
         return True
 

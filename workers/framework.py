@@ -112,10 +112,8 @@ class FrameworkInstance:
         per_input: dict[str, list] = {}
         for req in requests:
             for ref in req.inputs:
-                array = io.input(ref)
-                if not on_device and is_device_array(array):
-                    copies.d2h += array.nbytes  # a CPU model given CUDA memory
-                    array = array.get()
+                # a CPU model given CUDA memory gets it with one device-to-host copy
+                array = io.input(ref) if on_device else io.host_input(ref, copies)
                 per_input.setdefault(ref.name, []).append(array)
         sizes = [req.batch_size if self.max_batch else 1 for req in requests]
         inputs = {}

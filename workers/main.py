@@ -175,7 +175,6 @@ class Worker:
         """Run one batch on `inst` and answer every request, then the scheduler."""
         start = time.monotonic_ns()
         failed = 0
-        send = outbox.send
         copies = inst.copies if inst is not None else Copies()
         if inst is None:
             results = [InferError(ErrorCode.UNAVAILABLE,
@@ -200,10 +199,11 @@ class Worker:
             failed += 1
             responses.append(InferResponse(request.id, error=result.message,
                                            error_code=int(result.code)))
-        for request, response in zip(msg.requests, responses):
-            send(request.reply_to, response)
-        send(self.scheduler, BatchDone(msg.batch_id, msg.instance, start,
-                                       time.monotonic_ns(), failed, copies.as_list()))
+        done = BatchDone(msg.batch_id, msg.instance, start, time.monotonic_ns(), failed,
+                         copies.as_list())
+        outbox.send_many([*((request.reply_to, response)
+                            for request, response in zip(msg.requests, responses)),
+                          (self.scheduler, done)])
 
 
 def _reason(exc: BaseException) -> str:

@@ -68,8 +68,7 @@ class TensorIO:
                 raise InferError(ErrorCode.INVALID_ARG,
                                  f"input '{ref.name}': {ref.datatype} cannot live in CUDA "
                                  "shared memory")
-            count = _count(ref.shape)
-            if count * dtype.itemsize != ref.nbytes:
+            if datatypes.num_elements(ref.shape) * dtype.itemsize != ref.nbytes:
                 raise InferError(ErrorCode.INVALID_ARG,
                                  f"input '{ref.name}': {ref.nbytes} bytes of CUDA shared "
                                  f"memory do not hold a {ref.datatype} tensor of shape "
@@ -196,9 +195,3 @@ def targets_of(request) -> dict[str, TensorRef] | None:
     found = {o.name: o.target for o in request.outputs if o.target is not None}
     return found or None
 
-
-def _count(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

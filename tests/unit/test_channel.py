@@ -172,3 +172,24 @@ def test_a_closed_connection_is_forgotten_and_others_go_on(address):
     assert len(inbox._conns) == 1  # the closed one was dropped
     second.close()
     inbox.close()
+
+
+def test_send_many_keeps_each_peers_order(tmp_path):
+    """A batch's responses to several frontends, then its BatchDone to the scheduler."""
+    a, b = ipc_address(str(tmp_path), "a"), ipc_address(str(tmp_path), "b")
+    inbox_a, inbox_b = Inbox(a, [Ping, Pong]), Inbox(b, [Ping, Pong])
+    sent = [(a, Ping(1)), (b, Ping(2)), (a, Ping(3)), (b, Pong(4))]
+
+    Outbox().send_many(sent)  # a worker thread's, blocking
+
+    async def on_loop():
+        out = Outbox(asyncio.get_running_loop())
+        out.send_many(sent)
+        await asyncio.sleep(0.05)
+        out.close()
+
+    asyncio.run(on_loop())
+    for inbox, address in ((inbox_a, a), (inbox_b, b)):
+        mine = [m for to, m in sent if to == address]
+        assert [inbox.recv(timeout_ms=5_000) for _ in range(2 * len(mine))] == mine * 2
+        inbox.close()
