@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import json
 import logging
+import time
 
 from tritonclient.grpc import model_config_pb2
 
@@ -21,7 +22,8 @@ from shm.arena import Arena, SegmentCache
 from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import (FRONTEND_INBOX, CancelRequest, Drain, InferRequest,
-                                   ModelStateUpdate, RequestedOutput, ServerState)
+                                   ModelStateUpdate, RequestedOutput, ServerState,
+                                   StatsReply, StatsRequest)
 from shm.messages.regions import RegionReply, RegionRequest
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.tensor import INLINE_MAX, TensorRef
@@ -64,7 +66,8 @@ class SchedulerCore:
             Drain: self.on_drain,
             PeerGone: self.on_peer_gone,
             ReleaseBlocks: self.on_release,
-            RegionReply: self.on_region_reply,
+            RegionReply: self.on_call_reply,
+            StatsReply: self.on_call_reply,
         }
 
     def attach(self, loop) -> None:
@@ -139,6 +142,7 @@ class SchedulerCore:
             sequence_start=bool(params.get("sequence_start", False)),
             sequence_end=bool(params.get("sequence_end", False)),
             parameters=_user_parameters(params),
+            start_ns=time.monotonic_ns(),  # Triton's request start: parsed and valid
         ))
         try:
             resp: InferResponse = await fut
@@ -188,20 +192,41 @@ class SchedulerCore:
                        offset: int = 0, byte_size: int = 0, device_id: int = 0,
                        raw_handle: bytes = b"") -> list:
         call_id = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
-        self.calls[call_id] = fut
-        self.outbox.send(self.scheduler, RegionRequest(
+        reply: RegionReply = await self._call(call_id, RegionRequest(
             call_id, self.address, op, kind, name, key, offset, byte_size, device_id,
             raw_handle))
-        try:
-            reply: RegionReply = await fut
-        finally:
-            self.calls.pop(call_id, None)
         if reply.error:
             raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
         return reply.regions
 
-    def on_region_reply(self, msg: RegionReply) -> None:
+    async def model_statistics(self, name: str = "", version: str = "") -> bytes:
+        """The statistics extension's JSON, as the scheduler counts it."""
+        if version:
+            try:
+                v = int(version)
+            except ValueError:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"failed to parse model version '{version}'") from None
+        else:
+            v = -1
+        call_id = next(self._ids)
+        reply: StatsReply = await self._call(call_id, StatsRequest(call_id, self.address,
+                                                                   name, v))
+        if reply.error:
+            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+        return reply.body
+
+    async def _call(self, call_id: int, msg):
+        """Send a control call to the scheduler and wait for its reply."""
+        fut = asyncio.get_running_loop().create_future()
+        self.calls[call_id] = fut
+        self.outbox.send(self.scheduler, msg)
+        try:
+            return await fut
+        finally:
+            self.calls.pop(call_id, None)
+
+    def on_call_reply(self, msg) -> None:
         fut = self.calls.get(msg.call_id)
         if fut is not None and not fut.done():
             fut.set_result(msg)

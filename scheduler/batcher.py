@@ -13,6 +13,7 @@ The rules follow Triton's core (``src/dynamic_batch_scheduler.cc``,
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections import deque
@@ -36,7 +37,7 @@ class Batcher(Protocol):
 
     def next_batch(self, now: int) -> list | None: ...
 
-    def next_deadline(self) -> int | None: ...
+    def next_deadline(self, batching: bool = True) -> int | None: ...
 
     def expired(self, now: int) -> list: ...
 
@@ -70,7 +71,7 @@ class DefaultBatcher:
     def next_batch(self, now: int) -> list | None:
         return [self._queue.popleft()] if self._queue else None
 
-    def next_deadline(self) -> int | None:
+    def next_deadline(self, batching: bool = True) -> int | None:
         return None  # only an idle instance changes anything
 
     def expired(self, now: int) -> list:
@@ -87,19 +88,54 @@ class DefaultBatcher:
         return len(self._queue)
 
 
+class QueueFull(Exception):
+    """The request's priority level holds `max_queue_size` requests already."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QueuePolicy:
+    """A priority level's ModelQueuePolicy, times in nanoseconds."""
+
+    timeout_action: str = "REJECT"  # or "DELAY"
+    default_timeout_ns: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0  # 0: unbounded
+
+    @classmethod
+    def from_config(cls, policy) -> "QueuePolicy":
+        """From a ModelQueuePolicy message."""
+        action = "DELAY" if policy.timeout_action == 1 else "REJECT"
+        return cls(action, policy.default_timeout_microseconds * 1000,
+                   policy.allow_timeout_override, policy.max_queue_size)
+
+
 class _Entry:
     """One queued request and what the batcher needs to know about it."""
 
-    __slots__ = ("item", "size", "key", "enqueue_ns", "deadline_ns", "seq", "live")
+    __slots__ = ("item", "size", "key", "enqueue_ns", "deadline_ns", "seq", "live", "level")
 
-    def __init__(self, item, size, key, enqueue_ns, deadline_ns, seq):
+    def __init__(self, item, size, key, enqueue_ns, deadline_ns, seq, level):
         self.item = item
         self.size = size
         self.key = key
         self.enqueue_ns = enqueue_ns
         self.deadline_ns = deadline_ns  # 0: no queue timeout
         self.seq = seq
-        self.live = True  # False once dispatched, expired or removed
+        self.live = True  # False once dispatched, expired, delayed or removed
+        self.level = level  # index into the batcher's levels
+
+
+class _Level:
+    """One priority level: its policy, its queue, and the requests its DELAY action
+    moved behind every unexpired one (Triton's PolicyQueue and its delayed queue)."""
+
+    __slots__ = ("policy", "queue", "delayed", "count")
+
+    def __init__(self, policy: QueuePolicy):
+        self.policy = policy
+        self.queue: deque[_Entry] = deque()
+        self.delayed: deque[_Entry] = deque()
+        self.count = 0  # live entries in queue and delayed
 
 
 class DynamicBatcher:
@@ -107,11 +143,19 @@ class DynamicBatcher:
 
     ``preferred_batch_sizes`` empty means ``[max_batch_size]``, as Triton's config
     normalisation fills it in. ``preserve_ordering`` does not change batching (Triton
-    uses it only to order responses); it is kept for the caller. Queue timeouts use
-    the REJECT action: timed-out requests come back from ``expired()``.
+    uses it only to order responses); it is kept for the caller.
 
-    Each priority level is a deque; dispatched and expired entries are marked dead
-    rather than searched for, so the common path costs O(batch), not O(queue).
+    Each priority level has its queue policy (``priority_queue_policy``, else
+    ``default_queue_policy``): ``max_queue_size`` (``enqueue`` raises QueueFull), a
+    queue timeout that a request's own ``timeout`` may shorten when the policy allows
+    it, and what a timeout does: REJECT (the request comes back from ``expired()``) or
+    DELAY (it stays, behind every unexpired request of its level).
+
+    ``hold_until`` is Triton's TRITONSERVER_DELAY_SCHEDULER test hook: no batch forms
+    until that many requests are queued, once.
+
+    Dispatched and expired entries are marked dead rather than searched for, so the
+    common path costs O(batch), not O(queue).
     """
 
     # Rebuild the deques / timeout heap once this many dead entries pile up.
@@ -128,6 +172,9 @@ class DynamicBatcher:
         default_priority_level: int = 0,
         default_timeout_ns: int = 0,
         allow_timeout_override: bool = False,
+        default_policy: QueuePolicy | None = None,
+        level_policies: dict[int, QueuePolicy] | None = None,
+        hold_until: int = 0,
     ) -> None:
         # Triton batches at least one request even for max_batch_size 0.
         self.max_batch_size = max(1, int(max_batch_size))
@@ -137,7 +184,10 @@ class DynamicBatcher:
                 f"dynamic batching preferred sizes {preferred} must be in "
                 f"[1, {self.max_batch_size}]"
             )
-        if max_queue_delay_ns < 0 or default_timeout_ns < 0:
+        if default_policy is None:
+            default_policy = QueuePolicy("REJECT", int(default_timeout_ns),
+                                         allow_timeout_override)
+        if max_queue_delay_ns < 0 or default_policy.default_timeout_ns < 0:
             raise ValueError("queue delay and timeout must be >= 0")
         if priority_levels < 0:
             raise ValueError("priority_levels must be >= 0")
@@ -151,11 +201,13 @@ class DynamicBatcher:
         self.preserve_ordering = preserve_ordering
         self.priority_levels = priority_levels
         self.default_priority_level = default_priority_level
-        self.default_timeout_ns = int(default_timeout_ns)
-        self.allow_timeout_override = allow_timeout_override
+        self.default_policy = default_policy
+        self._hold = max(0, int(hold_until))
 
         # levels[0] is the highest priority (level 1); one level when priorities are off.
-        self._levels: list[deque[_Entry]] = [deque() for _ in range(max(1, priority_levels))]
+        policies = level_policies or {}
+        self._levels = [_Level(policies.get(i + 1, default_policy))
+                        for i in range(max(1, priority_levels))]
         self._count = 0  # live entries in the deques
         self._dead = 0  # dead entries still sitting in the deques
         self._timeouts: list[tuple[int, int, _Entry]] = []  # heap, may hold dead entries
@@ -182,20 +234,25 @@ class DynamicBatcher:
         # InferenceRequest::SetPriority: 0, or a level the model does not have,
         # means the default level; with priority_levels 0 there is one queue.
         if self.priority_levels and 1 <= priority <= self.priority_levels:
-            level = priority
+            index = priority - 1
         else:
-            level = self.default_priority_level
+            index = max(0, self.default_priority_level - 1)
+        level = self._levels[index]
+        policy = level.policy
+        if policy.max_queue_size and level.count >= policy.max_queue_size:
+            raise QueueFull("Exceeds maximum queue size")
         # PolicyQueue::Enqueue: a request's own timeout may only shorten the
         # default, so it never applies when the default is 0 (no timeout).
-        timeout = self.default_timeout_ns
-        if self.allow_timeout_override and 0 < timeout_ns < timeout:
+        timeout = policy.default_timeout_ns
+        if policy.allow_timeout_override and 0 < timeout_ns < timeout:
             timeout = timeout_ns
         seq = next(self._seq)
         deadline = now + timeout if timeout else 0
-        entry = _Entry(item, size, shape_key, now, deadline, seq)
-        self._levels[max(0, level - 1)].append(entry)
+        entry = _Entry(item, size, shape_key, now, deadline, seq, index)
+        level.queue.append(entry)
+        level.count += 1
         self._count += 1
-        if deadline:
+        if deadline and policy.timeout_action == "REJECT":
             heapq.heappush(self._timeouts, (deadline, seq, entry))
 
     def __len__(self) -> int:
@@ -204,9 +261,13 @@ class DynamicBatcher:
     # -- forming batches --------------------------------------------------------
 
     def _live(self) -> Iterator[_Entry]:
-        """Live entries in dispatch order: priority level first, then arrival."""
-        for queue in self._levels:
-            for entry in queue:
+        """Live entries in dispatch order: priority level first, then arrival, then
+        the level's delayed requests (which may grow while this walks)."""
+        for level in self._levels:
+            for entry in level.queue:
+                if entry.live:
+                    yield entry
+            for entry in level.delayed:
                 if entry.live:
                     yield entry
 
@@ -217,7 +278,8 @@ class DynamicBatcher:
         one batch, their total batch size, how many of them form the preferred prefix
         (0: none), whether the batch cannot grow, and the oldest enqueue time among
         them. With ``now``, requests past their queue timeout are set aside for
-        ``expired()``, as ApplyPolicyAtCursor rejects them while the cursor walks.
+        ``expired()`` (REJECT) or moved behind their level (DELAY), as
+        ApplyPolicyAtCursor does while the cursor walks.
         """
         entries: list[_Entry] = []
         size = 0
@@ -229,7 +291,7 @@ class DynamicBatcher:
             # Expired at the deadline itself (Triton: strictly after), so the time
             # next_deadline() reports is one at which expired() returns the request.
             if now is not None and entry.deadline_ns and now >= entry.deadline_ns:
-                self._reject(entry)
+                self._expire(entry)
                 continue
             if entries:
                 total = size + entry.size
@@ -281,6 +343,10 @@ class DynamicBatcher:
         return 0
 
     def next_batch(self, now: int) -> list | None:
+        if self._hold:
+            if self._count < self._hold:
+                return None
+            self._hold = 0  # the hook holds the first batch only
         count = self._ready_count(self._gather(now), now)
         if not count:
             return None
@@ -291,20 +357,24 @@ class DynamicBatcher:
     def _pop_front(self, count: int) -> list:
         """Pop the first ``count`` live entries (a prefix of ``_live()``)."""
         batch = []
-        for queue in self._levels:
-            while queue and len(batch) < count:
-                entry = queue.popleft()
-                if not entry.live:
-                    self._dead -= 1
-                    continue
-                entry.live = False
-                batch.append(entry.item)
+        for level in self._levels:
+            for queue in (level.queue, level.delayed):
+                while queue and len(batch) < count:
+                    entry = queue.popleft()
+                    if not entry.live:
+                        self._dead -= 1
+                        continue
+                    entry.live = False
+                    level.count -= 1
+                    batch.append(entry.item)
             if len(batch) == count:
                 break
         self._count -= len(batch)
         return batch
 
-    def next_deadline(self) -> int | None:
+    def next_deadline(self, batching: bool = True) -> int | None:
+        """The earliest time something changes by itself: a queue timeout, or (with
+        ``batching``, when an instance could take a batch) a partial batch's delay."""
         candidates = []
         if self._rejected:
             candidates.append(min(e.deadline_ns for e in self._rejected))
@@ -313,6 +383,8 @@ class DynamicBatcher:
             heapq.heappop(heap)
         if heap:
             candidates.append(heap[0][0])
+        if self._hold or not batching:
+            return min(candidates) if candidates else None
         gathered = self._gather(None)
         entries, oldest = gathered[0], gathered[4]
         if entries and not self._ready_count(gathered, None):
@@ -322,9 +394,16 @@ class DynamicBatcher:
 
     # -- leaving the queue other than in a batch ---------------------------------
 
-    def _reject(self, entry: _Entry) -> None:
+    def _expire(self, entry: _Entry) -> None:
+        level = self._levels[entry.level]
         entry.live = False
         self._dead += 1
+        if level.policy.timeout_action == "DELAY":
+            # behind every unexpired request of its level, with no timeout any more
+            level.delayed.append(_Entry(entry.item, entry.size, entry.key,
+                                        entry.enqueue_ns, 0, entry.seq, entry.level))
+            return
+        level.count -= 1
         self._count -= 1
         self._rejected.append(entry)
 
@@ -338,6 +417,7 @@ class DynamicBatcher:
                 entry.live = False
                 self._dead += 1
                 self._count -= 1
+                self._levels[entry.level].count -= 1
                 out.append(entry.item)
         self._maybe_compact()
         return out
@@ -364,9 +444,11 @@ class DynamicBatcher:
 
     def _compact(self) -> None:
         """Drop dead entries from the deques and the timeout heap: O(queue)."""
-        for i, queue in enumerate(self._levels):
-            self._levels[i] = deque(e for e in queue if e.live)
-        self._count = sum(len(q) for q in self._levels)
+        for level in self._levels:
+            level.queue = deque(e for e in level.queue if e.live)
+            level.delayed = deque(e for e in level.delayed if e.live)
+            level.count = len(level.queue) + len(level.delayed)
+        self._count = sum(level.count for level in self._levels)
         self._dead = 0
         self._timeouts = [t for t in self._timeouts if t[2].live]
         heapq.heapify(self._timeouts)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from scheduler.rate_limiter import parse_resource
+
 
 def _bool(text: str) -> bool:
     value = text.strip().lower()
@@ -47,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(repeatable)")
     p.add_argument("--allow-client-shm", type=_bool, default=False,
                    help="accept client shared-memory registrations")
+    p.add_argument("--rate-limit", choices=("off", "execution_count"), default="off",
+                   help="execution_count: instances run only when the rate-limiter "
+                        "resources their instance group names are free")
+    p.add_argument("--rate-limit-resource", action="append", default=[],
+                   metavar="NAME:COUNT[:DEVICE]",
+                   help="how many of a rate-limiter resource there are (repeatable)")
     # shmserve's own knobs
     # Half the cores: the other half runs the scheduler, the workers and, on a
     # benchmark box, the client. With one frontend per core on 2 cores, HTTP
@@ -82,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise SystemExit("--frontend-processes must be at least 1")
     try:
         args.backend_config = parse_backend_config(args.backend_config)
+        args.rate_limit_resource = [parse_resource(r) for r in args.rate_limit_resource]
     except ValueError as exc:
         parser.error(str(exc))
     return args

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import numpy as np
 
@@ -33,6 +34,8 @@ class FrameworkInstance:
     """One instance of a framework model; runs on its own thread in a device worker."""
 
     threaded = True
+    # when the last batch's inputs were ready and when the model returned (ns)
+    input_end_ns = output_start_ns = 0
 
     def __init__(self, msg: LoadInstance, config: dict, model_class, filename: str):
         self.model_name = msg.model
@@ -77,6 +80,7 @@ class FrameworkInstance:
             for req in requests:
                 results.extend(self._execute([req], io))
             return results
+        self.input_end_ns = self.output_start_ns = 0
         try:
             inputs, sizes = self._gather(requests, names, io)
         except InferError as exc:
@@ -86,6 +90,7 @@ class FrameworkInstance:
             return [InferError(ErrorCode.INTERNAL, f"failed to gather inputs: {exc}")] * len(
                 requests)
         wanted = self._wanted(requests)
+        self.input_end_ns = time.monotonic_ns()
         try:
             outputs = self.model.run(inputs, wanted)
         except InferError as exc:
@@ -94,6 +99,7 @@ class FrameworkInstance:
             log.exception("model '%s' failed", self.model_name)
             return [InferError(ErrorCode.INTERNAL,
                                f"model '{self.model_name}' failed: {exc}")] * len(requests)
+        self.output_start_ns = time.monotonic_ns()
         return self._split(requests, outputs, sizes)
 
     def _wanted(self, requests) -> list[str]:

@@ -174,15 +174,19 @@ class Worker:
     def run_batch(self, inst, msg: ExecuteBatch, outbox: Outbox) -> None:
         """Run one batch on `inst` and answer every request, then the scheduler."""
         start = time.monotonic_ns()
-        failed = 0
+        failed = []
         copies = inst.copies if inst is not None else Copies()
         if inst is None:
             results = [InferError(ErrorCode.UNAVAILABLE,
                                   f"instance {msg.instance} is not loaded")] * len(msg.requests)
+            input_end = output_start = start
         else:
             results = inst.execute(msg.requests, self.io)
+            # the instance stamps when its inputs were ready and when the model returned
+            input_end = inst.input_end_ns or start
+            output_start = inst.output_start_ns or input_end
         responses = []
-        for request, result in zip(msg.requests, results):
+        for i, (request, result) in enumerate(zip(msg.requests, results)):
             if not isinstance(result, InferError):
                 try:
                     refs = self.io.write(result, targets_of(request), request.reply_to,
@@ -196,11 +200,11 @@ class Worker:
                     log.exception("failed to return outputs of %s", msg.instance)
                     result = InferError(ErrorCode.INTERNAL,
                                         f"failed to return outputs: {_reason(exc)}")
-            failed += 1
+            failed.append(i)
             responses.append(InferResponse(request.id, error=result.message,
                                            error_code=int(result.code)))
-        done = BatchDone(msg.batch_id, msg.instance, start, time.monotonic_ns(), failed,
-                         copies.as_list())
+        done = BatchDone(msg.batch_id, msg.instance, start, input_end, output_start,
+                         time.monotonic_ns(), failed, copies.as_list())
         outbox.send_many([*((request.reply_to, response)
                             for request, response in zip(msg.requests, responses)),
                           (self.scheduler, done)])

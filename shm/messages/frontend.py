@@ -37,6 +37,10 @@ class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     sequence_start: bool = False
     sequence_end: bool = False
     parameters: dict = {}
+    # CLOCK_MONOTONIC ns: set by the frontend once the request is valid (Triton's
+    # request start), and by the scheduler when it enters the model's queue
+    start_ns: int = 0
+    queue_ns: int = 0
 
 
 class CancelRequest(msgspec.Struct, tag=True, array_like=True):
@@ -85,7 +89,27 @@ class FrontendStopped(msgspec.Struct, tag=True, array_like=True):
     abandoned: int  # requests still in flight when the drain timed out
 
 
+class StatsRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """The statistics extension: every ready model version (`model` empty), every ready
+    version of `model` (`version` -1), or one version."""
+
+    call_id: int
+    reply_to: str
+    model: str = ""
+    version: int = -1
+
+
+class StatsReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """`body` is the statistics JSON as Triton's HTTP endpoint returns it; gRPC
+    frontends parse it into ModelStatisticsResponse."""
+
+    call_id: int
+    error: str = ""
+    error_code: int = 0
+    body: bytes = b""
+
+
 TO_SCHEDULER_FROM_FRONTEND = (InferRequest, CancelRequest, FrontendReady, FrontendStopped,
-                              RegionRequest)
+                              RegionRequest, StatsRequest)
 FRONTEND_INBOX = (InferResponse, ModelStateUpdate, ServerState, Drain, PeerGone,
-                  ReleaseBlocks, RegionReply)
+                  ReleaseBlocks, RegionReply, StatsReply)

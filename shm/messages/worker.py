@@ -39,6 +39,8 @@ class LoadInstance(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     auto_complete: bool = False
     # --backend-config settings for this model's backend (e.g. default-max-batch-size)
     backend_config: dict[str, str] = {}
+    # loaded, never scheduled (instance_group passive: true); Triton skips its warmup
+    passive: bool = False
 
 
 class InstanceLoaded(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -61,13 +63,17 @@ class ExecuteBatch(msgspec.Struct, tag=True, array_like=True):
 
 
 class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """A batch finished (whatever each request's outcome): the instance is free."""
+    """A batch finished (whatever each request's outcome): the instance is free. The
+    times (CLOCK_MONOTONIC ns) bound Triton's compute_input, compute_infer and
+    compute_output phases; `failed` lists the requests (by index) that failed."""
 
     batch_id: int
     instance: str
     compute_start_ns: int = 0
+    input_end_ns: int = 0
+    output_start_ns: int = 0
     compute_end_ns: int = 0
-    failed: int = 0
+    failed: list[int] = []
     # bytes the instance has copied so far: [host, h2d, d2h, d2d] (workers/tensors.py)
     copies: list[int] = []
 

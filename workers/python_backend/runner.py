@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 from shm import datatypes
 from shm.errors import ErrorCode, InferError
@@ -23,6 +24,9 @@ sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
 class PythonInstance:
     """One TritonPythonModel object and the glue between it and the wire."""
+
+    # when the last batch's inputs were ready and when execute() returned (ns)
+    input_end_ns = output_start_ns = 0
 
     def __init__(self, msg: LoadInstance, config: dict):
         self.model_name = msg.model
@@ -67,13 +71,16 @@ class PythonInstance:
 
     def execute(self, requests: list[InferRequest], io):
         """Per request: a list of (name, datatype, array), or an InferError."""
+        self.input_end_ns = self.output_start_ns = 0
         try:
             pb_requests = [self._request(r, io) for r in requests]
         except Exception as exc:
             err = InferError(ErrorCode.INVALID_ARG, f"failed to read inputs: {exc}")
             return [err] * len(requests)
+        self.input_end_ns = time.monotonic_ns()
         try:
             responses = self.model.execute(pb_requests)
+            self.output_start_ns = time.monotonic_ns()
         except Exception as exc:
             log.exception("execute() of model '%s' raised", self.model_name)
             err = InferError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,204 @@
+"""Triton's dynamic batch scheduler, which is also its default scheduler.
+
+With `dynamic_batching` (and max_batch_size > 0) the DynamicBatcher decides which
+queued requests go together; without it every request runs alone, oldest first. The
+RateLimiter decides which instance runs a batch and when: a batch is cut only once an
+instance is granted, so batches keep growing while every instance is busy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+
+from scheduler.batcher import DefaultBatcher, DynamicBatcher, QueueFull, QueuePolicy
+from scheduler.rate_limiter import InstanceSlot, RateLimiter
+from scheduler.schedulers import Fail, SendBatch
+from scheduler.stats import CANCELED, OTHER, REJECTED, ModelStats
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import InferRequest
+from shm.messages.worker import BatchDone, ExecuteBatch
+
+log = logging.getLogger("shmserve.scheduler")
+
+_batch_ids = itertools.count(1)
+
+# Triton's test hook: hold the dynamic batcher until this many requests are queued.
+DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"
+
+
+def make_batcher(config, environ=None):
+    environ = os.environ if environ is None else environ
+    if config.HasField("dynamic_batching") and config.max_batch_size > 0:
+        db = config.dynamic_batching
+        hold = environ.get(DELAY_SCHEDULER_ENV, "")
+        return DynamicBatcher(
+            config.max_batch_size,
+            list(db.preferred_batch_size) or [config.max_batch_size],
+            db.max_queue_delay_microseconds * 1000,
+            preserve_ordering=db.preserve_ordering,
+            priority_levels=db.priority_levels,
+            default_priority_level=db.default_priority_level,
+            default_policy=QueuePolicy.from_config(db.default_queue_policy),
+            level_policies={level: QueuePolicy.from_config(p)
+                            for level, p in db.priority_queue_policy.items()},
+            hold_until=int(hold) if hold.strip().isdigit() else 0,
+        )
+    return DefaultBatcher()
+
+
+def log_prefix(req: InferRequest) -> str:
+    """Triton's InferenceRequest::LogRequest()."""
+    return f"[request id: {req.request_id}] " if req.request_id else ""
+
+
+class DynamicBatchScheduler:
+    """Requests of one model version in, ExecuteBatch messages to granted instances out."""
+
+    def __init__(self, name: str, version: int, config, rate_limiter: RateLimiter,
+                 send_batch: SendBatch, fail: Fail, *, histograms: bool = True,
+                 environ: dict | None = None):
+        self.name = name
+        self.version = version
+        self.config = config
+        self.batcher = make_batcher(config, environ)
+        self.batching = config.max_batch_size > 0
+        # inputs allowed to differ in shape within a batch
+        self.ragged = frozenset(i.name for i in config.input if i.allow_ragged_batch)
+        # with optional inputs, only requests carrying the same inputs batch together
+        self.optional = any(i.optional for i in config.input)
+        self.rate_limiter = rate_limiter
+        self._send_batch = send_batch
+        self._fail = fail
+        self.stats = ModelStats(name, version, histograms)
+        self.in_flight: dict[int, tuple[InstanceSlot, list[InferRequest]]] = {}
+        self.accepting = True
+        # bytes copied by instance ([host, h2d, d2h, d2d], as workers report them)
+        self.copies: dict[str, list[int]] = {}
+
+    # -- requests ---------------------------------------------------------------------
+
+    def shape_key(self, req: InferRequest):
+        """What requests must share to batch: the shapes of non-ragged inputs (and,
+        where inputs are optional, which inputs they carry)."""
+        if not self.batching:
+            return None
+        ragged = self.ragged
+        # sorted: the order a client lists its inputs in does not matter
+        key = tuple(sorted((t.name, tuple(t.shape[1:])) for t in req.inputs
+                           if t.name not in ragged))
+        if self.optional:
+            key = (key, frozenset(t.name for t in req.inputs))
+        return key
+
+    def enqueue(self, req: InferRequest, now: int) -> None:
+        if not self.accepting:
+            raise InferError(ErrorCode.UNAVAILABLE, log_prefix(req) + (
+                "Server is stopping, scheduler for model has stopped accepting new "
+                "inference requests"))
+        req.queue_ns = now
+        try:
+            self.batcher.enqueue(req, batch_size=req.batch_size if self.batching else 1,
+                                 shape_key=self.shape_key(req), now=now,
+                                 priority=req.priority, timeout_ns=req.timeout_us * 1000)
+        except QueueFull as exc:
+            raise InferError(ErrorCode.UNAVAILABLE, log_prefix(req) + str(exc)) from None
+
+    def pump(self, now: int) -> None:
+        batcher = self.batcher
+        for req in batcher.expired(now):
+            self.stats.failed(req, REJECTED, now)
+            self._fail(req, ErrorCode.UNAVAILABLE, "Request timeout expired")
+        limiter = self.rate_limiter
+        while len(batcher):
+            slot = limiter.acquire(self)
+            if slot is None:
+                break
+            batch = batcher.next_batch(now)
+            if not batch:
+                limiter.unused(slot)
+                break
+            batch_id = next(_batch_ids)
+            limiter.started(slot, batch_id)
+            self.in_flight[batch_id] = (slot, batch)
+            self._send_batch(slot, ExecuteBatch(batch_id, slot.key, batch))
+
+    def next_deadline(self) -> int | None:
+        # a partial batch's delay matters only if an instance could take it when it
+        # expires; until one can, the batch that frees it wakes this scheduler
+        return self.batcher.next_deadline(self.rate_limiter.available(self))
+
+    def batch_done(self, msg: BatchDone, now: int):
+        entry = self.in_flight.pop(msg.batch_id, None)
+        if entry is None:
+            return [], []  # its instance was declared lost already
+        slot, requests = entry
+        woken = self.rate_limiter.release(slot)
+        if msg.copies:
+            self.copies[msg.instance] = msg.copies
+        sizes = [r.batch_size for r in requests] if self.batching else [1] * len(requests)
+        self.stats.batch_ran(requests, msg.failed, sizes, sum(sizes), msg.compute_start_ns,
+                             msg.input_end_ns, msg.output_start_ns, msg.compute_end_ns)
+        return requests, woken
+
+    # -- instances ----------------------------------------------------------------------
+
+    def instance_lost(self, slot: InstanceSlot, reason: str, now: int) -> int:
+        batch = slot.batch
+        self.rate_limiter.lost(slot)
+        if batch is None:
+            return 0
+        _, requests = self.in_flight.pop(batch, (None, []))
+        for req in requests:
+            self.stats.failed(req, OTHER, now)
+            self._fail(req, ErrorCode.UNAVAILABLE, reason)
+        return len(requests)
+
+    def instance_back(self, slot: InstanceSlot) -> None:
+        self.rate_limiter.back(slot)
+
+    @property
+    def live_instances(self) -> int:
+        return sum(1 for s in self.rate_limiter.slots(self) if s.alive)
+
+    # -- leaving ------------------------------------------------------------------------
+
+    def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
+        removed = self.batcher.remove(lambda r: r.id == request_id and r.reply_to == reply_to)
+        for req in removed:
+            self.stats.failed(req, CANCELED, now)
+            self._fail(req, ErrorCode.CANCELLED, "request was cancelled")
+        return bool(removed)
+
+    def begin_unload(self) -> None:
+        self.accepting = False
+
+    @property
+    def drained(self) -> bool:
+        return not len(self.batcher) and not self.in_flight
+
+    @property
+    def pending(self) -> int:
+        return len(self.batcher)
+
+    def fail_all(self, code: ErrorCode, reason: str, now: int) -> None:
+        for req in self.batcher.remove(lambda r: True):
+            self.stats.failed(req, OTHER, now)
+            self._fail(req, code, reason)
+        for batch_id in list(self.in_flight):
+            slot, requests = self.in_flight.pop(batch_id)
+            slot.batch = None
+            for req in requests:
+                self.stats.failed(req, OTHER, now)
+                self._fail(req, code, reason)
+
+    def summary(self) -> str:
+        """What ran: requests, batches by size and the bytes workers copied."""
+        batches = self.stats.batches
+        rows = sum(size * b.count for size, b in batches.items())
+        sizes = ", ".join(f"{size}:{b.count}" for size, b in sorted(batches.items()))
+        copies = [sum(c[i] for c in self.copies.values()) for i in range(4)]
+        return (f"model '{self.name}' version {self.version}: {rows} rows in "
+                f"{self.stats.execution_count} batches; batch sizes {{{sizes}}}; bytes "
+                f"copied host={copies[0]} h2d={copies[1]} d2h={copies[2]} d2d={copies[3]}")

@@ -1,0 +1,244 @@
+"""The model repository manager: loading model versions, their states, and telling
+the frontends about them.
+
+Loading a version places its instances in workers (the WorkerPool), gives it a
+scheduler (schedulers.create_scheduler) and registers its instances with the shared
+RateLimiter. Every load of a version gets a new generation, carried in its instance
+keys, so a reload can run new instances beside the old ones until it switches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import time
+from typing import Callable
+
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2
+
+from scheduler import config as cfg
+from scheduler import repository
+from scheduler.models import ModelReadyState, ModelTable, ModelVersion
+from scheduler.rate_limiter import InstanceSlot, RateLimiter, group_resources
+from scheduler.schedulers import Fail, Scheduler, SendBatch, create_scheduler
+from scheduler.worker_pool import WorkerPool
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import ModelStateUpdate
+from shm.messages.worker import LoadInstance
+
+log = logging.getLogger("shmserve.scheduler")
+
+
+class ModelRepositoryManager:
+    def __init__(self, args, pool: WorkerPool, rate_limiter: RateLimiter, gpus: int,
+                 publish: Callable[[ModelStateUpdate], None], send_batch: SendBatch,
+                 fail: Fail, on_ready: Callable[[Scheduler], None]):
+        self.args = args
+        self.pool = pool
+        self.rate_limiter = rate_limiter
+        self.gpus = gpus
+        self._publish = publish
+        self._send_batch = send_batch
+        self._fail = fail
+        self._on_ready = on_ready  # a scheduler has instances again: pump it
+        self.models = ModelTable()
+        self.by_instance: dict[str, Scheduler] = {}  # instance key -> its scheduler
+        self.load_seconds: dict[tuple[str, int], float] = {}
+        self._generation = itertools.count(1)
+        self.stopping = False
+
+    # -- loading ------------------------------------------------------------------------
+
+    async def load_repository(self) -> bool:
+        try:
+            sources = repository.scan([os.path.abspath(p) for p in self.args.model_repository])
+        except Exception as exc:
+            log.error("%s", exc)
+            return False
+        if self.args.model_control_mode == "explicit":
+            wanted = set(self.args.load_model)
+            if "*" not in wanted:
+                sources = {n: s for n, s in sources.items() if n in wanted}
+        results = await asyncio.gather(*(self.load_model(s) for s in sources.values()))
+        return all(results)
+
+    async def load_model(self, source) -> bool:
+        try:
+            if self.args.strict_model_config and not (source.path / "config.pbtxt").is_file():
+                raise cfg.ConfigError(
+                    f"model '{source.name}' has no config.pbtxt, which "
+                    "--strict-model-config=true requires")
+            plan = repository.plan_model(source, has_gpu=self.gpus > 0,
+                                         gpu_ids=list(range(self.gpus)))
+        except Exception as exc:
+            mv = ModelVersion(source.name, 0, str(source.path),
+                              state=ModelReadyState.UNAVAILABLE, reason=str(exc))
+            self.models.add(mv)
+            self.publish(mv)
+            return False
+        results = await asyncio.gather(*(self.load_version(plan, v) for v in plan.versions))
+        return all(results)
+
+    def _slots(self, name: str, version: int, config) -> list[InstanceSlot]:
+        """One slot per instance of every instance group, named as Triton names them
+        (`<group name>_<index>`), keyed uniquely for this load."""
+        generation = next(self._generation)
+        slots = []
+        for group in config.instance_group:
+            kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+            for i in range(group.count):
+                device = group.gpus[i % len(group.gpus)] if group.gpus else 0
+                inst = f"{group.name}_{i}"
+                slots.append(InstanceSlot(
+                    f"{name}/{version}/{inst}#{generation}", inst, kind, device,
+                    passive=group.passive, resources=group_resources(group, device),
+                    priority=group.rate_limiter.priority))
+        return slots
+
+    async def load_version(self, plan, version: int) -> bool:
+        started = time.monotonic()
+        mv = ModelVersion(plan.name, version, str(plan.path), config=plan.config)
+        self.models.add(mv)
+        self.publish(mv)
+        slots = self._slots(plan.name, version, plan.config)
+        try:
+            self.rate_limiter.check(slots)
+            # The first instance may auto-complete the config the others then get.
+            config = await self._start_instance(mv, slots[0], mv.config,
+                                                auto_complete=not self.args.strict_model_config)
+            mv.config = config
+            mv.config_json = b""  # printed again from the completed config
+            await asyncio.gather(*(self._start_instance(mv, s, config) for s in slots[1:]))
+        except Exception as exc:
+            reason = exc.message if isinstance(exc, InferError) else str(exc)
+            log.error("failed to load '%s' version %d: %s", plan.name, version, reason)
+            mv.state = ModelReadyState.UNAVAILABLE
+            mv.reason = reason
+            for slot in slots:
+                await self.pool.drop_instance(slot)
+            self.publish(mv)
+            return False
+        sched = create_scheduler(plan.name, version, mv.config, self.rate_limiter,
+                                 self._send_batch, self._fail)
+        mv.scheduler = sched
+        mv.slots = slots
+        for slot in slots:
+            self.rate_limiter.add(sched, slot)
+            self.by_instance[slot.key] = sched
+        mv.state = ModelReadyState.READY
+        self.load_seconds[(plan.name, version)] = time.monotonic() - started
+        log.info("successfully loaded '%s' version %d", plan.name, version)
+        self.publish(mv)
+        return True
+
+    async def _start_instance(self, mv: ModelVersion, slot: InstanceSlot, config,
+                              auto_complete: bool = False):
+        config_json = json.dumps(cfg.config_to_json(config)).encode()
+        reply = await self.pool.load_instance(slot, config.backend, LoadInstance(
+            slot.key, slot.name, mv.name, mv.version, mv.path, config_json,
+            kind=slot.kind, device_id=slot.device_id, auto_complete=auto_complete,
+            backend_config=self.args.backend_config.get(config.backend, {}),
+            passive=slot.passive))
+        if not reply.ok:
+            raise RuntimeError(reply.error)
+        if auto_complete and reply.config and reply.config != config_json:
+            completed = json_format.ParseDict(json.loads(reply.config),
+                                              model_config_pb2.ModelConfig(),
+                                              ignore_unknown_fields=True)
+            gpu_ids = list(range(self.gpus))
+            completed = cfg.normalize(completed, has_gpu=self.gpus > 0, gpu_ids=gpu_ids)
+            cfg.validate(completed, gpu_ids=gpu_ids if self.gpus else [])
+            return completed
+        return config
+
+    # -- instances that died ------------------------------------------------------------
+
+    def instances_lost(self, slots: list[InstanceSlot], how: str) -> None:
+        now = time.monotonic_ns()
+        for slot in slots:
+            sched = self.by_instance.get(slot.key)
+            if sched is None:
+                continue  # it was never loaded
+            failed = sched.instance_lost(slot, (
+                f"the worker process running instance '{slot.name}' of model "
+                f"'{sched.name}' {how}; the request was lost and the instance is "
+                "restarting"), now)
+            log.error("worker for instance '%s' of '%s' %s; %d in-flight request(s) failed",
+                      slot.name, sched.name, how, failed)
+            asyncio.get_running_loop().create_task(self._restart_instance(sched, slot))
+
+    async def _restart_instance(self, sched: Scheduler, slot: InstanceSlot) -> None:
+        if not self.pool.restarts.allow(slot.key):
+            log.error("instance '%s' of '%s' keeps dying; not restarting it", slot.name,
+                      sched.name)
+            self._mark_unavailable_if_empty(sched, "every instance failed repeatedly")
+            return
+        mv = self.models.resolve(sched.name, sched.version)
+        try:
+            await self._start_instance(mv, slot, mv.config)
+        except Exception as exc:
+            log.error("could not restart instance '%s' of '%s': %s", slot.name, sched.name,
+                      exc)
+            self._mark_unavailable_if_empty(sched, f"instance restart failed: {exc}")
+            return
+        if self.stopping:
+            return
+        sched.instance_back(slot)
+        self._on_ready(sched)
+        log.info("instance '%s' of '%s' is back", slot.name, sched.name)
+
+    def _mark_unavailable_if_empty(self, sched: Scheduler, reason: str) -> None:
+        if any(s.alive for s in self.rate_limiter.slots(sched)):
+            return
+        mv = self.models.resolve(sched.name, sched.version)
+        if mv is None:
+            return
+        mv.state = ModelReadyState.UNAVAILABLE
+        mv.reason = reason
+        sched.fail_all(ErrorCode.UNAVAILABLE, f"model '{sched.name}' is unavailable: {reason}",
+                       time.monotonic_ns())
+        self.publish(mv)
+
+    # -- what others see ----------------------------------------------------------------
+
+    def publish(self, mv: ModelVersion) -> None:
+        """Tell every frontend about a model version's state."""
+        self._publish(self.state_update(mv))
+
+    def state_update(self, mv: ModelVersion) -> ModelStateUpdate:
+        if mv.config is not None and not mv.config_json:
+            mv.config_json = json.dumps(cfg.config_to_json(mv.config)).encode()
+        return ModelStateUpdate(
+            mv.name, mv.version, mv.state.value, mv.reason,
+            config=mv.config.SerializeToString() if mv.config is not None else b"",
+            config_json=mv.config_json)
+
+    def schedulers(self):
+        for mv in self.models.all():
+            if mv.scheduler is not None:
+                yield mv.scheduler
+
+    def ready_versions(self, name: str = "") -> list[ModelVersion]:
+        """READY versions, of one model or all, by name then version."""
+        out = [mv for mv in self.models.all() if mv.state is ModelReadyState.READY
+               and mv.scheduler is not None and (not name or mv.name == name)]
+        return sorted(out, key=lambda mv: (mv.name, mv.version))
+
+    def statistics(self, name: str, version: int) -> dict:
+        """The statistics extension's answer, by Triton's rules: every ready version,
+        or those of one model; an unknown or unready model or version is an error."""
+        versions = self.ready_versions(name)
+        if name and not versions:
+            raise InferError(ErrorCode.INVALID_ARG,
+                             f"requested model '{name}' is not available")
+        if name and version != -1:
+            versions = [mv for mv in versions if mv.version == version]
+            if not versions:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 "requested model version is not available for model "
+                                 f"'{name}'")
+        return {"model_stats": [mv.scheduler.stats.as_json() for mv in versions]}

@@ -1,0 +1,179 @@
+"""Per-model-version statistics, counted by Triton's rules (core `infer_stats.cc`).
+
+Everything here is counters updated once per batch from the BatchDone a worker sends,
+with timestamps taken where Triton takes them, each in the process where the phase
+happens (CLOCK_MONOTONIC is one clock for every process of the machine):
+- request start: the frontend, once the request is parsed and valid (InferAsync);
+- queue start: the scheduler, when the request enters the model's queue;
+- compute start, input end, output start, compute end: the worker, around the batch;
+  the end of compute is also the request's end, as backends report it.
+So statistics cost no message of their own.
+
+Rules:
+- success: count and total request duration (end - request start); queue: for
+  successes, compute start - queue start; compute_input/infer/output: for successes,
+  the batch's phases;
+- inference_count adds each successful request's batch size (at least 1);
+  execution_count and batch_stats count executions, keyed by the batch's total size;
+- fail: requests that failed after reaching the model's scheduler, with the reason
+  Triton reports in `nv_inference_request_failure`: REJECTED (queue timeout),
+  CANCELED, BACKEND (the model's execution failed), OTHER (e.g. the instance died).
+  Requests refused before that (unknown model, bad input, a full queue) count
+  nowhere, as in Triton.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import time
+
+REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+
+# Histogram bucket bounds in milliseconds. Triton's first-response histogram defaults to
+# 100/500/2000/5000 ms, too coarse for a p99 of a sub-millisecond server.
+HISTOGRAM_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0,
+                        500.0, 1000.0, 2500.0, 5000.0)
+
+
+class Histogram:
+    """Bucket counts and a sum, as Prometheus histograms carry them."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds=HISTOGRAM_BUCKETS_MS):
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, total = [], 0
+        for bound, count in zip(self.bounds + (float("inf"),), self.counts):
+            total += count
+            out.append(("+Inf" if bound == float("inf") else repr(bound), total))
+        return out
+
+
+class BatchStat:
+    __slots__ = ("count", "input_ns", "infer_ns", "output_ns")
+
+    def __init__(self):
+        self.count = self.input_ns = self.infer_ns = self.output_ns = 0
+
+
+class ModelStats:
+    """One model version's statistics."""
+
+    def __init__(self, name: str, version: int, histograms: bool = True):
+        self.name = name
+        self.version = version
+        self.last_inference_ms = 0
+        self.inference_count = 0
+        self.execution_count = 0
+        self.success_count = 0
+        self.success_ns = 0
+        self.queue_ns = 0
+        self.compute_input_ns = 0
+        self.compute_infer_ns = 0
+        self.compute_output_ns = 0
+        self.fail_count = 0
+        self.fail_ns = 0
+        self.failures: collections.Counter = collections.Counter()  # reason -> count
+        self.cache_hit_count = self.cache_hit_ns = 0
+        self.cache_miss_count = self.cache_miss_ns = 0
+        self.batches: dict[int, BatchStat] = {}
+        self.histograms = histograms
+        # Triton's name for the first one; request, queue and compute are shmserve's
+        self.first_response_ms = Histogram()
+        self.request_ms = Histogram()
+        self.queue_ms = Histogram()
+        self.compute_ms = Histogram()
+
+    # -- updates ----------------------------------------------------------------------
+
+    def batch_ran(self, requests, failed, sizes, total_size: int, start_ns: int,
+                  input_end_ns: int, output_start_ns: int, end_ns: int) -> None:
+        """A batch ran: `failed` holds the indices of requests that failed in the
+        backend; `sizes` each request's batch size."""
+        input_ns = input_end_ns - start_ns
+        infer_ns = output_start_ns - input_end_ns
+        output_ns = end_ns - output_start_ns
+        self.execution_count += 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        bs = self.batches.get(total_size)
+        if bs is None:
+            bs = self.batches[total_size] = BatchStat()
+        bs.count += 1
+        bs.input_ns += input_ns
+        bs.infer_ns += infer_ns
+        bs.output_ns += output_ns
+        histograms = self.histograms
+        if histograms:
+            self.compute_ms.observe((end_ns - start_ns) / 1e6)
+        n_ok = 0
+        for i, req in enumerate(requests):
+            if failed and i in failed:
+                self.fail_count += 1
+                self.fail_ns += end_ns - req.start_ns
+                self.failures[BACKEND] += 1
+                continue
+            n_ok += 1
+            self.inference_count += sizes[i]
+            total = end_ns - req.start_ns
+            queue = start_ns - req.queue_ns
+            self.success_ns += total
+            self.queue_ns += queue
+            if histograms:
+                self.request_ms.observe(total / 1e6)
+                self.first_response_ms.observe(total / 1e6)
+                self.queue_ms.observe(queue / 1e6)
+        self.success_count += n_ok
+        self.compute_input_ns += input_ns * n_ok
+        self.compute_infer_ns += infer_ns * n_ok
+        self.compute_output_ns += output_ns * n_ok
+
+    def failed(self, req, reason: str, end_ns: int) -> None:
+        """A request that reached the scheduler failed outside a batch (timed out in
+        the queue, cancelled, its instance lost)."""
+        self.fail_count += 1
+        self.fail_ns += end_ns - (req.start_ns or req.queue_ns or end_ns)
+        self.failures[reason] += 1
+
+    # -- reading ----------------------------------------------------------------------
+
+    def as_json(self) -> dict:
+        """The `model_stats` entry of Triton's statistics extension."""
+        def duration(count, ns):
+            return {"count": count, "ns": ns}
+
+        compute_count = self.success_count - self.cache_hit_count
+        return {
+            "name": self.name,
+            "version": str(self.version),
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": duration(self.success_count, self.success_ns),
+                "fail": duration(self.fail_count, self.fail_ns),
+                "queue": duration(self.success_count, self.queue_ns),
+                "compute_input": duration(compute_count, self.compute_input_ns),
+                "compute_infer": duration(compute_count, self.compute_infer_ns),
+                "compute_output": duration(compute_count, self.compute_output_ns),
+                "cache_hit": duration(self.cache_hit_count, self.cache_hit_ns),
+                "cache_miss": duration(self.cache_miss_count, self.cache_miss_ns),
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {"batch_size": size,
+                 "compute_input": duration(b.count, b.input_ns),
+                 "compute_infer": duration(b.count, b.infer_ns),
+                 "compute_output": duration(b.count, b.output_ns)}
+                for size, b in sorted(self.batches.items())],
+            "memory_usage": [],
+        }

@@ -1,0 +1,191 @@
+"""The worker processes: spawning them, placing instances in them, noticing deaths.
+
+A python instance gets a process of its own; framework instances (onnxruntime,
+pytorch) share the one worker of their device ("cpu", "gpu:N"). What to do when a
+worker dies (fail its requests, restart its instances) is the model manager's call:
+the pool reports which instances were lost through `on_instances_lost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Callable
+
+from scheduler.rate_limiter import InstanceSlot
+from scheduler.supervisor import Child, describe_exit
+from shm.arena import remove_segments
+from shm.channel import Outbox, ipc_address
+from shm.messages.results import PeerGone
+from shm.messages.worker import (DEVICE_WORKER_BACKENDS, InstanceLoaded, LoadInstance,
+                                 StopWorker, UnloadInstance, WorkerReady)
+
+log = logging.getLogger("shmserve.scheduler")
+
+# A child that keeps dying is not restarted forever.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+
+
+class WorkerHandle:
+    """A worker process and what the scheduler is waiting to hear from it."""
+
+    def __init__(self, name: str, address: str, prefix: str, device: str = ""):
+        self.name = name
+        self.address = address
+        self.prefix = prefix
+        # "cpu" / "gpu:N" for the worker that framework instances of a device share;
+        # "" for a python instance's own worker
+        self.device = device
+        self.child: Child | None = None
+        self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.loads: dict[str, asyncio.Future] = {}
+        self.slots: list[InstanceSlot] = []
+
+
+class RestartPolicy:
+    """At most MAX_RESTARTS restarts of one child (by key) in RESTART_WINDOW_S."""
+
+    def __init__(self):
+        self._times: dict[str, list[float]] = {}
+
+    def allow(self, key: str) -> bool:
+        now = time.monotonic()
+        times = [t for t in self._times.get(key, []) if now - t < RESTART_WINDOW_S]
+        times.append(now)
+        self._times[key] = times
+        return len(times) <= MAX_RESTARTS
+
+
+class WorkerPool:
+    def __init__(self, args, run_dir: str, shm_prefix: str, scheduler_address: str,
+                 outbox: Outbox, peers: Callable[[], list[str]],
+                 on_instances_lost: Callable[[list[InstanceSlot], str], None]):
+        self.args = args
+        self.run_dir = run_dir
+        self.shm_prefix = shm_prefix
+        self.scheduler_address = scheduler_address
+        self.outbox = outbox
+        self.loop = asyncio.get_running_loop()
+        self._peers = peers  # the frontends' inboxes, told when a worker is gone
+        self._on_instances_lost = on_instances_lost
+        self.workers: dict[str, WorkerHandle] = {}  # by address
+        self.worker_of: dict[str, WorkerHandle] = {}  # instance key -> worker
+        self.device_workers: dict[str, asyncio.Task] = {}  # "cpu"/"gpu:N" -> its start
+        self.restarts = RestartPolicy()
+        self.stopping = False
+        self._gen = itertools.count(1)
+
+    # -- instances ----------------------------------------------------------------------
+
+    async def load_instance(self, slot: InstanceSlot, backend: str,
+                            msg: LoadInstance) -> InstanceLoaded:
+        """Place `slot` in a worker and load it there: a python instance gets a process
+        of its own, a framework instance joins its device's worker."""
+        if backend in DEVICE_WORKER_BACKENDS:
+            device = f"gpu:{slot.device_id}" if slot.kind == "KIND_GPU" else "cpu"
+            worker = await self._device_worker(device)
+        else:
+            worker = await self._spawn(slot.key)
+        slot.worker = worker
+        worker.slots.append(slot)
+        self.worker_of[slot.key] = worker
+        fut = self.loop.create_future()
+        worker.loads[msg.instance] = fut
+        self.outbox.send(worker.address, msg)
+        return await asyncio.wait_for(fut, self.args.startup_timeout_secs)
+
+    async def drop_instance(self, slot: InstanceSlot) -> None:
+        """Undo a slot's placement (a failed load, an unload)."""
+        worker = slot.worker
+        if worker is None:
+            return
+        slot.worker = None
+        self.worker_of.pop(slot.key, None)
+        if slot in worker.slots:
+            worker.slots.remove(slot)
+        if worker.device:  # shared with other models' instances: unload just this one
+            if worker.address in self.workers:
+                self.outbox.send(worker.address, UnloadInstance(slot.key))
+        else:
+            await self._stop(worker)
+
+    def broadcast(self, msg) -> None:
+        for worker in self.workers.values():
+            self.outbox.send(worker.address, msg)
+
+    # -- processes ----------------------------------------------------------------------
+
+    async def _device_worker(self, device: str) -> WorkerHandle:
+        """The worker framework instances on `device` share, started on first use (and
+        again after it died)."""
+        task = self.device_workers.get(device)
+        if task is not None and task.done() and (
+                task.exception() is not None or task.result().address not in self.workers):
+            task = None  # it failed to start, or died since
+        if task is None:
+            task = self.device_workers[device] = self.loop.create_task(
+                self._spawn(f"{device} worker", device))
+        return await asyncio.shield(task)
+
+    async def _spawn(self, label: str, device: str = "") -> WorkerHandle:
+        gen = next(self._gen)
+        address = ipc_address(self.run_dir, f"w{gen}")
+        worker = WorkerHandle(label, address, f"{self.shm_prefix}w{gen}", device)
+        a = self.args
+        worker.child = Child(f"worker {label}", "workers.main", [
+            "--name", label, "--address", address, "--scheduler", self.scheduler_address,
+            "--segment-prefix", worker.prefix, "--arena-bytes", str(a.arena_mib << 20),
+            "--device", device or "cpu", "--log-verbose", str(a.log_verbose),
+        ], on_exit=self._on_exit)
+        self.workers[address] = worker
+        worker.child.start(self.loop)
+        await asyncio.wait_for(worker.ready, a.startup_timeout_secs)
+        return worker
+
+    async def _stop(self, worker: WorkerHandle, timeout: float = 10.0) -> None:
+        if worker.child is None or worker.child.returncode is not None:
+            return
+        self.outbox.send(worker.address, StopWorker())
+        if not await worker.child.wait(timeout):
+            await worker.child.stop(2.0)
+
+    async def stop_all(self) -> None:
+        self.stopping = True
+        await asyncio.gather(*(self._stop(w) for w in list(self.workers.values())))
+
+    # -- messages and deaths ------------------------------------------------------------
+
+    def on_worker_ready(self, msg: WorkerReady) -> None:
+        worker = self.workers.get(msg.address)
+        if worker is not None and not worker.ready.done():
+            worker.ready.set_result(True)
+
+    def on_instance_loaded(self, msg: InstanceLoaded) -> None:
+        worker = self.worker_of.get(msg.instance)
+        fut = worker.loads.pop(msg.instance, None) if worker is not None else None
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+
+    def _on_exit(self, child: Child, returncode: int) -> None:
+        worker = next((w for w in self.workers.values() if w.child is child), None)
+        if worker is None:
+            return
+        del self.workers[worker.address]
+        remove_segments(worker.prefix + "-")
+        self.outbox.drop(worker.address)
+        gone = PeerGone(worker.address, worker.prefix + "-")
+        for peer in self._peers():
+            self.outbox.send(peer, gone)
+        how = describe_exit(returncode)
+        error = RuntimeError(f"worker process for {worker.name} {how} while starting")
+        if not worker.ready.done():
+            worker.ready.set_exception(error)
+        for fut in worker.loads.values():
+            if not fut.done():
+                fut.set_exception(error)
+        worker.loads.clear()
+        if not self.stopping and worker.slots:
+            self._on_instances_lost(list(worker.slots), how)
