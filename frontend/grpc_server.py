@@ -19,6 +19,7 @@ import asyncio
 import logging
 
 import grpc
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from shm.datatypes import from_config
@@ -102,6 +103,7 @@ class InferenceServicer:
                                     request_deserializer=None, response_serializer=None),
             "ModelMetadata": typed(self.model_metadata, s.ModelMetadataRequest),
             "ModelConfig": typed(self.model_config, s.ModelConfigRequest),
+            "ModelStatistics": typed(self.model_statistics, s.ModelStatisticsRequest),
             # raw bytes in and out: grpc_codec parses and builds the wire form itself
             "ModelInfer": unary(self.model_infer, request_deserializer=None,
                                 response_serializer=None),
@@ -154,6 +156,13 @@ class InferenceServicer:
     async def model_config(self, request, context):
         view = await self._ready_model(request.name, request.version, context)
         return service_pb2.ModelConfigResponse(config=_config_message(view.config))
+
+    async def model_statistics(self, request, context):
+        try:
+            body = await self.core.model_statistics(request.name, request.version)
+        except InferError as e:
+            await _abort(context, e)
+        return json_format.Parse(body, service_pb2.ModelStatisticsResponse())
 
     async def _ready_model(self, name: str, version: str, context):
         try:

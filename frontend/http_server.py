@@ -56,6 +56,10 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
         # the hot route first: starlette tries routes in order
         Route(model + "/infer", infer, methods=["POST"]),
         Route(versioned + "/infer", infer, methods=["POST"]),
+        # before the model routes: "stats" is not a model name here, as in Triton
+        Route("/v2/models/stats", handlers.statistics),
+        Route(model + "/stats", handlers.statistics),
+        Route(versioned + "/stats", handlers.statistics),
         Route("/v2/health/live", handlers.live),
         Route("/v2/health/ready", handlers.ready),
         Route("/v2", handlers.server_metadata),
@@ -292,6 +296,15 @@ class _Handlers:
             return Response(http_codec.encode_error("Model version not ready"),
                             status_code=400, media_type="application/json")
         return Response(status_code=200)
+
+    async def statistics(self, request: Request) -> Response:
+        try:
+            version = _check_version(request.path_params.get("version", ""))
+            body = await self.core.model_statistics(
+                request.path_params.get("model_name", ""), version)
+        except InferError as e:
+            return error_response(e)
+        return Response(body, media_type="application/json")
 
     async def model_config(self, request: Request) -> Response:
         try:

@@ -99,6 +99,11 @@ class FrontendCore(Protocol):
         so may requested outputs. An output written into a region comes back with
         `data` None (Triton says nothing more about it in the response)."""
 
+    async def model_statistics(self, name: str = "", version: str = "") -> bytes:
+        """The statistics extension's JSON (Triton's HTTP form) for every ready model
+        (`name` empty), every ready version of `name`, or one version; raises
+        InferError."""
+
     async def shm_call(self, op: str, kind: str, *, name: str = "", key: str = "",
                        offset: int = 0, byte_size: int = 0, device_id: int = 0,
                        raw_handle: bytes = b"") -> list:

@@ -5,6 +5,7 @@ core answers like an identity model (OUTPUTn = INPUTn) and records what it was g
 """
 
 import asyncio
+import json
 import queue
 import socket
 import threading
@@ -74,6 +75,17 @@ class FakeCore:
                                  f"is not found")
             return versions[int(version)]
         return versions[max(versions)]
+
+    async def model_statistics(self, name: str = "", version: str = "") -> bytes:
+        if name == "nope":
+            raise InferError(ErrorCode.INVALID_ARG, "requested model 'nope' is not available")
+        return json.dumps({"model_stats": [{
+            "name": name or "identity", "version": version or "1", "last_inference": 7,
+            "inference_count": 5, "execution_count": 2,
+            "inference_stats": {"success": {"count": 5, "ns": 900}},
+            "response_stats": {},
+            "batch_stats": [{"batch_size": 4, "compute_infer": {"count": 1, "ns": 80}}],
+            "memory_usage": []}]}).encode()
 
     def model_versions(self, name: str) -> list[ModelView]:
         return list(self.models.get(name, {}).values())
@@ -232,8 +244,20 @@ def test_metadata_errors(client, call):
     assert "failed to load" in e.value.message()
 
 
+def test_statistics_json_becomes_the_grpc_message(client):
+    # the scheduler's JSON (Triton's HTTP form) parses into ModelStatisticsResponse
+    resp = client.get_inference_statistics("identity", "1", client_timeout=T)
+    m = resp.model_stats[0]
+    assert (m.name, m.version, m.inference_count, m.execution_count) == ("identity", "1", 5, 2)
+    assert m.inference_stats.success.count == 5 and m.inference_stats.success.ns == 900
+    assert m.batch_stats[0].batch_size == 4 and m.batch_stats[0].compute_infer.ns == 80
+    with pytest.raises(InferenceServerException) as e:
+        client.get_inference_statistics("nope", client_timeout=T)
+    assert status_of(e) == "StatusCode.INVALID_ARGUMENT"
+    assert e.value.message() == "requested model 'nope' is not available"
+
+
 @pytest.mark.parametrize("call,args", [
-    ("get_inference_statistics", ()),
     ("get_model_repository_index", ()),
     ("load_model", ("identity",)),
     ("unload_model", ("identity",)),
