@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from scheduler.metrics import parse_metrics_config
 from scheduler.rate_limiter import parse_resource
 
 
@@ -33,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-http", type=_bool, default=True)
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--allow-cpu-metrics", type=_bool, default=True)
+    p.add_argument("--allow-gpu-metrics", type=_bool, default=True)
+    p.add_argument("--metrics-interval-ms", type=int, default=2000)
+    p.add_argument("--metrics-config", action="append", default=[], metavar="NAME=VALUE",
+                   help="counter_latencies, histogram_latencies (default true here)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
                    default="none")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME")
@@ -91,6 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         args.backend_config = parse_backend_config(args.backend_config)
         args.rate_limit_resource = [parse_resource(r) for r in args.rate_limit_resource]
+        args.metrics_config = parse_metrics_config(args.metrics_config)
     except ValueError as exc:
         parser.error(str(exc))
     return args

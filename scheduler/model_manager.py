@@ -50,6 +50,9 @@ class ModelRepositoryManager:
         self.load_seconds: dict[tuple[str, int], float] = {}
         self._generation = itertools.count(1)
         self.stopping = False
+        # latency histograms per model, unless --metrics-config turns them off
+        self.histograms = args.allow_metrics and args.metrics_config.get(
+            "histogram_latencies", "true").lower() in ("1", "true", "yes", "on")
 
     # -- loading ------------------------------------------------------------------------
 
@@ -123,7 +126,7 @@ class ModelRepositoryManager:
             self.publish(mv)
             return False
         sched = create_scheduler(plan.name, version, mv.config, self.rate_limiter,
-                                 self._send_batch, self._fail)
+                                 self._send_batch, self._fail, histograms=self.histograms)
         mv.scheduler = sched
         mv.slots = slots
         for slot in slots:

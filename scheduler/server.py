@@ -21,6 +21,7 @@ import time
 import orjson
 
 from scheduler.frontend_pool import FrontendHandle, FrontendPool
+from scheduler.metrics import Metrics, MetricsServer
 from scheduler.model_manager import ModelRepositoryManager
 from scheduler.models import ModelReadyState
 from scheduler.rate_limiter import InstanceSlot, RateLimiter
@@ -54,6 +55,7 @@ class Server:
         self.outbox = Outbox(self.loop)
         self.stopping = False
         self.stop_requested = asyncio.Event()
+        self.metrics: MetricsServer | None = None
         self._dirty: set[Scheduler] = set()
         self.timer = PreciseTimer(self.loop, self._on_timer)
         self.gpus = cuda.device_count()
@@ -129,6 +131,7 @@ class Server:
                 log.error("exiting: some models failed to load (--exit-on-error=true)")
                 code = 1
             elif not self.stop_requested.is_set():
+                await self._start_metrics()
                 await self.frontends.start()
                 log.info("Started HTTPService at %s:%d", self.args.http_address,
                          self.args.http_port)
@@ -141,6 +144,16 @@ class Server:
         finally:
             await self.shutdown()
         return code
+
+    async def _start_metrics(self) -> None:
+        a = self.args
+        if not a.allow_metrics:
+            return
+        metrics = Metrics(self.manager, a.metrics_config, cpu=a.allow_cpu_metrics)
+        self.metrics = MetricsServer(metrics, a.metrics_address, a.metrics_port,
+                                     a.metrics_interval_ms)
+        await self.metrics.start()
+        log.info("Started Metrics Service at %s:%d", a.metrics_address, a.metrics_port)
 
     def request_stop(self) -> None:
         if not self.stop_requested.is_set():
@@ -252,6 +265,8 @@ class Server:
                 log.info("%s", sched.summary())
             sched.fail_all(ErrorCode.UNAVAILABLE, "server is stopping", now)
         await self.workers.stop_all()
+        if self.metrics is not None:
+            await self.metrics.close()
         # 3. whatever a killed child left behind
         leftovers = remove_segments(self.shm_prefix)
         if leftovers:
