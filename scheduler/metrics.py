@@ -70,6 +70,13 @@ _FAMILIES = {
     "nv_inference_compute_histogram_ms": (
         "histogram", "Duration of each model execution (compute input, infer and output) "
         "in milliseconds"),
+    "nv_gpu_utilization": ("gauge", "GPU utilization rate [0.0 - 1.0)"),
+    "nv_gpu_memory_total_bytes": ("gauge", "GPU total memory, in bytes"),
+    "nv_gpu_memory_used_bytes": ("gauge", "GPU used memory, in bytes"),
+    "nv_gpu_power_usage": ("gauge", "GPU power usage in watts"),
+    "nv_gpu_power_limit": ("gauge", "GPU power management limit in watts"),
+    "nv_energy_consumption": (
+        "counter", "GPU energy consumption in joules since the Triton Server started"),
     "nv_cpu_utilization": ("gauge", "CPU utilization rate [0.0 - 1.0]"),
     "nv_cpu_memory_total_bytes": ("gauge", "CPU total memory (RAM), in bytes"),
     "nv_cpu_memory_used_bytes": ("gauge", "CPU used memory (RAM), in bytes"),
@@ -169,14 +176,81 @@ class CpuSampler:
             pass
 
 
+class GpuSampler:
+    """The nv_gpu_* families from NVML (the `nvidia-ml-py` package of the gpu extra),
+    one series per GPU labelled with its UUID, as Triton labels them. Without NVML or
+    a GPU there are none, as on a CPU-only Triton."""
+
+    def __init__(self):
+        self.devices: list[tuple[str, object, int]] = []  # uuid, handle, energy at start
+        self.values: dict[str, dict[str, float]] = {}
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+                uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+                self.devices.append((uuid, handle, self._energy_mj(pynvml, handle)))
+        except Exception as exc:  # no NVML library, no driver, no GPU
+            log.debug("no GPU metrics: %s", exc)
+            self.devices = []
+            return
+        self._nvml = pynvml
+        self.sample()
+
+    @staticmethod
+    def _energy_mj(nvml, handle) -> int:
+        try:
+            return nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        except Exception:  # older GPUs do not count energy
+            return 0
+
+    def sample(self) -> None:
+        nvml = self._nvml if self.devices else None
+        for uuid, handle, energy0 in self.devices:
+            v = self.values.setdefault(uuid, {})
+            for family, read in (
+                    ("nv_gpu_utilization",
+                     lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),
+                    ("nv_gpu_memory_total_bytes",
+                     lambda: nvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    ("nv_gpu_memory_used_bytes",
+                     lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used),
+                    ("nv_gpu_power_usage",
+                     lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+                    ("nv_gpu_power_limit",
+                     lambda: nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0),
+                    ("nv_energy_consumption",
+                     lambda: (self._energy_mj(nvml, handle) - energy0) / 1000.0)):
+                try:
+                    v[family] = read()
+                except Exception:  # a reading this GPU does not support: left out
+                    v.pop(family, None)
+
+    def write(self, w: "_Writer") -> None:
+        for uuid, values in self.values.items():
+            for family, value in values.items():
+                w.sample(family, {"gpu_uuid": uuid}, value)
+
+
 class Metrics:
     """What a scrape shows: every ready model's counters, and the host's."""
 
-    def __init__(self, manager, config: dict[str, str], cpu: bool = True):
+    def __init__(self, manager, config: dict[str, str], cpu: bool = True,
+                 gpu: bool = False):
         self.manager = manager
         self.counters = _true(config.get("counter_latencies"), True)
         self.histograms = _true(config.get("histogram_latencies"), True)
         self.cpu = CpuSampler() if cpu else None
+        self.gpu = GpuSampler() if gpu else None
+
+    def sample(self) -> None:
+        """The per-interval families (--metrics-interval-ms)."""
+        if self.cpu is not None:
+            self.cpu.sample()
+        if self.gpu is not None:
+            self.gpu.sample()
 
     def render(self) -> bytes:
         w = _Writer()
@@ -210,6 +284,8 @@ class Metrics:
                 w.histogram("nv_inference_request_histogram_ms", labels, st.request_ms)
                 w.histogram("nv_inference_queue_histogram_ms", labels, st.queue_ms)
                 w.histogram("nv_inference_compute_histogram_ms", labels, st.compute_ms)
+        if self.gpu is not None:
+            self.gpu.write(w)
         if self.cpu is not None:
             w.sample("nv_cpu_utilization", {}, float(self.cpu.utilization))
             w.sample("nv_cpu_memory_total_bytes", {}, self.cpu.total_bytes)
@@ -232,13 +308,13 @@ class MetricsServer:
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.address, self.port,
                                                   reuse_address=True)
-        if self.metrics.cpu is not None:
+        if self.metrics.cpu is not None or self.metrics.gpu is not None:
             self._sampler = asyncio.get_running_loop().create_task(self._sample())
 
     async def _sample(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
-            self.metrics.cpu.sample()
+            self.metrics.sample()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         try:

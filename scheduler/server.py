@@ -149,7 +149,8 @@ class Server:
         a = self.args
         if not a.allow_metrics:
             return
-        metrics = Metrics(self.manager, a.metrics_config, cpu=a.allow_cpu_metrics)
+        metrics = Metrics(self.manager, a.metrics_config, cpu=a.allow_cpu_metrics,
+                          gpu=a.allow_gpu_metrics and self.gpus > 0)
         self.metrics = MetricsServer(metrics, a.metrics_address, a.metrics_port,
                                      a.metrics_interval_ms)
         await self.metrics.start()

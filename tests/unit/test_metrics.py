@@ -97,3 +97,78 @@ def test_metrics_config_format():
         "histogram_latencies": "false"}
     with pytest.raises(ValueError, match="<setting>=<value>"):
         parse_metrics_config(["nonsense"])
+
+
+class _FakeNvml:
+    """NVML as pynvml exposes it, for one GPU (no GPU on the CI machine)."""
+
+    def __init__(self):
+        self.energy_mj = 5_000
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return ("handle", i)
+
+    def nvmlDeviceGetUUID(self, handle):
+        return b"GPU-0000"
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return types.SimpleNamespace(gpu=37)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return types.SimpleNamespace(total=80 << 30, used=3 << 30)
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 71_500  # mW
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle):
+        raise RuntimeError("not supported")
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return self.energy_mj
+
+
+def test_gpu_metrics_per_gpu_uuid_in_tritons_units(monkeypatch):
+    nvml = _FakeNvml()
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
+    metrics = Metrics(_manager(), {}, cpu=False, gpu=True)
+    nvml.energy_mj += 2_500  # 2.5 J since the server started
+    metrics.sample()
+    fams = _families(metrics.render())
+    label = {"gpu_uuid": "GPU-0000"}
+
+    def gpu(name):
+        (s,) = fams[name].samples
+        assert s.labels == label
+        return s.value
+
+    assert gpu("nv_gpu_utilization") == 0.37
+    assert gpu("nv_gpu_memory_total_bytes") == 80 << 30
+    assert gpu("nv_gpu_memory_used_bytes") == 3 << 30
+    assert gpu("nv_gpu_power_usage") == 71.5  # watts
+    assert gpu("nv_energy_consumption") == 2.5  # joules since start
+    assert "nv_gpu_power_limit" not in fams  # a reading the GPU lacks is left out
+
+
+def test_no_gpu_metrics_without_nvml(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import fails
+    fams = _families(Metrics(_manager(), {}, cpu=False, gpu=True).render())
+    assert not [f for f in fams if f.startswith("nv_gpu") or f == "nv_energy_consumption"]
+
+
+@pytest.mark.gpu
+def test_gpu_metrics_from_the_real_nvml():
+    pytest.importorskip("pynvml")
+    from scheduler.metrics import GpuSampler
+    sampler = GpuSampler()
+    if not sampler.devices:
+        pytest.skip("no GPU visible to NVML")
+    fams = _families(Metrics(_manager(), {}, cpu=False, gpu=True).render())
+    total = fams["nv_gpu_memory_total_bytes"].samples
+    assert len(total) == len(sampler.devices) and all(s.value > 0 for s in total)
+    assert all(s.labels["gpu_uuid"].startswith("GPU-") for s in total)
