@@ -347,3 +347,18 @@ def test_stream_shm_regions_stamp_and_clean_up():
         s.destroy_regions()
     assert not os.path.exists("/dev/shm/" + s.in_name)
     assert not os.path.exists("/dev/shm/" + s.out_name)
+
+
+# --- scripts/bench_scheduler.py -----------------------------------------------------------
+
+
+def test_bench_scheduler_runs_every_request_through_batches_of_the_burst():
+    import argparse
+
+    import bench_scheduler
+    args = argparse.Namespace(requests=640, burst=16, max_batch=8, instances=2, delay_us=0,
+                              no_histograms=False)
+    out = bench_scheduler.run(args)
+    # two idle instances and 16 requests a burst: every batch is a full 8
+    assert out["batch_sizes"] == {8: 80}
+    assert out["requests"] == 640 and out["requests_per_s"] > 0
