@@ -57,6 +57,7 @@ class Server:
         self.stop_requested = asyncio.Event()
         self.metrics: MetricsServer | None = None
         self._dirty: set[Scheduler] = set()
+        self._deadlines: dict[Scheduler, int] = {}  # when each must be pumped again
         self.timer = PreciseTimer(self.loop, self._on_timer)
         self.gpus = cuda.device_count()
         self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone)
@@ -96,21 +97,29 @@ class Server:
             now = time.monotonic_ns()
             dirty, self._dirty = self._dirty, set()
             for sched in dirty:
-                sched.pump(now)
+                self._pump(sched, now)
             self._arm_timer()
 
+    def _pump(self, sched: Scheduler, now: int) -> None:
+        """Run a scheduler and note when it must run again. Only a scheduler that was
+        pumped can have a new deadline: every event that could move one earlier (a
+        request, a finished batch, an instance back) marks its scheduler dirty."""
+        sched.pump(now)
+        deadline = sched.next_deadline()
+        if deadline is None:
+            self._deadlines.pop(sched, None)
+        else:
+            self._deadlines[sched] = deadline
+
     def _arm_timer(self) -> None:
-        deadline = None
-        for sched in self.manager.schedulers():
-            d = sched.next_deadline()
-            if d is not None and (deadline is None or d < deadline):
-                deadline = d
-        self.timer.set(deadline)
+        if self._deadlines:
+            self.timer.set(min(self._deadlines.values()))
 
     def _on_timer(self) -> None:
         now = time.monotonic_ns()
-        for sched in self.manager.schedulers():
-            sched.pump(now)
+        for sched, deadline in list(self._deadlines.items()):
+            if deadline <= now:
+                self._pump(sched, now)
         self._arm_timer()
 
     def _wake(self, sched: Scheduler) -> None:

@@ -45,14 +45,22 @@ class PreciseTimer:
         return self._deadline
 
     def set(self, deadline_ns: int | None) -> None:
-        """Arm for `deadline_ns` (CLOCK_MONOTONIC ns), or disarm with None."""
-        if deadline_ns == self._deadline:
+        """Make sure `callback()` runs no later than `deadline_ns` (CLOCK_MONOTONIC ns;
+        None: no deadline). It may run earlier, at a deadline armed before: the timer is
+        never disarmed or pushed later, because the loop asks after every burst and a
+        timerfd_settime call each time costs more than the rare early wake-up, whose
+        callback then arms the right time."""
+        if deadline_ns is None:
             return
+        if self._deadline is not None and self._deadline <= deadline_ns:
+            return
+        self._arm(deadline_ns)
+
+    def _arm(self, deadline_ns: int) -> None:
         self._deadline = deadline_ns
         spec = _Itimerspec()
-        if deadline_ns is not None:
-            deadline_ns = max(deadline_ns, 1)
-            spec.it_value.tv_sec, spec.it_value.tv_nsec = divmod(deadline_ns, 1_000_000_000)
+        spec.it_value.tv_sec, spec.it_value.tv_nsec = divmod(max(deadline_ns, 1),
+                                                             1_000_000_000)
         if _libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) < 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
