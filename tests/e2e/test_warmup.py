@@ -172,3 +172,41 @@ def test_warmed_models_serve_requests(warm_server, protocol):
               for e in events[1:] for r in e["requests"]
               if r["INPUT0"]["values"] == [[2.5] * 4]]
     assert served  # recorded after the warmup calls, which were all there at READY
+
+
+ONNX_GPU_WARMUP = """
+name: "onnx_gpu_warmup"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]
+model_warmup [ {
+  name: "on device" batch_size: 2 count: 2
+  inputs { key: "INPUT0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } }
+} ]
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_instance_warms_up_on_its_device(tmp_path):
+    """Rule: a KIND_GPU instance runs its warmup on its own device and stream before
+    READY, and counts nothing in statistics."""
+    from shm import cuda
+    if cuda.device_count() == 0:
+        pytest.skip("no CUDA device")
+    onnx_models.identity(tmp_path / "repo" / "onnx_gpu_warmup", dims=(4,),
+                         config=ONNX_GPU_WARMUP)
+    srv = ServerProcess([tmp_path / "repo"], log_dir=tmp_path)
+    try:
+        srv.start()
+        for protocol in PROTOCOLS:
+            (entry,) = stats(srv, protocol, "onnx_gpu_warmup").values()
+            assert entry["execution_count"] == 0
+        x = np.ones((1, 4), np.float32)
+        out = _infer(srv, "grpc", "onnx_gpu_warmup", {"INPUT0": (x, "FP32")})
+        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
+    finally:
+        code = srv.stop()
+    assert code == 0, srv.log()
+    assert srv.segments() == []
