@@ -204,10 +204,11 @@ def test_run_executes_each_sample_count_times_in_order(tmp_path, monkeypatch):
     inst = _python_instance("warmup_probe")
     samples = warmup.samples(inst.config, "warmup_probe", 1, str(MODELS / "warmup_probe"))
     warmup.run(inst, samples, TensorIO(None, "test"))
-    lines = [json.loads(x) for x in (tmp_path / "warmup_probe_0.jsonl").read_text().split("\n")
-             if x]
+    text = (tmp_path / "warmup_probe_0.jsonl").read_text()
+    lines = [json.loads(x) for x in text.splitlines() if x]
     calls = [line["requests"] for line in lines if line["event"] == "execute"]
     assert [len(c) for c in calls] == [2, 2, 2, 1]
     for req in calls[0]:
         assert req["INPUT1"] == {"shape": [1, 3], "values": [[7, -8, 9]]}
-        assert req["INPUT0"]["values"] == [[0, 0, 0, 0]] and req["TEXT"]["values"] == ["", ""]
+        assert req["INPUT0"]["values"] == [[0, 0, 0, 0]]
+        assert req["TEXT"]["values"] == ["", ""]
