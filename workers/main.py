@@ -11,6 +11,8 @@ BatchDone.
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import logging
 import os
 import queue
@@ -27,6 +29,7 @@ from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, StopWorker, UnloadInstance, WorkerReady)
+from workers import warmup
 from workers.backends import create_instance
 from workers.tensors import Copies, TensorIO, targets_of
 
@@ -58,6 +61,9 @@ class InstanceThread:
                     break
                 if isinstance(item, str):  # a peer is gone: drop its socket
                     self.outbox.drop(item)
+                    continue
+                if callable(item):  # the warmup, run before any batch
+                    item(self.outbox)
                     continue
                 self.worker.run_batch(self.inst, item, self.outbox)
         finally:
@@ -130,14 +136,38 @@ class Worker:
     def on_load(self, msg: LoadInstance) -> None:
         try:
             inst, config = create_instance(msg)
-            self.instances[msg.instance] = inst
-            if getattr(inst, "threaded", False):
-                self.threads[msg.instance] = InstanceThread(self, msg.instance, inst)
-            reply = InstanceLoaded(msg.instance, True, config=config)
         except Exception as exc:  # the reason goes to the model's state, not a crash
             log.exception("failed to load %s", msg.instance)
+            self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, False,
+                                                            error=_reason(exc)))
+            return
+        # Registered before its warmup: after a failed one, the scheduler's
+        # UnloadInstance (or StopWorker) finalizes it like any other instance.
+        self.instances[msg.instance] = inst
+        if getattr(inst, "threaded", False):
+            thread = self.threads[msg.instance] = InstanceThread(self, msg.instance, inst)
+            # on the instance's own thread, as Triton does, so this loop keeps feeding
+            # the device's other instances while this one warms up
+            thread.queue.put(functools.partial(self.warm_up, inst, msg, config))
+        else:
+            self.warm_up(inst, msg, config, self.outbox)
+
+    def warm_up(self, inst, msg: LoadInstance, config: bytes, outbox: Outbox) -> None:
+        """Run the model's warmup samples on `inst`, then answer the load: the instance
+        is loaded only once every sample ran without error. Passive instances take no
+        requests, and Triton does not warm them up."""
+        try:
+            if not msg.passive:
+                samples = warmup.samples(json.loads(config), msg.model, msg.version,
+                                         msg.model_dir)
+                warmup.run(inst, samples, self.io, f"instance {msg.instance_name}")
+                if samples:
+                    inst.copies = Copies()  # counted from the first real batch on
+            reply = InstanceLoaded(msg.instance, True, config=config)
+        except Exception as exc:
+            log.error("failed to load %s: %s", msg.instance, _reason(exc))
             reply = InstanceLoaded(msg.instance, False, error=_reason(exc))
-        self.outbox.send(self.scheduler, reply)
+        outbox.send(self.scheduler, reply)
 
     def on_unload(self, msg: UnloadInstance) -> None:
         thread = self.threads.pop(msg.instance, None)

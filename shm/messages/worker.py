@@ -44,8 +44,8 @@ class LoadInstance(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
 
 
 class InstanceLoaded(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """Answer to LoadInstance: ok, or the reason it failed; the (auto-completed) config
-    as JSON."""
+    """Answer to LoadInstance, sent once the instance has run its model_warmup samples:
+    ok, or the reason it failed; the (auto-completed) config as JSON."""
 
     instance: str
     ok: bool
