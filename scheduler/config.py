@@ -240,6 +240,7 @@ def validate(config: ModelConfig, *, gpu_ids: Sequence[int] | None = None) -> No
     if not config.HasField("version_policy"):
         raise ConfigError(f"must specify 'version policy' for {name}")
     _validate_io(config)
+    _validate_batch_io(config)
     if config.HasField("dynamic_batching"):
         _validate_dynamic_batching(config)
     if config.HasField("sequence_batching"):
@@ -280,6 +281,49 @@ def _validate_io(config: ModelConfig) -> None:
                 raise ConfigError(f"model {kind} '{io.name}' is specified more than once "
                                   f"for {config.name}")
             seen.add(io.name)
+
+
+def _validate_batch_io(config: ModelConfig) -> None:
+    """Triton's ValidateBatchIO: kinds with one source input each, batch inputs in
+    INT32 or FP32, sources among the inputs, batch outputs among the outputs. Names are
+    checked once the config lists inputs (outputs): a config left for auto-complete to
+    fill is validated again after it, as Triton validates IO after the backend's
+    auto-complete."""
+    suffix = f" for {config.name}"
+    inputs = {io.name for io in config.input}
+    outputs = {io.name for io in config.output}
+    for batch_input in config.batch_input:
+        # every kind model_config.proto has reads exactly one source input
+        kind = type(batch_input).Kind.Name(batch_input.kind)
+        if len(batch_input.source_input) != 1:
+            raise ConfigError(f"batch input kind '{kind}' expects 1 source input, got "
+                              f"{len(batch_input.source_input)}" + suffix)
+        if batch_input.data_type not in (DataType.TYPE_INT32, DataType.TYPE_FP32):
+            raise ConfigError("batch input data type must be TYPE_INT32 or TYPE_FP32"
+                              + suffix)
+        for source in batch_input.source_input:
+            if inputs and source not in inputs:
+                raise ConfigError(f"unknown source input name '{source}'" + suffix)
+        for target in batch_input.target_name:
+            if target in inputs:
+                raise ConfigError(f"batch input target '{target}' is also a model input"
+                                  + suffix)
+    for batch_output in config.batch_output:
+        kind = type(batch_output).Kind.Name(batch_output.kind)
+        if len(batch_output.source_input) != 1:
+            raise ConfigError(f"batch output kind '{kind}' expects 1 source input, got "
+                              f"{len(batch_output.source_input)}" + suffix)
+        for source in batch_output.source_input:
+            if inputs and source not in inputs:
+                raise ConfigError(f"unknown source input name '{source}'" + suffix)
+        targets = set()
+        for target in batch_output.target_name:
+            if outputs and target not in outputs:
+                raise ConfigError(f"unknown target output name '{target}'" + suffix)
+            if target in targets:
+                raise ConfigError(f"target output name '{target}' can only be specified "
+                                  "once" + suffix)
+            targets.add(target)
 
 
 def _validate_tensor(config: ModelConfig, kind: str, io) -> None:

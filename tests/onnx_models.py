@@ -138,3 +138,76 @@ def mlp(model_dir, sizes=(512, 2048, 512), seed: int = 0,
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", sizes[-1]])],
         initializer=inits)
     return _write(model_dir, graph, config)
+
+
+RAGGED_SUMS_CONFIG = """
+name: "{name}"
+backend: "onnxruntime"
+max_batch_size: 8
+dynamic_batching {{ }}
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }} ]
+batch_input [
+  {{ kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "INDEX" data_type: TYPE_INT32
+     source_input: "INPUT" }},
+  {{ kind: BATCH_ELEMENT_COUNT target_name: "COUNT" data_type: TYPE_INT32
+     source_input: "INPUT" }}
+]
+output [
+  {{ name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }},
+  {{ name: "COUNT_OUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1 ] }}
+]
+batch_output [
+  {{ target_name: "DOUBLED" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT" }}
+]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+
+def ragged_sums(model_dir, config: str | None = None) -> Path:
+    """A ragged-batching model, as Triton's ragged batching doc describes one.
+
+    INPUT FP32 ["total"] is the requests' elements concatenated; INDEX INT32
+    ["requests"] (BATCH_ACCUMULATED_ELEMENT_COUNT) says where each request ends; COUNT
+    INT32 ["requests"] (BATCH_ELEMENT_COUNT) each request's element count. Outputs:
+    SUM ["requests", 1] each request's sum (differences of a cumulative sum at INDEX),
+    COUNT_OUT ["requests", 1] = COUNT, and DOUBLED ["total"] = 2 * INPUT, which the
+    config scatters back with BATCH_SCATTER_WITH_INPUT_SHAPE. With `config` None the
+    config is RAGGED_SUMS_CONFIG named after the directory.
+    """
+    model_dir = Path(model_dir)
+    if config is None:
+        config = RAGGED_SUMS_CONFIG.format(name=model_dir.name)
+    i64 = TensorProto.INT64
+    nodes = [
+        helper.make_node("Constant", [], ["zero"], value=helper.make_tensor(
+            "zero", TensorProto.FLOAT, [1], [0.0])),
+        helper.make_node("Constant", [], ["axis0"], value=helper.make_tensor(
+            "axis0", i64, [], [0])),
+        helper.make_node("Constant", [], ["first"], value=helper.make_tensor(
+            "first", i64, [1], [0])),
+        helper.make_node("Constant", [], ["but_last"], value=helper.make_tensor(
+            "but_last", i64, [1], [-1])),
+        helper.make_node("Constant", [], ["axes1"], value=helper.make_tensor(
+            "axes1", i64, [1], [1])),
+        # csum[k] = sum of the first k elements, so a request's sum is
+        # csum[end] - csum[previous end]
+        helper.make_node("Concat", ["zero", "INPUT"], ["padded"], axis=0),
+        helper.make_node("CumSum", ["padded", "axis0"], ["csum"]),
+        helper.make_node("Gather", ["csum", "INDEX"], ["at_ends"], axis=0),
+        helper.make_node("Slice", ["at_ends", "first", "but_last"], ["before"]),
+        helper.make_node("Concat", ["zero", "before"], ["at_starts"], axis=0),
+        helper.make_node("Sub", ["at_ends", "at_starts"], ["sums"]),
+        helper.make_node("Unsqueeze", ["sums", "axes1"], ["SUM"]),
+        helper.make_node("Unsqueeze", ["COUNT", "axes1"], ["COUNT_OUT"]),
+        helper.make_node("Add", ["INPUT", "INPUT"], ["DOUBLED"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "ragged_sums",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["total"]),
+         helper.make_tensor_value_info("INDEX", TensorProto.INT32, ["requests"]),
+         helper.make_tensor_value_info("COUNT", TensorProto.INT32, ["requests"])],
+        [helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["requests", 1]),
+         helper.make_tensor_value_info("COUNT_OUT", TensorProto.INT32, ["requests", 1]),
+         helper.make_tensor_value_info("DOUBLED", TensorProto.FLOAT, ["total"])])
+    return _write(model_dir, graph, config)

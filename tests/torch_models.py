@@ -65,6 +65,20 @@ class ModeProbe(torch.nn.Module):
         return torch.tensor([fresh.is_inference(), torch.is_grad_enabled()])
 
 
+class RaggedSums(torch.nn.Module):
+    """INPUT: the requests' elements concatenated; OFFSETS: where each starts, plus the
+    end (BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO); SHAPES: each batch item's shape
+    without the batch dimension (BATCH_ITEM_SHAPE). Returns each request's sum, the
+    negated elements (scattered back per request) and SHAPES."""
+
+    def forward(self, INPUT: torch.Tensor, OFFSETS: torch.Tensor, SHAPES: torch.Tensor
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        sums: List[torch.Tensor] = []
+        for i in range(OFFSETS.shape[0] - 1):
+            sums.append(INPUT[int(OFFSETS[i]):int(OFFSETS[i + 1])].sum())
+        return torch.stack(sums).unsqueeze(1), -INPUT, SHAPES
+
+
 class Upper(torch.nn.Module):
     def forward(self, text: List[str]) -> List[str]:
         return [s.upper() for s in text]
@@ -184,6 +198,41 @@ def string_upper(model_dir) -> Path:
     """List[str] in, upper-cased List[str] out (Triton: 1-D strings, no batching)."""
     return save_model(model_dir, Upper(), [("TEXT__0", "TYPE_STRING", [-1])],
                       [("UPPER__0", "TYPE_STRING", [-1])], max_batch_size=0)
+
+
+RAGGED_SUMS_CONFIG = """
+name: "{name}"
+platform: "pytorch_libtorch"
+max_batch_size: 8
+dynamic_batching {{ }}
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }} ]
+batch_input [
+  {{ kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "OFFSETS"
+     data_type: TYPE_INT32 source_input: "INPUT" }},
+  {{ kind: BATCH_ITEM_SHAPE target_name: "SHAPES" data_type: TYPE_INT32
+     source_input: "INPUT" }}
+]
+output [
+  {{ name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }},
+  {{ name: "NEG" data_type: TYPE_FP32 dims: [ -1 ] }},
+  {{ name: "SHAPE_OUT" data_type: TYPE_INT32 dims: [ 1 ] }}
+]
+batch_output [
+  {{ target_name: "NEG" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT" }}
+]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+
+def ragged_sums(model_dir) -> Path:
+    """RaggedSums served with ragged batching (RAGGED_SUMS_CONFIG, named after the
+    directory): SUM per request, NEG scattered back in each request's input shape,
+    SHAPE_OUT each item's length."""
+    model_dir = Path(model_dir)
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    torch.jit.script(RaggedSums()).save(str(model_dir / "1" / "model.pt"))
+    (model_dir / "config.pbtxt").write_text(RAGGED_SUMS_CONFIG.format(name=model_dir.name))
+    return model_dir
 
 
 def build_e2e_models(root) -> list[str]:

@@ -12,6 +12,9 @@ allows, and are counted:
 - outputs are per-request slices of the model's batch outputs, written once by the
   worker's TensorIO (device outputs go device-to-host straight into their destination,
   or device-to-device into a client's CUDA region).
+Ragged inputs, batch inputs and batch outputs follow Triton's ragged batching (see
+workers/batch_io.py): a ragged input reaches the model flattened and concatenated, with
+the batch inputs the config asks for beside it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 from shm import datatypes
 from shm.errors import ErrorCode, InferError
 from shm.messages.worker import LoadInstance
+from workers import batch_io
 from workers.tensors import Copies, TensorIO, is_device_array
 
 log = logging.getLogger("shmserve.framework")
@@ -60,6 +64,9 @@ class FrameworkInstance:
         self.output_types = {o["name"]: datatypes.from_config(o["data_type"])
                              for o in config.get("output", [])}
         self.all_outputs = list(self.output_types)
+        self.ragged = batch_io.ragged_inputs(config)
+        self.batch_inputs = batch_io.batch_inputs(config)
+        self.batch_outputs = batch_io.batch_outputs(config)
 
     def finalize(self) -> None:
         self.model.close()
@@ -82,7 +89,7 @@ class FrameworkInstance:
             return results
         self.input_end_ns = self.output_start_ns = 0
         try:
-            inputs, sizes = self._gather(requests, names, io)
+            inputs, sizes, shapes = self._gather(requests, names, io)
         except InferError as exc:
             return [exc] * len(requests)
         except Exception as exc:
@@ -100,7 +107,7 @@ class FrameworkInstance:
             return [InferError(ErrorCode.INTERNAL,
                                f"model '{self.model_name}' failed: {exc}")] * len(requests)
         self.output_start_ns = time.monotonic_ns()
-        return self._split(requests, outputs, sizes)
+        return self._split(requests, outputs, sizes, shapes)
 
     def _wanted(self, requests) -> list[str]:
         wanted: list[str] = []
@@ -116,14 +123,20 @@ class FrameworkInstance:
         on_device = self.stream is not None
         copies = self.copies
         per_input: dict[str, list] = {}
+        shapes: dict[str, list[tuple[int, ...]]] = {}  # each request's shape, per input
         for req in requests:
             for ref in req.inputs:
                 # a CPU model given CUDA memory gets it with one device-to-host copy
                 array = io.input(ref) if on_device else io.host_input(ref, copies)
                 per_input.setdefault(ref.name, []).append(array)
+                shapes.setdefault(ref.name, []).append(tuple(ref.shape))
         sizes = [req.batch_size if self.max_batch else 1 for req in requests]
         inputs = {}
         for name, arrays in per_input.items():
+            if name in self.ragged:
+                # Triton's backends take a ragged input as one 1-D tensor, batch of
+                # one included: every request's elements, one after the other
+                arrays = [a.reshape(-1) for a in arrays]
             if len(arrays) == 1:
                 inputs[name] = self._to_device(arrays[0]) if on_device else arrays[0]
             elif on_device:
@@ -132,7 +145,19 @@ class FrameworkInstance:
                 batch = np.concatenate(arrays, axis=0)  # the one gather copy
                 copies.host += batch.nbytes if batch.dtype != object else 0
                 inputs[name] = batch
-        return inputs, sizes
+        for spec in self.batch_inputs:
+            source = shapes.get(spec.source)
+            if source is None:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"batch input '{', '.join(spec.targets)}' of model "
+                                 f"'{self.model_name}' needs input '{spec.source}', which "
+                                 "the request does not give")
+            value = batch_io.generate(spec.kind, spec.datatype, source)
+            if on_device:
+                value = self._to_device(value)
+            for target in spec.targets:
+                inputs[target] = value
+        return inputs, sizes, shapes
 
     def _to_device(self, array):
         if is_device_array(array):
@@ -162,8 +187,9 @@ class FrameworkInstance:
             row += a.shape[0]
         return batch
 
-    def _split(self, requests, outputs: dict, sizes: list[int]):
+    def _split(self, requests, outputs: dict, sizes: list[int], shapes: dict):
         total = sum(sizes)
+        scattered = {}  # batch outputs: each request's part, in its source input's shape
         for name, array in outputs.items():
             expected = self.output_types.get(name)
             got = _datatype_of(array)
@@ -173,6 +199,14 @@ class FrameworkInstance:
                                  f"unexpected datatype {got} for inference output '{name}' "
                                  f"of model '{self.model_name}', expecting {expected}")
                 return [err] * len(requests)
+            spec = self.batch_outputs.get(name)
+            if spec is not None:
+                try:
+                    scattered[name] = batch_io.scatter(array, shapes.get(spec.source, []),
+                                                       name)
+                except InferError as err:
+                    return [err] * len(requests)
+                continue
             if len(requests) > 1 and (array.ndim == 0 or array.shape[0] != total):
                 err = InferError(ErrorCode.INTERNAL,
                                  f"output '{name}' of model '{self.model_name}' has shape "
@@ -181,13 +215,16 @@ class FrameworkInstance:
                 return [err] * len(requests)
         results = []
         row = 0
-        for req, size in zip(requests, sizes):
+        for index, (req, size) in enumerate(zip(requests, sizes)):
             wanted = None if req.outputs is None else {o.name for o in req.outputs}
             out = []
             for name, array in outputs.items():
                 if wanted is not None and name not in wanted:
                     continue
-                part = array if len(requests) == 1 else array[row:row + size]
+                if name in scattered:
+                    part = scattered[name][index]
+                else:
+                    part = array if len(requests) == 1 else array[row:row + size]
                 out.append((name, self.output_types.get(name) or _datatype_of(array), part))
             results.append(out)
             row += size

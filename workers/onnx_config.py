@@ -98,13 +98,16 @@ def complete(config: dict, graph: "GraphIO", backend_config: dict[str, str]) -> 
     config = copy.deepcopy(config)
     inputs = config.get("input") or []
     outputs = config.get("output") or []
-    if (inputs or config.get("batch_input")) and outputs:
+    if inputs and outputs:
         log.info("skipping model configuration auto-complete for '%s': inputs and outputs "
                  "already specified", config.get("name", ""))
     else:
         _complete_max_batch(config, graph, backend_config)
-        if not (inputs or config.get("batch_input")):
-            config["input"] = _complete_io(config, graph.inputs)
+        if not inputs:
+            # graph inputs that batch inputs feed are the server's, not the client's
+            targets = _batch_input_targets(config)
+            config["input"] = _complete_io(config, {n: t for n, t in graph.inputs.items()
+                                                    if n not in targets})
         if not outputs:
             config["output"] = _complete_io(config, graph.outputs)
     validate(config, graph)
@@ -156,7 +159,8 @@ def validate(config: dict, graph: GraphIO) -> None:
     max_batch = int(config.get("max_batch_size") or 0)
     inputs = config.get("input") or []
     expected = sum(1 for io in inputs if not io.get("optional"))
-    expected += len(config.get("batch_input") or [])
+    batch_targets = _batch_input_targets(config)
+    expected += len(batch_targets)
     seq = config.get("sequence_batching")
     if seq is not None:
         expected += _validate_sequence(name, seq, graph, max_batch)
@@ -181,6 +185,8 @@ def validate(config: dict, graph: GraphIO) -> None:
                     f"{_shape_str(info.dims)}")
         else:
             _compare_dims(name, info, dims, max_batch, exact=False)
+    for target, data_type in batch_targets.items():
+        _find(name, "batch input", target, data_type, graph.inputs, "inputs")
     for io in config.get("output") or []:
         info = _find(name, "output", io.get("name", ""), io.get("data_type"), graph.outputs,
                      "outputs")
@@ -191,6 +197,12 @@ def validate(config: dict, graph: GraphIO) -> None:
               model_inputs, "inputs")
         _find(name, "output state", state.get("output_name", ""), state.get("data_type"),
               graph.outputs, "outputs")
+
+
+def _batch_input_targets(config: dict) -> dict[str, str]:
+    """{model input a batch input feeds: its config data type}."""
+    return {target: b.get("data_type") or "TYPE_INVALID"
+            for b in config.get("batch_input") or [] for target in b.get("target_name") or []}
 
 
 def _find(model: str, kind: str, io_name: str, data_type, tensors: dict[str, TensorInfo],

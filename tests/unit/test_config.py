@@ -629,3 +629,75 @@ def test_json_parses_back_to_the_same_config():
     config = ready(PYTHON_MODEL + "dynamic_batching {} instance_group [{ kind: KIND_CPU }]")
     again = json_format.ParseDict(config_to_json(config), ModelConfig())
     assert again == config
+
+
+# --- batch_input / batch_output (ragged batching) ----------------------------------
+
+RAGGED_MODEL = """
+name: "m"
+backend: "onnxruntime"
+max_batch_size: 8
+input [{ name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }]
+output [{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }]
+"""
+
+
+def test_batch_io_survives_normalization_and_the_config_json():
+    """batch_input and batch_output are kept as given and printed by the config
+    endpoint with Triton's field names and enum names."""
+    text = RAGGED_MODEL + """
+    batch_input [{ kind: BATCH_ITEM_SHAPE_FLATTEN target_name: [ "S", "S2" ]
+                   data_type: TYPE_FP32 source_input: "INPUT" }]
+    batch_output [{ target_name: "OUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE
+                    source_input: "INPUT" }]
+    """
+    config = ready(text)
+    validate(config)
+    out = json.loads(json.dumps(config_to_json(config)))
+    assert out["input"][0]["allow_ragged_batch"] is True
+    assert out["batch_input"] == [{"kind": "BATCH_ITEM_SHAPE_FLATTEN",
+                                   "target_name": ["S", "S2"], "data_type": "TYPE_FP32",
+                                   "source_input": ["INPUT"]}]
+    assert out["batch_output"] == [{"target_name": ["OUT"],
+                                    "kind": "BATCH_SCATTER_WITH_INPUT_SHAPE",
+                                    "source_input": ["INPUT"]}]
+    # kind 0 is printed too (the proto's default, BATCH_ELEMENT_COUNT)
+    config = ready(RAGGED_MODEL + """batch_input [{ target_name: "N" data_type: TYPE_INT32
+                                                  source_input: "INPUT" }]""")
+    assert config_to_json(config)["batch_input"][0]["kind"] == "BATCH_ELEMENT_COUNT"
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ('batch_input [{ kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 }]',
+     "batch input kind 'BATCH_ELEMENT_COUNT' expects 1 source input, got 0 for m"),
+    ('batch_input [{ kind: BATCH_ITEM_SHAPE target_name: "N" data_type: TYPE_INT32 '
+     'source_input: [ "INPUT", "INPUT" ] }]',
+     "batch input kind 'BATCH_ITEM_SHAPE' expects 1 source input, got 2"),
+    ('batch_input [{ target_name: "N" data_type: TYPE_INT64 source_input: "INPUT" }]',
+     "batch input data type must be TYPE_INT32 or TYPE_FP32 for m"),
+    ('batch_input [{ target_name: "N" source_input: "INPUT" }]',
+     "batch input data type must be TYPE_INT32 or TYPE_FP32"),
+    ('batch_input [{ target_name: "N" data_type: TYPE_INT32 source_input: "NOPE" }]',
+     "unknown source input name 'NOPE' for m"),
+    ('batch_input [{ target_name: "INPUT" data_type: TYPE_INT32 source_input: "INPUT" }]',
+     "batch input target 'INPUT' is also a model input"),
+    ('batch_output [{ target_name: "OUT" source_input: "NOPE" }]',
+     "unknown source input name 'NOPE'"),
+    ('batch_output [{ target_name: "OUT" }]',
+     "batch output kind 'BATCH_SCATTER_WITH_INPUT_SHAPE' expects 1 source input, got 0"),
+    ('batch_output [{ target_name: "NOPE" source_input: "INPUT" }]',
+     "unknown target output name 'NOPE' for m"),
+    ('batch_output [{ target_name: [ "OUT", "OUT" ] source_input: "INPUT" }]',
+     "target output name 'OUT' can only be specified once"),
+])
+def test_bad_batch_io_is_rejected_with_tritons_reason(extra, reason):
+    """Triton's ValidateBatchIO load errors."""
+    rejects(RAGGED_MODEL + extra, reason)
+
+
+def test_batch_io_names_wait_for_auto_complete():
+    """A config that leaves inputs and outputs to auto-complete is not refused for
+    naming them in batch_input/batch_output: it is validated again once completed."""
+    validate(ready("""name: "m" backend: "onnxruntime"
+        batch_input [{ target_name: "N" data_type: TYPE_INT32 source_input: "INPUT" }]
+        batch_output [{ target_name: "OUT" source_input: "INPUT" }]"""))

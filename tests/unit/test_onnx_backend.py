@@ -525,3 +525,60 @@ def test_onnxruntime_session_settings_pass_through_and_spinning_is_off_by_defaul
     options, _ = ob.session_options(config, {})
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
     assert options.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+
+
+# --- ragged batching: batch inputs and outputs in the config ----------------------
+
+
+@pytest.fixture(scope="module")
+def ragged(repo):
+    return om.ragged_sums(repo / "ragged", config="")
+
+
+RAGGED_IO = {
+    "max_batch_size": 8,
+    "input": [io("INPUT", "TYPE_FP32", [-1], allow_ragged_batch=True)],
+    "batch_input": [
+        {"kind": "BATCH_ACCUMULATED_ELEMENT_COUNT", "target_name": ["INDEX"],
+         "data_type": "TYPE_INT32", "source_input": ["INPUT"]},
+        {"kind": "BATCH_ELEMENT_COUNT", "target_name": ["COUNT"],
+         "data_type": "TYPE_INT32", "source_input": ["INPUT"]}],
+    "output": [io("SUM", "TYPE_FP32", [1]), io("COUNT_OUT", "TYPE_INT32", [1]),
+               io("DOUBLED", "TYPE_FP32", [-1])],
+    "batch_output": [{"target_name": ["DOUBLED"], "kind": "BATCH_SCATTER_WITH_INPUT_SHAPE",
+                      "source_input": ["INPUT"]}],
+}
+
+
+def test_batch_input_targets_are_graph_inputs_the_config_need_not_list(ragged):
+    """Graph inputs fed by batch inputs count toward the inputs the config describes;
+    a ragged input is 1-D [-1] in the graph; a batch output's shape is not compared."""
+    config = bare(**copy.deepcopy(RAGGED_IO))
+    assert auto_complete(config, path_of(ragged), {}) == config
+
+
+def test_auto_complete_leaves_batch_input_targets_out_of_the_inputs(ragged):
+    """Inputs completed from the graph skip the ones batch inputs feed."""
+    config = bare(**{k: v for k, v in copy.deepcopy(RAGGED_IO).items()
+                     if k not in ("input", "output")})
+    out = auto_complete(config, path_of(ragged), {})
+    assert [i["name"] for i in out["input"]] == ["INPUT"]
+    assert [o["name"] for o in out["output"]] == ["SUM", "COUNT_OUT", "DOUBLED"]
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda c: c["batch_input"].pop(),
+     "configuration expects 2 inputs, model provides 3"),
+    (lambda c: c["batch_input"][0].update(data_type="TYPE_FP32"),
+     "configuration expects datatype TYPE_FP32 for batch input 'INDEX', model provides "
+     "TYPE_INT32"),
+    (lambda c: c["batch_input"][1].update(target_name=["NOPE"]),
+     "configuration names batch input 'NOPE', which the model does not have"),
+    (lambda c: c["input"][0].update(dims=[4]) or c["input"][0].pop("allow_ragged_batch"),
+     "the model expects 1 dimensions"),
+])
+def test_batch_io_contradicting_the_graph_is_rejected(ragged, change, reason):
+    config = bare(**copy.deepcopy(RAGGED_IO))
+    change(config)
+    with pytest.raises(ValueError, match=reason):
+        auto_complete(config, path_of(ragged), {})
