@@ -31,8 +31,9 @@ def _field(h, data) -> None:
 def cache_key(model: str, version: int, inputs, outputs=None) -> bytes | None:
     """The key of a request for `model` `version` (the version that will run it, not
     the requested 0). `inputs` carry name, datatype, shape and data (bytes-like in raw
-    layout); `outputs` the requested outputs (anything with a `name`) or None for every
-    output. Returns None when the request cannot be cached: an input in a client
+    layout); `outputs` the requested outputs (anything with a `name`); the caller
+    passes the config's outputs for "every output", so both spellings share a key
+    (None, when the config lists none, keys as "every output"). Returns None when the request cannot be cached: an input in a client
     shared-memory region (data None), whose bytes this process does not map."""
     if any(inp.data is None for inp in inputs):
         return None

@@ -132,7 +132,11 @@ class SchedulerCore:
         key = None
         if view.cache and not (outputs and any(o.target for o in outputs)):
             # client-region inputs give None here: this process cannot read them
-            key = cache_key(view.name, view.version, request.inputs, request.outputs)
+            # "every output" is the config's outputs, so that it keys as listing them
+            wanted = request.outputs
+            if wanted is None:
+                wanted = list(view.config.output) or None
+            key = cache_key(view.name, view.version, request.inputs, wanted)
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self.pending[rid] = _Pending(fut, blocks)

@@ -120,6 +120,21 @@ def test_repeated_request_is_a_hit_and_skips_the_model(cache_server, protocol):
     assert settled(cache_server, protocol)["cache_miss"][0] == before["cache_miss"][0] + 2
 
 
+def test_one_cache_for_every_protocol_and_encoding(cache_server):
+    """Rule: the key is the request's content, not its wire form: a result computed for
+    an HTTP JSON request answers the same request in HTTP binary and over gRPC."""
+    x = data(7000, 8)
+    ran = executions(cache_server)
+    c = client(cache_server, "http")
+    r = c.infer("cached_add", [infer_input("http", "INPUT0", x, "FP32", binary=False)],
+                outputs=[requested("http", o, binary=False) for o in ("OUTPUT0", "OUTPUT1")])
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x + 1)
+    assert executions(cache_server) == ran + 1
+    for protocol in PROTOCOLS:
+        np.testing.assert_array_equal(run(cache_server, protocol, x)["OUTPUT1"], x * 2)
+    assert executions(cache_server) == ran + 1
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_requested_outputs_are_honoured(cache_server, protocol):
     """Rule: a hit answers exactly the outputs the request asked for: a request for one
