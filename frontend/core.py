@@ -16,14 +16,15 @@ import time
 
 from tritonclient.grpc import model_config_pb2
 
+from frontend.cache_key import cache_key
 from frontend.types import DecodedRequest, InferResult, ModelView, OutputTensor
 from frontend.validate import validate_request
 from shm.arena import Arena, SegmentCache
 from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError
-from shm.messages.frontend import (FRONTEND_INBOX, CancelRequest, Drain, InferRequest,
-                                   ModelStateUpdate, RequestedOutput, ServerState,
-                                   StatsReply, StatsRequest)
+from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, Drain,
+                                   InferRequest, ModelStateUpdate, RequestedOutput,
+                                   ServerState, StatsReply, StatsRequest)
 from shm.messages.regions import RegionReply, RegionRequest
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.tensor import INLINE_MAX, TensorRef
@@ -128,6 +129,14 @@ class SchedulerCore:
         if request.outputs is not None:
             outputs = [RequestedOutput(o.name, o.parameters, _output_target(o))
                        for o in request.outputs]
+        key = None
+        if view.cache and not (outputs and any(o.target for o in outputs)):
+            # client-region inputs give None here: this process cannot read them
+            # "every output" is the config's outputs, so that it keys as listing them
+            wanted = request.outputs
+            if wanted is None:
+                wanted = list(view.config.output) or None
+            key = cache_key(view.name, view.version, request.inputs, wanted)
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self.pending[rid] = _Pending(fut, blocks)
@@ -143,6 +152,7 @@ class SchedulerCore:
             sequence_end=bool(params.get("sequence_end", False)),
             parameters=_user_parameters(params),
             start_ns=time.monotonic_ns(),  # Triton's request start: parsed and valid
+            cache_key=key or b"",
         ))
         try:
             resp: InferResponse = await fut
@@ -152,7 +162,22 @@ class SchedulerCore:
             raise
         if resp.error:
             raise InferError(ErrorCode(resp.error_code or ErrorCode.INTERNAL), resp.error)
-        return self._result(view, request, resp)
+        result = self._result(view, request, resp)
+        if key and not resp.cache_hit:
+            self._cache_insert(key, view, result)
+        return result
+
+    def _cache_insert(self, key: bytes, view: ModelView, result: InferResult) -> None:
+        """A miss ran: hand its outputs to the scheduler's cache, once. Outputs in the
+        worker's arena are copied out (the cache outlives the block); inline ones are
+        the bytes already received."""
+        outputs = []
+        for out in result.outputs:
+            if out.data is None:
+                return  # written into a client region: nothing to cache
+            data = out.data if isinstance(out.data, bytes) else bytes(out.data)
+            outputs.append(TensorRef(out.name, out.datatype, out.shape, data=data))
+        self.outbox.send(self.scheduler, CacheInsert(key, view.name, view.version, outputs))
 
     def _admit(self, request: DecodedRequest):
         if self.stopping:
@@ -257,7 +282,8 @@ class SchedulerCore:
         config = model_config_pb2.ModelConfig()
         if msg.config:
             config.ParseFromString(msg.config)
-        view = ModelView(msg.name, msg.version, msg.state, msg.reason, config)
+        view = ModelView(msg.name, msg.version, msg.state, msg.reason, config,
+                         cache=msg.cache)
         if msg.config_json:
             view.config_json = json.loads(msg.config_json)
         self.models.setdefault(msg.name, {})[msg.version] = view

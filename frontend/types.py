@@ -75,6 +75,7 @@ class ModelView:
     config_json: dict | None = None  # the config as Triton's HTTP endpoint prints it
     # output name -> class labels (its `label_filename`), for HTTP classification
     labels: dict[str, list[str]] | None = None
+    cache: bool = False  # its responses are cached: compute each request's cache key
 
 
 class FrontendCore(Protocol):

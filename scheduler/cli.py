@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from scheduler.cache import parse_cache_config
 from scheduler.metrics import parse_metrics_config
 from scheduler.rate_limiter import parse_resource
 
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-limit-resource", action="append", default=[],
                    metavar="NAME:COUNT[:DEVICE]",
                    help="how many of a rate-limiter resource there are (repeatable)")
+    p.add_argument("--cache-config", action="append", default=[],
+                   metavar="CACHE,SETTING=VALUE",
+                   help="the response cache, e.g. local,size=1048576 (repeatable); "
+                        "models opt in with response_cache { enable: true }")
+    p.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+                   help="deprecated: the same as --cache-config local,size=BYTES")
     # shmserve's own knobs
     # Half the cores: the other half runs the scheduler, the workers and, on a
     # benchmark box, the client. With one frontend per core on 2 cores, HTTP
@@ -98,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.backend_config = parse_backend_config(args.backend_config)
         args.rate_limit_resource = [parse_resource(r) for r in args.rate_limit_resource]
         args.metrics_config = parse_metrics_config(args.metrics_config)
+        args.cache_bytes = parse_cache_config(args.cache_config,
+                                              args.response_cache_byte_size)
     except ValueError as exc:
         parser.error(str(exc))
     return args

@@ -274,6 +274,15 @@ class Metrics:
                          st.compute_infer_ns // 1000)
                 w.sample("nv_inference_compute_output_duration_us", labels,
                          st.compute_output_ns // 1000)
+            if getattr(st, "cache_enabled", False):
+                # only for models that cache, as Triton shows them
+                w.sample("nv_cache_num_hits_per_model", labels, st.cache_hit_count)
+                w.sample("nv_cache_num_misses_per_model", labels, st.cache_miss_count)
+                if self.counters:
+                    w.sample("nv_cache_hit_duration_per_model", labels,
+                             st.cache_hit_ns // 1000)
+                    w.sample("nv_cache_miss_duration_per_model", labels,
+                             st.cache_miss_ns // 1000)
             w.sample("nv_inference_pending_request_count", labels, sched.pending)
             seconds = self.manager.load_seconds.get((mv.name, mv.version))
             if seconds is not None:

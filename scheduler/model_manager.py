@@ -127,6 +127,7 @@ class ModelRepositoryManager:
             return False
         sched = create_scheduler(plan.name, version, mv.config, self.rate_limiter,
                                  self._send_batch, self._fail, histograms=self.histograms)
+        sched.stats.cache_enabled = self.caches(mv.config)
         mv.scheduler = sched
         mv.slots = slots
         for slot in slots:
@@ -212,13 +213,20 @@ class ModelRepositoryManager:
         """Tell every frontend about a model version's state."""
         self._publish(self.state_update(mv))
 
+    def caches(self, config) -> bool:
+        """Whether responses of a model with this config are cached: it enables
+        response_cache and the server has a cache. Without a server cache Triton
+        serves such a model uncached."""
+        return (config is not None and config.response_cache.enable
+                and getattr(self.args, "cache_bytes", 0) > 0)
+
     def state_update(self, mv: ModelVersion) -> ModelStateUpdate:
         if mv.config is not None and not mv.config_json:
             mv.config_json = json.dumps(cfg.config_to_json(mv.config)).encode()
         return ModelStateUpdate(
             mv.name, mv.version, mv.state.value, mv.reason,
             config=mv.config.SerializeToString() if mv.config is not None else b"",
-            config_json=mv.config_json)
+            config_json=mv.config_json, cache=self.caches(mv.config))
 
     def schedulers(self):
         for mv in self.models.all():

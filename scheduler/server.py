@@ -4,7 +4,7 @@ One asyncio loop. The inbox delivers every message; after each burst the model
 schedulers it touched are pumped once, so requests that arrive together are batched
 together, and a precise timer wakes the loop for the earliest batching deadline. The
 rooms around it: the model manager (loading, states), the worker pool and the frontend
-pool (processes), the rate limiter (instances), the region registry (client shm).
+pool (processes), the rate limiter (instances), the region registry (client shm), the response cache.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 
 import orjson
 
+from scheduler.cache import ResponseCache
 from scheduler.frontend_pool import FrontendHandle, FrontendPool
 from scheduler.metrics import Metrics, MetricsServer
 from scheduler.model_manager import ModelRepositoryManager
@@ -33,8 +34,9 @@ from shm import cuda
 from shm.arena import remove_segments
 from shm.channel import Inbox, Outbox, ipc_address
 from shm.errors import ErrorCode, InferError
-from shm.messages.frontend import (CancelRequest, FrontendReady, FrontendStopped,
-                                   InferRequest, ServerState, StatsReply, StatsRequest)
+from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
+                                   FrontendStopped, InferRequest, ServerState, StatsReply,
+                                   StatsRequest)
 from shm.messages.regions import RegionGone, RegionReply, RegionRequest
 from shm.messages.results import InferResponse
 from shm.messages.scheduler import SCHEDULER_INBOX
@@ -61,6 +63,8 @@ class Server:
         self.timer = PreciseTimer(self.loop, self._on_timer)
         self.gpus = cuda.device_count()
         self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone)
+        cache_bytes = getattr(args, "cache_bytes", 0)
+        self.cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
         self.rate_limiter = RateLimiter(args.rate_limit == "execution_count",
                                         args.rate_limit_resource)
         self.workers = WorkerPool(args, self.run_dir, self.shm_prefix, self.address,
@@ -85,6 +89,7 @@ class Server:
             InferResponse: self.on_internal_response,
             RegionRequest: self.on_region_call,
             StatsRequest: self.on_stats,
+            CacheInsert: self.on_cache_insert,
         }
 
     # -- the loop -----------------------------------------------------------------------
@@ -180,13 +185,44 @@ class Server:
             self._fail(req, ErrorCode.UNAVAILABLE, f"model {what} is not ready")
             return
         sched = mv.scheduler
+        now = time.monotonic_ns()
+        # frontends set a key only for models that cache; the lookup is the queue's
+        # front door, as in Triton's scheduler (a hit never enters the queue)
+        if req.cache_key and self.cache is not None and self._answer_from_cache(req, mv, now):
+            return
         try:
             self.regions.resolve(req)  # names of client regions, if the request has any
-            sched.enqueue(req, time.monotonic_ns())
+            sched.enqueue(req, now)
         except InferError as exc:
             self._fail(req, exc.code, exc.message)
             return
         self._dirty.add(sched)
+
+    def _answer_from_cache(self, req: InferRequest, mv, now: int) -> bool:
+        start = time.monotonic_ns()
+        entry = self.cache.lookup(req.cache_key)
+        end = time.monotonic_ns()
+        if entry is None:
+            req.cache_lookup_ns = end - start  # counted as cache_miss time if it runs
+            return False
+        req.queue_ns = now
+        self.outbox.send(req.reply_to, InferResponse(req.id, outputs=entry.outputs,
+                                                     model_version=mv.version,
+                                                     cache_hit=True))
+        mv.scheduler.stats.cache_hit(req, start, end, time.monotonic_ns())
+        return True
+
+    def on_cache_insert(self, msg: CacheInsert) -> None:
+        if self.cache is None:
+            return
+        start = time.monotonic_ns()
+        if not self.cache.insert(msg.key, msg.model, msg.version, msg.outputs):
+            log.debug("response of '%s' version %d not cached: larger than the cache",
+                      msg.model, msg.version)
+        insert_ns = time.monotonic_ns() - start
+        mv = self.manager.models.resolve(msg.model, msg.version)
+        if mv is not None and mv.scheduler is not None:
+            mv.scheduler.stats.cache_inserted(insert_ns)
 
     def on_cancel(self, msg: CancelRequest) -> None:
         now = time.monotonic_ns()

@@ -20,6 +20,11 @@ Rules:
   CANCELED, BACKEND (the model's execution failed), OTHER (e.g. the instance died).
   Requests refused before that (unknown model, bad input, a full queue) count
   nowhere, as in Triton.
+- the response cache (core `UpdateSuccessCacheHit` / `UpdateSuccessCacheMiss`): a hit
+  is a success (count, request duration, and queue up to its lookup) and a cache_hit
+  (its lookup time), with no inference_count, execution or compute; a miss that ran
+  successfully is a cache_miss timed as lookup + insertion, and the insertion, which
+  happens after the request's end, is added to its request duration too.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ class ModelStats:
         self.failures: collections.Counter = collections.Counter()  # reason -> count
         self.cache_hit_count = self.cache_hit_ns = 0
         self.cache_miss_count = self.cache_miss_ns = 0
+        self.cache_enabled = False  # set by the manager: shows the cache metrics
         self.batches: dict[int, BatchStat] = {}
         self.histograms = histograms
         # Triton's name for the first one; request, queue and compute are shmserve's
@@ -123,6 +129,9 @@ class ModelStats:
                 self.failures[BACKEND] += 1
                 continue
             n_ok += 1
+            if req.cache_key:  # a cache miss, its insertion still to come
+                self.cache_miss_count += 1
+                self.cache_miss_ns += req.cache_lookup_ns
             self.inference_count += sizes[i]
             total = end_ns - req.start_ns
             queue = start_ns - req.queue_ns
@@ -136,6 +145,27 @@ class ModelStats:
         self.compute_input_ns += input_ns * n_ok
         self.compute_infer_ns += infer_ns * n_ok
         self.compute_output_ns += output_ns * n_ok
+
+    def cache_hit(self, req, lookup_start_ns: int, lookup_end_ns: int, end_ns: int) -> None:
+        """A request answered from the response cache. Its queue time runs from
+        entering the scheduler (`req.queue_ns`) to the start of its lookup."""
+        total = end_ns - (req.start_ns or req.queue_ns)
+        queue = lookup_start_ns - req.queue_ns
+        self.success_count += 1
+        self.success_ns += total
+        self.queue_ns += queue
+        self.cache_hit_count += 1
+        self.cache_hit_ns += lookup_end_ns - lookup_start_ns
+        if self.histograms:
+            self.request_ms.observe(total / 1e6)
+            self.first_response_ms.observe(total / 1e6)
+            self.queue_ms.observe(queue / 1e6)
+
+    def cache_inserted(self, insert_ns: int) -> None:
+        """A missed request's result went into the cache: the insertion is part of its
+        miss time and of its request duration (it came after the request's end)."""
+        self.cache_miss_ns += insert_ns
+        self.success_ns += insert_ns
 
     def failed(self, req, reason: str, end_ns: int) -> None:
         """A request that reached the scheduler failed outside a batch (timed out in

@@ -41,6 +41,10 @@ class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     # request start), and by the scheduler when it enters the model's queue
     start_ns: int = 0
     queue_ns: int = 0
+    # the response cache key (frontend/cache_key.py), set only for models that cache;
+    # the scheduler records how long its lookup took, counted as cache_miss time
+    cache_key: bytes = b""
+    cache_lookup_ns: int = 0
 
 
 class CancelRequest(msgspec.Struct, tag=True, array_like=True):
@@ -69,6 +73,9 @@ class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=
     reason: str = ""
     config: bytes = b""
     config_json: bytes = b""
+    # responses are cached: the config enables response_cache and the server has a
+    # cache; only then do frontends compute cache keys
+    cache: bool = False
 
 
 class ServerState(msgspec.Struct, tag=True, array_like=True):
@@ -87,6 +94,16 @@ class Drain(msgspec.Struct, tag=True, array_like=True):
 class FrontendStopped(msgspec.Struct, tag=True, array_like=True):
     index: int
     abandoned: int  # requests still in flight when the drain timed out
+
+
+class CacheInsert(msgspec.Struct, tag=True, array_like=True):
+    """The outputs of a request that missed the response cache and succeeded, sent once
+    by the frontend that answered it, inline, for the scheduler to cache under `key`."""
+
+    key: bytes
+    model: str
+    version: int
+    outputs: list[TensorRef]
 
 
 class StatsRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -110,6 +127,6 @@ class StatsReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
 
 
 TO_SCHEDULER_FROM_FRONTEND = (InferRequest, CancelRequest, FrontendReady, FrontendStopped,
-                              RegionRequest, StatsRequest)
+                              RegionRequest, StatsRequest, CacheInsert)
 FRONTEND_INBOX = (InferResponse, ModelStateUpdate, ServerState, Drain, PeerGone,
                   ReleaseBlocks, RegionReply, StatsReply)

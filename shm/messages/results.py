@@ -19,6 +19,7 @@ class InferResponse(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
     final: bool = True
     owner: str = ""
     model_version: int = 0
+    cache_hit: bool = False  # answered from the response cache, outputs inline
 
 
 class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True):
