@@ -88,11 +88,7 @@ class SchedulerCore:
         if not versions:
             raise InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' is not found")
         if version:
-            try:
-                v = int(version)
-            except ValueError:
-                raise InferError(ErrorCode.INVALID_ARG,
-                                 f"failed to parse model version '{version}'") from None
+            v = _version_number(version)
             view = versions.get(v)
             if view is None:
                 raise InferError(ErrorCode.NOT_FOUND,
@@ -226,14 +222,7 @@ class SchedulerCore:
 
     async def model_statistics(self, name: str = "", version: str = "") -> bytes:
         """The statistics extension's JSON, as the scheduler counts it."""
-        if version:
-            try:
-                v = int(version)
-            except ValueError:
-                raise InferError(ErrorCode.INVALID_ARG,
-                                 f"failed to parse model version '{version}'") from None
-        else:
-            v = -1
+        v = _version_number(version) if version else -1
         call_id = next(self._ids)
         reply: StatsReply = await self._call(call_id, StatsRequest(call_id, self.address,
                                                                    name, v))
@@ -384,3 +373,12 @@ def _user_parameters(params: dict) -> dict:
     if not params:
         return {}
     return {k: v for k, v in params.items() if k not in _CONTROL_PARAMETERS}
+
+
+def _version_number(version: str) -> int:
+    """A version as a URL or a gRPC field spells it."""
+    try:
+        return int(version)
+    except ValueError:
+        raise InferError(ErrorCode.INVALID_ARG,
+                         f"failed to parse model version '{version}'") from None

@@ -1,6 +1,9 @@
 import pytest
 
-from tests.e2e.harness import DEFAULT_REPOS, ServerProcess
+from tests.e2e.harness import DEFAULT_REPOS, ROOT, ServerProcess
+
+# TRITONSERVER_DELAY_SCHEDULER for held_server: no batch forms until this many are queued
+HOLD = 4
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +30,22 @@ def shm_server(tmp_path_factory):
                         log_dir=tmp_path_factory.mktemp("shm-logs"),
                         env={"SHMSERVE_TEST_MARKER_DIR": str(marker_dir)})
     srv.marker_dir = marker_dir
+    srv.start()
+    yield srv
+    code = srv.stop()
+    assert code == 0, srv.log()
+    assert srv.segments() == [], "server left shared memory behind"
+
+
+@pytest.fixture(scope="module")
+def held_server(tmp_path_factory):
+    """tests/models_sched with Triton's TRITONSERVER_DELAY_SCHEDULER hook holding the
+    first batch until HOLD requests are queued, so it forms exactly; one per module,
+    since the hold applies once. Two frontends: counts must not depend on which one a
+    request came through."""
+    srv = ServerProcess(ROOT / "tests" / "models_sched", frontends=2,
+                        log_dir=tmp_path_factory.mktemp("held-logs"),
+                        env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)})
     srv.start()
     yield srv
     code = srv.stop()

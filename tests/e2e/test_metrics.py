@@ -18,24 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.clients import PROTOCOLS, client, infer_input
+from tests.e2e.conftest import HOLD
 from tests.e2e.harness import ROOT, ServerProcess, free_ports, wait_until
 
 pytestmark = pytest.mark.e2e
 
 MODELS_SCHED = ROOT / "tests" / "models_sched"
-HOLD = 4
 MODEL = {"model": "delayed_batch", "version": "1"}
 
-
-@pytest.fixture(scope="module")
-def held_server(tmp_path_factory):
-    srv = ServerProcess(MODELS_SCHED, frontends=2, log_dir=tmp_path_factory.mktemp("logs"),
-                        env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)})
-    srv.start()
-    yield srv
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == []
 
 
 def scrape(server) -> str:

@@ -12,23 +12,11 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.clients import PROTOCOLS, client, infer_input
-from tests.e2e.harness import ROOT, ServerProcess
+from tests.e2e.conftest import HOLD
 
 pytestmark = pytest.mark.e2e
 
-MODELS_SCHED = ROOT / "tests" / "models_sched"
-HOLD = 4  # TRITONSERVER_DELAY_SCHEDULER: no batch forms until 4 requests are queued
 
-
-@pytest.fixture(scope="module")
-def held_server(tmp_path_factory):
-    srv = ServerProcess(MODELS_SCHED, frontends=2, log_dir=tmp_path_factory.mktemp("logs"),
-                        env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)})
-    srv.start()
-    yield srv
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == []
 
 
 def stats(server, protocol, model="", version=""):
