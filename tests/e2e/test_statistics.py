@@ -17,8 +17,6 @@ from tests.e2e.conftest import HOLD
 pytestmark = pytest.mark.e2e
 
 
-
-
 def stats(server, protocol, model="", version=""):
     """The model_stats entries as plain numbers, whichever protocol asked."""
     c = client(server, protocol)
