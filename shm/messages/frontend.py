@@ -6,6 +6,8 @@ import msgspec
 
 from shm.messages.regions import RegionReply, RegionRequest
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
+                                   TraceSettingReply, TraceSettingRequest)
 from shm.tensor import TensorRef
 
 
@@ -41,6 +43,8 @@ class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     # request start), and by the scheduler when it enters the model's queue
     start_ns: int = 0
     queue_ns: int = 0
+    # set by the scheduler when the trace extension sampled this request (0: not traced)
+    trace_id: int = 0
 
 
 class CancelRequest(msgspec.Struct, tag=True, array_like=True):
@@ -110,6 +114,8 @@ class StatsReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
 
 
 TO_SCHEDULER_FROM_FRONTEND = (InferRequest, CancelRequest, FrontendReady, FrontendStopped,
-                              RegionRequest, StatsRequest)
+                              RegionRequest, StatsRequest, LogSettingsRequest,
+                              TraceSettingRequest)
 FRONTEND_INBOX = (InferResponse, ModelStateUpdate, ServerState, Drain, PeerGone,
-                  ReleaseBlocks, RegionReply, StatsReply)
+                  ReleaseBlocks, RegionReply, StatsReply, LogSettingsReply,
+                  TraceSettingReply, LogSettings)
