@@ -294,6 +294,8 @@ class SchedulerCore:
 
     def on_log_settings(self, msg: LogSettings) -> None:
         configure_logging(self.role, msg)
+        log.info("log settings applied: verbose level %d, format %s",
+                 msg.log_verbose_level, msg.log_format)
 
     def on_server_state(self, msg: ServerState) -> None:
         self.ready = msg.ready

@@ -168,6 +168,8 @@ class Worker:
 
     def on_log_settings(self, msg: LogSettings) -> None:
         configure_logging(f"worker[{self.name}]", msg)
+        log.info("log settings applied: verbose level %d, format %s",
+                 msg.log_verbose_level, msg.log_format)
 
     def on_stop(self, msg: StopWorker) -> None:
         raise _Stop()
