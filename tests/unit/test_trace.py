@@ -214,7 +214,7 @@ def test_record_layout_is_tritons():
         {"id": 7, "model_name": "m", "model_version": 2, "request_id": "req-1"},
         {"id": 7, "timestamps": [{"name": "REQUEST_START", "ns": 1}]},
         {"id": 7, "timestamps": [{"name": "REQUEST_END", "ns": 9}]}]
-    assert json.loads(trace_records(1, "m", 1, "", []))  == {
+    assert json.loads(trace_records(1, "m", 1, "", [])) == {
         "id": 1, "model_name": "m", "model_version": 1}
 
 
