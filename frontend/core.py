@@ -26,7 +26,10 @@ from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, D
                                    InferRequest, ModelStateUpdate, RequestedOutput,
                                    ServerState, StatsReply, StatsRequest)
 from shm.messages.regions import RegionReply, RegionRequest
+from shm.log import configure_logging
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
+                                   TraceSettingReply, TraceSettingRequest)
 from shm.tensor import INLINE_MAX, TensorRef
 
 log = logging.getLogger("shmserve.frontend")
@@ -43,8 +46,10 @@ class _Pending:
 class SchedulerCore:
     """FrontendCore over the scheduler's channels (see frontend/types.py)."""
 
-    def __init__(self, address: str, scheduler: str, segment_prefix: str, arena_bytes: int):
+    def __init__(self, address: str, scheduler: str, segment_prefix: str, arena_bytes: int,
+                 role: str = "frontend"):
         self.address = address
+        self.role = role  # how this process names itself in log lines
         self.scheduler = scheduler
         self.inbox = Inbox(address, FRONTEND_INBOX)
         self.outbox = Outbox()
@@ -69,6 +74,9 @@ class SchedulerCore:
             ReleaseBlocks: self.on_release,
             RegionReply: self.on_call_reply,
             StatsReply: self.on_call_reply,
+            LogSettingsReply: self.on_call_reply,
+            TraceSettingReply: self.on_call_reply,
+            LogSettings: self.on_log_settings,
         }
 
     def attach(self, loop) -> None:
@@ -230,6 +238,26 @@ class SchedulerCore:
             raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
         return reply.body
 
+    async def log_settings(self, update: dict | None = None) -> LogSettings:
+        """The logging extension: the settings in force after applying `update` (None:
+        just read them). Values as the client sent them; the scheduler validates."""
+        call_id = next(self._ids)
+        reply: LogSettingsReply = await self._call(
+            call_id, LogSettingsRequest(call_id, self.address, update))
+        if reply.error:
+            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+        return reply.settings
+
+    async def trace_settings(self, model: str = "", update: dict | None = None) -> dict:
+        """The trace extension: global (`model` empty) or a model's settings in force
+        after applying `update` (None: just read them), as Triton's HTTP JSON."""
+        call_id = next(self._ids)
+        reply: TraceSettingReply = await self._call(
+            call_id, TraceSettingRequest(call_id, self.address, model, update))
+        if reply.error:
+            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+        return reply.settings
+
     async def _call(self, call_id: int, msg):
         """Send a control call to the scheduler and wait for its reply."""
         fut = asyncio.get_running_loop().create_future()
@@ -278,6 +306,11 @@ class SchedulerCore:
         self.models.setdefault(msg.name, {})[msg.version] = view
         if msg.version:  # a real version supersedes a placeholder for a failed config
             self.models[msg.name].pop(0, None)
+
+    def on_log_settings(self, msg: LogSettings) -> None:
+        configure_logging(self.role, msg)
+        log.info("log settings applied: verbose level %d, format %s",
+                 msg.log_verbose_level, msg.log_format)
 
     def on_server_state(self, msg: ServerState) -> None:
         self.ready = msg.ready

@@ -5,8 +5,8 @@ registered as generic method handlers with no (de)serializers on the inference R
 so `grpc_codec` sees the wire bytes: it slices large raw inputs out of the request
 without protobuf copying them, and writes outputs into the reply with one copy. The
 other RPCs use the generated message classes (the shared-memory ones come from
-`shm_endpoints`). RPCs this server does not offer yet (repository, statistics, trace,
-logging) answer UNIMPLEMENTED.
+`shm_endpoints`, the logging and trace ones from `settings_endpoints`). RPCs this
+server does not offer yet answer UNIMPLEMENTED.
 
 The port is bound with SO_REUSEPORT so that every frontend process listens on it and
 the kernel spreads connections between them; message size limits are raised to 2 GiB
@@ -25,7 +25,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
 
-from . import grpc_codec, shm_endpoints
+from . import grpc_codec, settings_endpoints, shm_endpoints
 from .types import FrontendCore
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class InferenceServicer:
                 self.model_stream_infer, request_deserializer=None, response_serializer=None),
         }
         handlers.update(shm_endpoints.grpc_method_handlers(self.core))
+        handlers.update(settings_endpoints.grpc_method_handlers(self.core))
         for method in s.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
             if method.name not in handlers:
                 handlers[method.name] = unary(_unimplemented(method.name),

@@ -20,7 +20,7 @@ from starlette.routing import BaseRoute, Route
 from shm.datatypes import from_config
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
-from . import http_codec, shm_endpoints
+from . import http_codec, settings_endpoints, shm_endpoints
 from .types import FrontendCore, ModelView
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
         Route(model + "/config", handlers.model_config),
         Route(versioned + "/config", handlers.model_config),
         *shm_endpoints.http_routes(core),
+        *settings_endpoints.http_routes(core),
         *routes,
     ]
     return _HttpApp(infer, routes=all_routes)

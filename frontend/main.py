@@ -15,9 +15,13 @@ import signal
 import socket
 import sys
 
+import msgspec
+
 from frontend.core import SchedulerCore
-from shm.lifecycle import die_with_parent, setup_logging
+from shm.lifecycle import die_with_parent
+from shm.log import configure_logging
 from shm.messages.frontend import FrontendReady, FrontendStopped
+from shm.messages.settings import LogSettings
 
 log = logging.getLogger("shmserve.frontend")
 
@@ -39,7 +43,8 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
 
 async def serve(args) -> int:
     loop = asyncio.get_running_loop()
-    core = SchedulerCore(args.address, args.scheduler, args.segment_prefix, args.arena_bytes)
+    core = SchedulerCore(args.address, args.scheduler, args.segment_prefix, args.arena_bytes,
+                         role=args.role)
     core.attach(loop)
 
     def on_term():
@@ -65,6 +70,9 @@ async def serve(args) -> int:
         app = make_http_app(core, server_version=VERSION, extensions=EXTENSIONS)
         config = uvicorn.Config(app, lifespan="off",
                                 http="httptools", loop="none", access_log=False,
+                                # log_config None: uvicorn's records go through
+                                # this process's handler (the shared --log-file)
+                                log_config=None,
                                 log_level="warning", timeout_keep_alive=300,
                                 # per-request work nobody asked for: proxy header
                                 # rewriting and a formatted Date/Server header
@@ -114,9 +122,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--allow-http", type=_bool, default=True)
     p.add_argument("--allow-grpc", type=_bool, default=True)
-    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-settings", default="{}", help="LogSettings as JSON")
     args = p.parse_args(argv)
-    setup_logging(f"frontend[{args.index}]", args.log_verbose)
+    args.role = f"frontend[{args.index}]"
+    configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))
     die_with_parent(signal.SIGTERM)
     try:
         import uvloop

@@ -105,6 +105,14 @@ class FrontendCore(Protocol):
         (`name` empty), every ready version of `name`, or one version; raises
         InferError."""
 
+    async def log_settings(self, update: dict | None = None):
+        """The logging extension: shm.messages.settings.LogSettings in force after
+        applying `update` (None: read only); raises InferError on a bad update."""
+
+    async def trace_settings(self, model: str = "", update: dict | None = None) -> dict:
+        """The trace extension: the global (`model` "") or a model's settings, as
+        Triton's HTTP JSON, after applying `update` (None: read only)."""
+
     async def shm_call(self, op: str, kind: str, *, name: str = "", key: str = "",
                        offset: int = 0, byte_size: int = 0, device_id: int = 0,
                        raw_handle: bytes = b"") -> list:

@@ -6,8 +6,10 @@ import argparse
 import os
 
 from scheduler.cache import parse_cache_config
+from scheduler.log_settings import LOG_FORMATS, from_args
 from scheduler.metrics import parse_metrics_config
 from scheduler.rate_limiter import parse_resource
+from scheduler.trace import parse_trace_config
 
 
 def _bool(text: str) -> bool:
@@ -47,8 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict-model-config", type=_bool, default=False)
     p.add_argument("--exit-on-error", type=_bool, default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
-    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-verbose", type=int, default=0,
+                   help="verbose logging level; > 0 enables verbose (debug) lines")
     p.add_argument("--log-info", type=_bool, default=True)
+    p.add_argument("--log-warning", type=_bool, default=True)
+    p.add_argument("--log-error", type=_bool, default=True)
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="default")
+    p.add_argument("--log-file", default="",
+                   help="every process appends its log here instead of stderr")
+    p.add_argument("--trace-config", action="append", default=[],
+                   metavar="[MODE,]SETTING=VALUE",
+                   help="trace settings, as tritonserver's: rate=N, level=TIMESTAMPS, "
+                        "count=N, triton,file=PATH, triton,log-frequency=N (repeatable)")
     p.add_argument("--id", dest="server_id", default="shmserve")
     p.add_argument("--backend-config", action="append", default=[],
                    metavar="BACKEND,SETTING=VALUE",
@@ -107,6 +119,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.metrics_config = parse_metrics_config(args.metrics_config)
         args.cache_bytes = parse_cache_config(args.cache_config,
                                               args.response_cache_byte_size)
+        args.trace_config = parse_trace_config(args.trace_config)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.log_verbose < 0:
+        parser.error("--log-verbose must be >= 0")
+    # The log settings in force; the scheduler replaces them when a client changes
+    # them, and the process pools hand the current ones to every child they start.
+    args.log_settings = from_args(args)
     return args

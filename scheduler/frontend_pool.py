@@ -8,6 +8,8 @@ import itertools
 import logging
 from typing import Callable
 
+import msgspec
+
 from scheduler.supervisor import Child, describe_exit
 from scheduler.worker_pool import RestartPolicy
 from shm.arena import remove_segments
@@ -67,7 +69,7 @@ class FrontendPool:
             "--http-address", a.http_address, "--http-port", str(a.http_port),
             "--grpc-address", a.grpc_address, "--grpc-port", str(a.grpc_port),
             "--allow-http", str(a.allow_http).lower(), "--allow-grpc", str(a.allow_grpc).lower(),
-            "--log-verbose", str(a.log_verbose),
+            "--log-settings", msgspec.json.encode(a.log_settings).decode(),
         ], on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())

@@ -6,12 +6,12 @@ import asyncio
 import sys
 
 from scheduler.cli import parse_args
-from shm.lifecycle import setup_logging
+from shm.log import configure_logging
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    setup_logging("scheduler", args.log_verbose)
+    configure_logging("scheduler", args.log_settings)
     from scheduler.server import Server
 
     async def run() -> int:

@@ -20,6 +20,7 @@ import time
 
 import orjson
 
+from scheduler import log_settings
 from scheduler.cache import ResponseCache
 from scheduler.frontend_pool import FrontendHandle, FrontendPool
 from scheduler.metrics import Metrics, MetricsServer
@@ -29,17 +30,21 @@ from scheduler.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.regions import Region, RegionRegistry
 from scheduler.schedulers import Scheduler
 from scheduler.timer import PreciseTimer
+from scheduler.trace import TraceManager, request_timestamps
 from scheduler.worker_pool import WorkerPool
 from shm import cuda
 from shm.arena import remove_segments
 from shm.channel import Inbox, Outbox, ipc_address
 from shm.errors import ErrorCode, InferError
+from shm.log import configure_logging
 from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
                                    FrontendStopped, InferRequest, ServerState, StatsReply,
                                    StatsRequest)
 from shm.messages.regions import RegionGone, RegionReply, RegionRequest
 from shm.messages.results import InferResponse
 from shm.messages.scheduler import SCHEDULER_INBOX
+from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSettingReply,
+                                   TraceSettingRequest)
 from shm.messages.worker import BatchDone, ExecuteBatch, InstanceLoaded, WorkerReady
 
 log = logging.getLogger("shmserve.scheduler")
@@ -63,6 +68,7 @@ class Server:
         self.timer = PreciseTimer(self.loop, self._on_timer)
         self.gpus = cuda.device_count()
         self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone)
+        self.trace = TraceManager(args.trace_config)
         cache_bytes = getattr(args, "cache_bytes", 0)
         self.cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
         self.rate_limiter = RateLimiter(args.rate_limit == "execution_count",
@@ -90,6 +96,8 @@ class Server:
             RegionRequest: self.on_region_call,
             StatsRequest: self.on_stats,
             CacheInsert: self.on_cache_insert,
+            LogSettingsRequest: self.on_log_settings,
+            TraceSettingRequest: self.on_trace_setting,
         }
 
     # -- the loop -----------------------------------------------------------------------
@@ -190,6 +198,8 @@ class Server:
         # front door, as in Triton's scheduler (a hit never enters the queue)
         if req.cache_key and self.cache is not None and self._answer_from_cache(req, mv, now):
             return
+        if self.trace.active:  # the one check a request pays while tracing is off
+            req.trace_id = self.trace.sample(req.model, mv.version, req.request_id)
         try:
             self.regions.resolve(req)  # names of client regions, if the request has any
             sched.enqueue(req, now)
@@ -234,7 +244,12 @@ class Server:
         sched = self.manager.by_instance.get(msg.instance)
         if sched is None:
             return
-        requests, woken = sched.batch_done(msg, time.monotonic_ns())
+        now = time.monotonic_ns()
+        requests, woken = sched.batch_done(msg, now)
+        if self.trace.pending:
+            for req in requests:
+                if req.trace_id:
+                    self.trace.complete(req.trace_id, request_timestamps(req, msg, now))
         if self.regions.users:
             for req in requests:
                 self.regions.finished(req)
@@ -245,6 +260,9 @@ class Server:
 
     def _fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
         self.outbox.send(req.reply_to, InferResponse(req.id, error=reason, error_code=int(code)))
+        if req.trace_id:
+            self.trace.complete(req.trace_id,
+                                request_timestamps(req, None, time.monotonic_ns()))
         if self.regions.users:
             self.regions.finished(req)
 
@@ -261,6 +279,38 @@ class Server:
         reply = StatsReply(call.call_id)
         try:
             reply.body = orjson.dumps(self.manager.statistics(call.model, call.version))
+        except InferError as exc:
+            reply.error, reply.error_code = exc.message, int(exc.code)
+        self.outbox.send(call.reply_to, reply)
+
+    def on_log_settings(self, call: LogSettingsRequest) -> None:
+        reply = LogSettingsReply(call.call_id)
+        try:
+            if call.update is not None:
+                new = log_settings.apply_update(self.args.log_settings, call.update)
+                if new != self.args.log_settings:
+                    # children started from now on get these (the pools read args)
+                    self.args.log_settings = new
+                    configure_logging("scheduler", new)
+                    self.frontends.broadcast(new)
+                    self.workers.broadcast(new)
+                    log.info("log settings updated: %s", new)
+            reply.settings = self.args.log_settings
+        except InferError as exc:
+            reply.error, reply.error_code = exc.message, int(exc.code)
+        self.outbox.send(call.reply_to, reply)
+
+    def on_trace_setting(self, call: TraceSettingRequest) -> None:
+        reply = TraceSettingReply(call.call_id)
+        try:
+            if call.model:
+                mv = self.manager.models.resolve(call.model, 0)
+                if mv is None or mv.state is not ModelReadyState.READY:
+                    raise InferError(ErrorCode.INVALID_ARG,
+                                     f"Request for unknown model : {call.model}")
+            if call.update is not None:
+                self.trace.update(call.model, call.update)
+            reply.settings = self.trace.settings(call.model)
         except InferError as exc:
             reply.error, reply.error_code = exc.message, int(exc.code)
         self.outbox.send(call.reply_to, reply)
@@ -311,6 +361,7 @@ class Server:
                 log.info("%s", sched.summary())
             sched.fail_all(ErrorCode.UNAVAILABLE, "server is stopping", now)
         await self.workers.stop_all()
+        self.trace.close()
         if self.metrics is not None:
             await self.metrics.close()
         # 3. whatever a killed child left behind

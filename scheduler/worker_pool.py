@@ -14,6 +14,8 @@ import logging
 import time
 from typing import Callable
 
+import msgspec
+
 from scheduler.rate_limiter import InstanceSlot
 from scheduler.supervisor import Child, describe_exit
 from shm.arena import remove_segments
@@ -138,7 +140,8 @@ class WorkerPool:
         worker.child = Child(f"worker {label}", "workers.main", [
             "--name", label, "--address", address, "--scheduler", self.scheduler_address,
             "--segment-prefix", worker.prefix, "--arena-bytes", str(a.arena_mib << 20),
-            "--device", device or "cpu", "--log-verbose", str(a.log_verbose),
+            "--device", device or "cpu",
+            "--log-settings", msgspec.json.encode(a.log_settings).decode(),
         ], on_exit=self._on_exit)
         self.workers[address] = worker
         worker.child.start(self.loop)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import signal
 
@@ -24,12 +23,3 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         pass
     if os.getppid() != parent or parent == 1:
         os.kill(os.getpid(), sig)
-
-
-def setup_logging(role: str, verbose: int = 0) -> None:
-    level = logging.DEBUG if verbose else logging.INFO
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s.%(msecs)03d %(levelname).1s {role} %(name)s] %(message)s",
-        datefmt="%H:%M:%S",
-    )

@@ -21,12 +21,16 @@ import sys
 import threading
 import time
 
+import msgspec
+
 from shm.arena import Arena
 from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError
-from shm.lifecycle import die_with_parent, setup_logging
+from shm.lifecycle import die_with_parent
+from shm.log import configure_logging
 from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.settings import LogSettings
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, StopWorker, UnloadInstance, WorkerReady)
 from workers import warmup
@@ -102,6 +106,7 @@ class Worker:
             PeerGone: self.on_peer_gone,
             RegionGone: self.on_region_gone,
             StopWorker: self.on_stop,
+            LogSettings: self.on_log_settings,
         }
 
     def run(self) -> None:
@@ -191,6 +196,11 @@ class Worker:
         # no request uses the region any more (the scheduler waited for that)
         self.io.regions.forget(msg.uid)
 
+    def on_log_settings(self, msg: LogSettings) -> None:
+        configure_logging(f"worker[{self.name}]", msg)
+        log.info("log settings applied: verbose level %d, format %s",
+                 msg.log_verbose_level, msg.log_format)
+
     def on_stop(self, msg: StopWorker) -> None:
         raise _Stop()
 
@@ -253,9 +263,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--segment-prefix", required=True)
     p.add_argument("--arena-bytes", type=int, default=64 << 20)
     p.add_argument("--device", default="cpu", help='"cpu" or "gpu:N"')
-    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-settings", default="{}", help="LogSettings as JSON")
     args = p.parse_args(argv)
-    setup_logging(f"worker[{args.name}]", args.log_verbose)
+    configure_logging(f"worker[{args.name}]",
+                      msgspec.json.decode(args.log_settings, type=LogSettings))
 
     def on_term(signum, frame):
         raise _Stop()

@@ -6,6 +6,8 @@ import msgspec
 
 from shm.messages.regions import RegionReply, RegionRequest
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
+                                   TraceSettingReply, TraceSettingRequest)
 from shm.tensor import TensorRef
 
 
@@ -45,6 +47,8 @@ class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     # the scheduler records how long its lookup took, counted as cache_miss time
     cache_key: bytes = b""
     cache_lookup_ns: int = 0
+    # set by the scheduler when the trace extension sampled this request (0: not traced)
+    trace_id: int = 0
 
 
 class CancelRequest(msgspec.Struct, tag=True, array_like=True):
@@ -127,6 +131,8 @@ class StatsReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
 
 
 TO_SCHEDULER_FROM_FRONTEND = (InferRequest, CancelRequest, FrontendReady, FrontendStopped,
-                              RegionRequest, StatsRequest, CacheInsert)
+                               RegionRequest, StatsRequest, CacheInsert,
+                               LogSettingsRequest, TraceSettingRequest)
 FRONTEND_INBOX = (InferResponse, ModelStateUpdate, ServerState, Drain, PeerGone,
-                  ReleaseBlocks, RegionReply, StatsReply)
+                  ReleaseBlocks, RegionReply, StatsReply, LogSettingsReply,
+                  TraceSettingReply, LogSettings)

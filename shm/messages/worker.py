@@ -7,6 +7,7 @@ import msgspec
 from shm.messages.frontend import InferRequest
 from shm.messages.regions import RegionGone
 from shm.messages.results import PeerGone, ReleaseBlocks
+from shm.messages.settings import LogSettings
 
 
 # Backends whose instances share one worker process per device ("cpu", "gpu:N"), each
@@ -88,4 +89,4 @@ class StopWorker(msgspec.Struct, tag=True, array_like=True):
 
 TO_SCHEDULER_FROM_WORKER = (WorkerReady, InstanceLoaded, BatchDone)
 WORKER_INBOX = (LoadInstance, ExecuteBatch, UnloadInstance, StopWorker, ReleaseBlocks,
-                PeerGone, RegionGone)
+                PeerGone, RegionGone, LogSettings)

@@ -27,16 +27,16 @@ def _slow(server, delay_ms, protocol="grpc", timeout=None):
 
 
 def _clock_secs(t: float) -> float:
-    lt = time.localtime(t)
+    lt = time.gmtime(t)
     return lt.tm_hour * 3600 + lt.tm_min * 60 + lt.tm_sec + t % 1
 
 
 def _failed_at(log: str) -> float:
-    """Seconds since midnight (local time) at which the scheduler logged the failure
-    of a dead worker's in-flight requests."""
+    """Seconds since midnight (UTC, as Triton's log lines: `I1124 10:12:15.123456 ...`)
+    at which the scheduler logged the failure of a dead worker's in-flight requests."""
     for line in log.splitlines():
         if "in-flight request(s) failed" in line:
-            h, m, rest = line.split()[0].split(":")
+            h, m, rest = line.split()[1].split(":")
             return int(h) * 3600 + int(m) * 60 + float(rest)
     raise AssertionError("the scheduler did not report failing in-flight requests")
 

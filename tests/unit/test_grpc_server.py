@@ -261,8 +261,6 @@ def test_statistics_json_becomes_the_grpc_message(client):
     ("get_model_repository_index", ()),
     ("load_model", ("identity",)),
     ("unload_model", ("identity",)),
-    ("get_trace_settings", ()),
-    ("get_log_settings", ()),
 ])
 def test_not_yet_implemented(client, call, args):
     with pytest.raises(InferenceServerException) as e:
