@@ -2,7 +2,8 @@
 
 VERSION = "0.1.0"
 
-# Triton protocol extensions this server really serves; each later feature adds its own.
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "schedule_policy", "parameters",
-              "system_shared_memory", "cuda_shared_memory", "statistics", "logging",
-              "trace")
+# The Triton protocol extensions this server serves, in the order Triton 2.51 lists
+# them; "sequence" and "model_repository" join when their issues land.
+EXTENSIONS = ("classification", "schedule_policy", "model_configuration",
+              "system_shared_memory", "cuda_shared_memory", "binary_tensor_data",
+              "parameters", "statistics", "trace", "logging")

@@ -25,16 +25,14 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
 
-from . import grpc_codec, settings_endpoints, shm_endpoints
+from . import EXTENSIONS, classification, grpc_codec, settings_endpoints, shm_endpoints
 from .types import FrontendCore
 
 log = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
 MAX_MESSAGE_BYTES = 2**31 - 1  # Triton: INT32_MAX both ways
-DEFAULT_EXTENSIONS = ("classification", "sequence", "model_configuration", "schedule_policy",
-                      "system_shared_memory", "cuda_shared_memory", "binary_tensor_data",
-                      "parameters")
+
 
 _DATA_TYPE_NAME = model_config_pb2.DataType.Name
 
@@ -58,7 +56,7 @@ def server_options() -> list[tuple[str, int]]:
 
 def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "shmserve",
                      server_version: str | None = None,
-                     extensions=DEFAULT_EXTENSIONS) -> grpc.aio.Server:
+                     extensions=EXTENSIONS) -> grpc.aio.Server:
     """A grpc.aio server for `core`, bound to `address` ("host:port"), not started.
 
     With port 0 the kernel picks one; the server's `bound_port` attribute says which.
@@ -189,7 +187,11 @@ class InferenceServicer:
             error = _internal("ModelInfer", e)
         else:
             try:
+                if classification.wanted(request.outputs):
+                    self._classify(result, request)
                 return grpc_codec.encode_infer_response(result, request.id)
+            except InferError as e:
+                error = e
             except Exception as e:
                 error = _internal("ModelInfer", e)
             finally:
@@ -220,6 +222,11 @@ class InferenceServicer:
             for task in tasks:  # the client went away: stop what it no longer awaits
                 task.cancel()
 
+    def _classify(self, result, request) -> None:
+        view = self.core.get_model(request.model_name, request.model_version)
+        classification.apply(result, request.outputs, view.config.max_batch_size > 0,
+                             view.labels)
+
     async def _stream_one(self, data: bytes) -> bytes:
         request_id = ""
         try:
@@ -232,7 +239,11 @@ class InferenceServicer:
             error = _internal("ModelStreamInfer", e)
         else:
             try:
+                if classification.wanted(request.outputs):
+                    self._classify(result, request)
                 return grpc_codec.encode_stream_response(result, request_id)
+            except InferError as e:
+                error = e
             except Exception as e:
                 error = _internal("ModelStreamInfer", e)
             finally:

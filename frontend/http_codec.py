@@ -22,6 +22,7 @@ import numpy as np
 from shm.datatypes import NUMPY, element_size, is_known
 from shm.errors import ErrorCode, InferError
 
+from .classification import classify
 from .types import DecodedInput, DecodedRequest, InferResult, RequestedOutput
 
 # JSON: measured on a tritonclient request header and a [1,16] FP32 response, best of
@@ -60,8 +61,6 @@ _SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'd
 # numpy kinds a JSON array may decode to for each datatype (Triton rejects e.g. 1.5
 # for INT32 and true for FP32)
 _JSON_KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"}
-_CLASSIFIABLE = {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
-                 "INT64", "FP16", "FP32", "FP64"}
 _RESERVED_PARAMS = {"sequence_start", "sequence_end", "binary_data_output"}
 
 
@@ -463,38 +462,6 @@ def _raw_to_json(name: str, datatype: str, shape, data):
         raise InferError(ErrorCode.INTERNAL,
                          f"output tensor shape does not match size of output for '{name}'")
     return np.frombuffer(data, dtype=dtype).tolist()
-
-
-def classify(name: str, datatype: str, shape, data, class_count: int, batching: bool,
-             labels=None):
-    """Top-k classification of an output, as Triton's classification extension.
-
-    Each entry is "<value>:<index>" or "<value>:<index>:<label>", highest first,
-    per batch entry; returns (datatype "BYTES", shape, length-prefixed bytes)."""
-    if datatype not in _CLASSIFIABLE:
-        raise _bad("class result not available for output due to unsupported type "
-                   f"'{datatype}'")
-    batch = shape[0] if batching and shape else 0
-    per = 1
-    for d in (shape[1:] if batch else shape):
-        per *= d
-    values = np.frombuffer(data, dtype=NUMPY[datatype])
-    if values.size != max(batch, 1) * per:
-        raise InferError(ErrorCode.INTERNAL,
-                         f"output tensor shape does not match size of output for '{name}'")
-    k = min(class_count, per)
-    is_float = datatype[0] == "F"
-    parts = []
-    for row in values.reshape(max(batch, 1), per):
-        for idx in np.argsort(-row.astype(np.float64), kind="stable")[:k]:
-            idx = int(idx)
-            text = ("%f" % row[idx] if is_float else str(int(row[idx]))) + f":{idx}"
-            if labels is not None and idx < len(labels):
-                text += ":" + labels[idx]
-            raw = text.encode("utf-8")
-            parts.append(_LEN.pack(len(raw)))
-            parts.append(raw)
-    return "BYTES", ([batch, k] if batch else [k]), b"".join(parts)
 
 
 def encode_error(message: str) -> bytes:

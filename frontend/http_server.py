@@ -20,18 +20,11 @@ from starlette.routing import BaseRoute, Route
 from shm.datatypes import from_config
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
-from . import http_codec, settings_endpoints, shm_endpoints
+from . import EXTENSIONS, http_codec, settings_endpoints, shm_endpoints
 from .types import FrontendCore, ModelView
 
 logger = logging.getLogger(__name__)
 
-# What Triton lists, less what shmserve does not serve (trace, logging).
-DEFAULT_EXTENSIONS = (
-    "classification", "sequence", "model_repository",
-    "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
-    "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
-    "statistics",
-)
 
 # Bodies at least this large are received straight into shared memory.
 BODY_IN_ARENA_MIN = 256 * 1024
@@ -42,7 +35,7 @@ _OCTET = b"application/octet-stream"
 
 def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
                   server_version: str = "0.1.0",
-                  extensions: Iterable[str] = DEFAULT_EXTENSIONS,
+                  extensions: Iterable[str] = EXTENSIONS,
                   routes: Sequence[BaseRoute] = ()) -> Starlette:
     """The HTTP app over `core`, with the shared-memory extensions' routes. `routes`
     are appended (repository, statistics, ... endpoints served by other modules)."""

@@ -28,11 +28,12 @@ def test_server_metadata(server, protocol):
         md = {"name": md.name, "version": md.version, "extensions": list(md.extensions)}
     assert md["name"] == "shmserve"
     assert md["version"]
-    assert "binary_tensor_data" in md["extensions"]
-    assert {"system_shared_memory", "cuda_shared_memory"} <= set(md["extensions"])
-    # nothing is claimed that is not served yet
-    assert "statistics" in md["extensions"]
-    assert not {"model_repository", "sequence"} & set(md["extensions"])
+    # Rule: exactly the extensions served, spelled and ordered as Triton 2.51 lists
+    # them; "sequence" and "model_repository" are not served yet, so not claimed
+    assert md["extensions"] == [
+        "classification", "schedule_policy", "model_configuration", "system_shared_memory",
+        "cuda_shared_memory", "binary_tensor_data", "parameters", "statistics", "trace",
+        "logging"]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -139,3 +139,25 @@ def test_grpc_stream(server):
         assert not sent
     finally:
         c.stop_stream()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_classification_extension(server, protocol):
+    # Rule (classification extension): an output requested with class_count k comes
+    # back as the top k of each batch item, "<value>:<index>", highest first, as BYTES;
+    # both protocols, since the server metadata lists the extension for both.
+    from tests.e2e.clients import module
+    from tritonclient.utils import InferenceServerException
+    mod = module(protocol)
+    x = np.array([[3, 9, 1, 7], [0, -1, 5, 2]], dtype=np.float32)
+    c = client(server, protocol)
+    r = c.infer("identity_fp32", [infer_input(protocol, "INPUT0", x, "FP32")],
+                outputs=[mod.InferRequestedOutput("OUTPUT0", class_count=2)])
+    assert r.as_numpy("OUTPUT0").tolist() == [
+        [b"9.000000:1", b"7.000000:3"], [b"5.000000:2", b"2.000000:3"]]
+    # a BYTES output has no classes: a clear error, and the server keeps serving
+    text = np.array([[b"a"]], dtype=np.object_)
+    with pytest.raises(InferenceServerException, match="unsupported type 'BYTES'"):
+        c.infer("string_upper", [infer_input(protocol, "TEXT", text, "BYTES")],
+                outputs=[mod.InferRequestedOutput("UPPER", class_count=1)])
+    assert c.is_server_ready()
