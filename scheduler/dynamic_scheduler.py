@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-
 from scheduler.batcher import DefaultBatcher, DynamicBatcher, QueueFull, QueuePolicy
+from scheduler.delay_hooks import SchedulerHold
 from scheduler.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.schedulers import Fail, SendBatch
 from scheduler.stats import CANCELED, OTHER, REJECTED, ModelStats
@@ -24,15 +23,10 @@ log = logging.getLogger("shmserve.scheduler")
 
 _batch_ids = itertools.count(1)
 
-# Triton's test hook: hold the dynamic batcher until this many requests are queued.
-DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"
-
 
 def make_batcher(config, environ=None):
-    environ = os.environ if environ is None else environ
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:
         db = config.dynamic_batching
-        hold = environ.get(DELAY_SCHEDULER_ENV, "")
         return DynamicBatcher(
             config.max_batch_size,
             list(db.preferred_batch_size) or [config.max_batch_size],
@@ -43,7 +37,9 @@ def make_batcher(config, environ=None):
             default_policy=QueuePolicy.from_config(db.default_queue_policy),
             level_policies={level: QueuePolicy.from_config(p)
                             for level, p in db.priority_queue_policy.items()},
-            hold_until=int(hold) if hold.strip().isdigit() else 0,
+            # Triton's dynamic batcher reads only TRITONSERVER_DELAY_SCHEDULER; the
+            # backlog hook belongs to the sequence batcher
+            hold=SchedulerHold(SchedulerHold.from_env(environ).queued),
         )
     return DefaultBatcher()
 
