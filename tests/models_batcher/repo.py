@@ -89,6 +89,9 @@ parameters { key: "EXECUTE_DELAY_MS" value: { string_value: "600" } }""",
 instance_group [ { count: 1 kind: KIND_CPU
                    rate_limiter { resources [ { name: "R" count: 1 } ] } } ]
 parameters { key: "EXECUTE_DELAY_MS" value: { string_value: "600" } }""",
+    # for the wire checks of priority and timeout: no levels, no batcher
+    "wire": f"""max_batch_size: 0
+{_ONE_CPU}""",
     # a slow model for stopping with work queued
     "slow": f"""max_batch_size: 1
 dynamic_batching {{ }}
