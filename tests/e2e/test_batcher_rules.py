@@ -43,7 +43,7 @@ def _stop(srv):
 def held(tmp_path_factory):
     """Every dynamic batcher here forms no batch until HOLD requests are queued (once);
     rl_a and rl_b have no dynamic batcher and no rate limiter on this server."""
-    srv = _serve(tmp_path_factory, "held", ["prio", "preferred", "shapes", "rl_a", "rl_b"],
+    srv = _serve(tmp_path_factory, "held", ["prio", "preferred", "shapes", "optional", "rl_a", "rl_b"],
                  env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)})
     srv.start()
     yield srv
@@ -65,10 +65,14 @@ def free(tmp_path_factory):
 # -- helpers ------------------------------------------------------------------------------
 
 
-def infer(srv, protocol, model, x, **kw):
-    """One request; returns (OUTPUT0, CALL, IN_CALL, INSTANCE, SPAN, received_at)."""
+def infer(srv, protocol, model, x, extra=None, **kw):
+    """One request (INPUT0 = x, and INPUT1 = extra if given); returns what the probe
+    model reports: call, in_call, instance, span, and when the response came."""
     x = np.asarray(x, dtype=np.float32)
-    r = client(srv, protocol).infer(model, [infer_input(protocol, "INPUT0", x, "FP32")], **kw)
+    inputs = [infer_input(protocol, "INPUT0", x, "FP32")]
+    if extra is not None:
+        inputs.append(infer_input(protocol, "INPUT1", np.asarray(extra, np.float32), "FP32"))
+    r = client(srv, protocol).infer(model, inputs, **kw)
     got = time.time()
     np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)  # its own rows back
     inst = r.as_numpy("INSTANCE").flat[0]
@@ -160,12 +164,12 @@ def test_priority_levels_first_batch_takes_the_high_priority_requests(held):
 
 def test_preferred_batch_size_goes_at_once_not_after_the_delay(held):
     """Rule (batcher.md): a batch that reaches a preferred size is sent at once; the
-    10 s max_queue_delay never comes into it."""
+    30 s max_queue_delay never comes into it."""
     start = time.monotonic()
     with cf.ThreadPoolExecutor(HOLD) as pool:
         got = list(pool.map(lambda i: infer(held, ("http", "grpc")[i % 2], "preferred",
                                             [[i, 1, 2]]), range(HOLD), timeout=60))
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 20  # not held for the 30 s delay
     assert sorted(r["call"] for r in got) == [1, 1, 2, 2]
     assert all(r["in_call"] == 2 for r in got)
     s = settled(held, "preferred", 4)
@@ -188,6 +192,24 @@ def test_a_request_of_another_shape_cuts_the_batch_short(held):
     assert [(r["call"], r["in_call"]) for r in got] == [(1, 2), (1, 2), (2, 1), (3, 1)]
     s = settled(held, "shapes", 4)
     assert (s["execution_count"], s["inference_count"], s["batch_stats"]) == (3, 4, {2: 1, 1: 2})
+
+
+def test_optional_inputs_batch_only_with_the_same_set_of_inputs(held):
+    """Rule: when a model has optional inputs, requests batch only with requests that
+    carry the same inputs; one carrying another set ends the batch, as a shape does.
+    Queue: [INPUT0] [INPUT0] [INPUT0+INPUT1] [INPUT0+INPUT1]."""
+    with cf.ThreadPoolExecutor(HOLD) as pool:
+        futs = []
+        for i in range(HOLD):
+            extra = [[float(i)]] if i >= 2 else None
+            futs.append(pool.submit(infer, held, ("grpc", "http")[i % 2], "optional",
+                                    [[float(i), 0.0]], extra))
+            if i < HOLD - 1:
+                wait_pending(held, "optional", i + 1)
+        got = [f.result(timeout=60) for f in futs]
+    assert [(r["call"], r["in_call"]) for r in got] == [(1, 2), (1, 2), (2, 2), (2, 2)]
+    s = settled(held, "optional", 4)
+    assert (s["execution_count"], s["batch_stats"]) == (2, {2: 2})
 
 
 def _spans(srv):

@@ -33,12 +33,16 @@ CONFIGS = {
     "prio": f"""max_batch_size: 2
 dynamic_batching {{ priority_levels: 2 default_priority_level: 2 }}
 {_ONE_CPU}""",
-    # preferred size 2 sends at once, long before the 10 s delay
+    # preferred size 2 sends at once, long before the 30 s delay
     "preferred": f"""max_batch_size: 8
-dynamic_batching {{ preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }}
+dynamic_batching {{ preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 30000000 }}
 {_ONE_CPU}""",
     # equal shapes: a request of another shape cuts the batch
     "shapes": f"""max_batch_size: 8
+dynamic_batching {{ }}
+{_ONE_CPU}""",
+    # an optional input: requests batch only with requests carrying the same inputs
+    "optional": f"""max_batch_size: 8
 dynamic_batching {{ }}
 {_ONE_CPU}""",
     # a partial batch waits for max_queue_delay, then goes as it is
@@ -100,6 +104,11 @@ parameters {{ key: "EXECUTE_DELAY_MS" value: {{ string_value: "300" }} }}""",
 }
 
 
+_EXTRA_INPUT = {
+    "optional": 'input [ { name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] optional: true } ]',
+}
+
+
 def build(root: Path, names) -> Path:
     root = Path(root)
     for name in names:
@@ -107,5 +116,6 @@ def build(root: Path, names) -> Path:
         (model / "1").mkdir(parents=True, exist_ok=True)
         shutil.copy(PROBE, model / "1" / "model.py")
         (model / "config.pbtxt").write_text(
-            f'name: "{name}"\nbackend: "python"\n{CONFIGS[name]}\n{_IO}')
+            f'name: "{name}"\nbackend: "python"\n{CONFIGS[name]}\n{_IO}\n'
+            f'{_EXTRA_INPUT.get(name, "")}\n')
     return root
