@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+
 from scheduler.batcher import DefaultBatcher, DynamicBatcher, QueueFull, QueuePolicy
 from scheduler.delay_hooks import SchedulerHold
 from scheduler.rate_limiter import InstanceSlot, RateLimiter
