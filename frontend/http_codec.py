@@ -215,8 +215,11 @@ def _check_request_parameters(params) -> None:
             if kind is not bool:
                 raise _bad(f"Unable to parse '{key}'")
         elif key == "priority" or key == "timeout":
+            # Triton reads both with MemberAsUInt and passes its error (INTERNAL,
+            # so HTTP 500) through: negative, fractional, string and bool all fail
             if kind is not int or value < 0:
-                raise _bad(f"Unable to parse '{key}'")
+                raise InferError(ErrorCode.INTERNAL, f"Unable to parse '{key}': attempt "
+                                 "to access JSON non-unsigned-integer as unsigned-integer")
         elif key == "sequence_id":
             if not ((kind is int and value >= 0) or kind is str):
                 raise _bad("Unable to parse 'sequence_id'")

@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol
 
+from scheduler.delay_hooks import SchedulerHold
+
 
 class Batcher(Protocol):
     """What the scheduler's run loop calls on every per-model batcher."""
@@ -151,8 +153,8 @@ class DynamicBatcher:
     it, and what a timeout does: REJECT (the request comes back from ``expired()``) or
     DELAY (it stays, behind every unexpired request of its level).
 
-    ``hold_until`` is Triton's TRITONSERVER_DELAY_SCHEDULER test hook: no batch forms
-    until that many requests are queued, once.
+    ``hold`` is Triton's TRITONSERVER_DELAY_SCHEDULER test hook (a SchedulerHold, or
+    ``hold_until``: a count): no batch forms until that many requests are queued, once.
 
     Dispatched and expired entries are marked dead rather than searched for, so the
     common path costs O(batch), not O(queue).
@@ -175,6 +177,7 @@ class DynamicBatcher:
         default_policy: QueuePolicy | None = None,
         level_policies: dict[int, QueuePolicy] | None = None,
         hold_until: int = 0,
+        hold: SchedulerHold | None = None,
     ) -> None:
         # Triton batches at least one request even for max_batch_size 0.
         self.max_batch_size = max(1, int(max_batch_size))
@@ -202,7 +205,7 @@ class DynamicBatcher:
         self.priority_levels = priority_levels
         self.default_priority_level = default_priority_level
         self.default_policy = default_policy
-        self._hold = max(0, int(hold_until))
+        self._hold = hold if hold is not None else SchedulerHold(hold_until)
 
         # levels[0] is the highest priority (level 1); one level when priorities are off.
         policies = level_policies or {}
@@ -343,10 +346,9 @@ class DynamicBatcher:
         return 0
 
     def next_batch(self, now: int) -> list | None:
-        if self._hold:
-            if self._count < self._hold:
-                return None
-            self._hold = 0  # the hook holds the first batch only
+        # the hook holds the first batch only; every priority level counts
+        if self._hold.holding(self._count):
+            return None
         count = self._ready_count(self._gather(now), now)
         if not count:
             return None
@@ -383,7 +385,7 @@ class DynamicBatcher:
             heapq.heappop(heap)
         if heap:
             candidates.append(heap[0][0])
-        if self._hold or not batching:
+        if self._hold.active or not batching:
             return min(candidates) if candidates else None
         gathered = self._gather(None)
         entries, oldest = gathered[0], gathered[4]

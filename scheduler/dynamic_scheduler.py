@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 
 from scheduler.batcher import DefaultBatcher, DynamicBatcher, QueueFull, QueuePolicy
+from scheduler.delay_hooks import SchedulerHold
 from scheduler.rate_limiter import InstanceSlot, RateLimiter
-from scheduler.schedulers import Fail, SendBatch
+from scheduler.ordering import ResponseOrder
+from scheduler.schedulers import Fail, Respond, SendBatch
 from scheduler.stats import CANCELED, OTHER, REJECTED, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
@@ -24,15 +25,10 @@ log = logging.getLogger("shmserve.scheduler")
 
 _batch_ids = itertools.count(1)
 
-# Triton's test hook: hold the dynamic batcher until this many requests are queued.
-DELAY_SCHEDULER_ENV = "TRITONSERVER_DELAY_SCHEDULER"
-
 
 def make_batcher(config, environ=None):
-    environ = os.environ if environ is None else environ
     if config.HasField("dynamic_batching") and config.max_batch_size > 0:
         db = config.dynamic_batching
-        hold = environ.get(DELAY_SCHEDULER_ENV, "")
         return DynamicBatcher(
             config.max_batch_size,
             list(db.preferred_batch_size) or [config.max_batch_size],
@@ -43,14 +39,17 @@ def make_batcher(config, environ=None):
             default_policy=QueuePolicy.from_config(db.default_queue_policy),
             level_policies={level: QueuePolicy.from_config(p)
                             for level, p in db.priority_queue_policy.items()},
-            hold_until=int(hold) if hold.strip().isdigit() else 0,
+            # Triton's dynamic batcher reads only TRITONSERVER_DELAY_SCHEDULER; the
+            # backlog hook belongs to the sequence batcher
+            hold=SchedulerHold(SchedulerHold.from_env(environ).queued),
         )
     return DefaultBatcher()
 
 
 def log_prefix(req: InferRequest) -> str:
-    """Triton's InferenceRequest::LogRequest()."""
-    return f"[request id: {req.request_id}] " if req.request_id else ""
+    """Triton's InferenceRequest::LogRequest(), as its errors start (2.51 says
+    `[request id: <id_unknown>] Exceeds maximum queue size` for a request with no id)."""
+    return f"[request id: {req.request_id or '<id_unknown>'}] "
 
 
 class DynamicBatchScheduler:
@@ -58,7 +57,7 @@ class DynamicBatchScheduler:
 
     def __init__(self, name: str, version: int, config, rate_limiter: RateLimiter,
                  send_batch: SendBatch, fail: Fail, *, histograms: bool = True,
-                 environ: dict | None = None):
+                 environ: dict | None = None, respond: Respond | None = None):
         self.name = name
         self.version = version
         self.config = config
@@ -71,6 +70,12 @@ class DynamicBatchScheduler:
         self.rate_limiter = rate_limiter
         self._send_batch = send_batch
         self._fail = fail
+        self._respond = respond
+        # preserve_ordering: workers relay responses here, released in request order
+        self.order: ResponseOrder | None = None
+        if (respond is not None and config.HasField("dynamic_batching")
+                and config.dynamic_batching.preserve_ordering):
+            self.order = ResponseOrder()
         self.stats = ModelStats(name, version, histograms)
         self.in_flight: dict[int, tuple[InstanceSlot, list[InferRequest]]] = {}
         self.accepting = True
@@ -122,7 +127,10 @@ class DynamicBatchScheduler:
             batch_id = next(_batch_ids)
             limiter.started(slot, batch_id)
             self.in_flight[batch_id] = (slot, batch)
-            self._send_batch(slot, ExecuteBatch(batch_id, slot.key, batch))
+            if self.order is not None:
+                self.order.dispatched(batch_id, batch)
+            self._send_batch(slot, ExecuteBatch(batch_id, slot.key, batch,
+                                                relay=self.order is not None))
 
     def next_deadline(self) -> int | None:
         # a partial batch's delay matters only if an instance could take it when it
@@ -140,7 +148,33 @@ class DynamicBatchScheduler:
         sizes = [r.batch_size for r in requests] if self.batching else [1] * len(requests)
         self.stats.batch_ran(requests, msg.failed, sizes, sum(sizes), msg.compute_start_ns,
                              msg.input_end_ns, msg.output_start_ns, msg.compute_end_ns)
+        if self.order is not None:
+            results = msg.responses
+            if len(results) != len(requests):  # a worker that did not relay: say so
+                results = [(ErrorCode.INTERNAL, "instance returned no response")] * len(requests)
+            self._release(self.order.done(msg.batch_id, results))
         return requests, woken
+
+    def _release(self, pairs) -> None:
+        """Hand on what preserve_ordering let go: relayed responses, or failures
+        (code, reason) of batches that never finished."""
+        for req, result in pairs:
+            if isinstance(result, tuple):
+                self._fail(req, *result)
+            else:
+                self._respond(req, result)
+
+    def _fail_dispatched(self, batch_id: int, requests, code: ErrorCode, reason: str,
+                         now: int) -> None:
+        """Fail a batch that was sent to an instance (in request order, with
+        preserve_ordering, so later batches are not held behind it for ever)."""
+        for req in requests:
+            self.stats.failed(req, OTHER, now)
+        if self.order is not None:
+            self._release(self.order.done(batch_id, [(code, reason)] * len(requests)))
+            return
+        for req in requests:
+            self._fail(req, code, reason)
 
     # -- instances ----------------------------------------------------------------------
 
@@ -150,9 +184,7 @@ class DynamicBatchScheduler:
         if batch is None:
             return 0
         _, requests = self.in_flight.pop(batch, (None, []))
-        for req in requests:
-            self.stats.failed(req, OTHER, now)
-            self._fail(req, ErrorCode.UNAVAILABLE, reason)
+        self._fail_dispatched(batch, requests, ErrorCode.UNAVAILABLE, reason, now)
         return len(requests)
 
     def instance_back(self, slot: InstanceSlot) -> None:
@@ -189,9 +221,7 @@ class DynamicBatchScheduler:
         for batch_id in list(self.in_flight):
             slot, requests = self.in_flight.pop(batch_id)
             slot.batch = None
-            for req in requests:
-                self.stats.failed(req, OTHER, now)
-                self._fail(req, code, reason)
+            self._fail_dispatched(batch_id, requests, code, reason, now)
 
     def summary(self) -> str:
         """What ran: requests, batches by size and the bytes workers copied."""

@@ -24,7 +24,7 @@ from scheduler import config as cfg
 from scheduler import repository
 from scheduler.models import ModelReadyState, ModelTable, ModelVersion
 from scheduler.rate_limiter import InstanceSlot, RateLimiter, group_resources
-from scheduler.schedulers import Fail, Scheduler, SendBatch, create_scheduler
+from scheduler.schedulers import Fail, Respond, Scheduler, SendBatch, create_scheduler
 from scheduler.worker_pool import WorkerPool
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import ModelStateUpdate
@@ -36,7 +36,8 @@ log = logging.getLogger("shmserve.scheduler")
 class ModelRepositoryManager:
     def __init__(self, args, pool: WorkerPool, rate_limiter: RateLimiter, gpus: int,
                  publish: Callable[[ModelStateUpdate], None], send_batch: SendBatch,
-                 fail: Fail, on_ready: Callable[[Scheduler], None]):
+                 fail: Fail, on_ready: Callable[[Scheduler], None],
+                 respond: Respond | None = None):
         self.args = args
         self.pool = pool
         self.rate_limiter = rate_limiter
@@ -44,6 +45,7 @@ class ModelRepositoryManager:
         self._publish = publish
         self._send_batch = send_batch
         self._fail = fail
+        self._respond = respond  # relayed responses (preserve_ordering)
         self._on_ready = on_ready  # a scheduler has instances again: pump it
         self.models = ModelTable()
         self.by_instance: dict[str, Scheduler] = {}  # instance key -> its scheduler
@@ -126,7 +128,8 @@ class ModelRepositoryManager:
             self.publish(mv)
             return False
         sched = create_scheduler(plan.name, version, mv.config, self.rate_limiter,
-                                 self._send_batch, self._fail, histograms=self.histograms)
+                                 self._send_batch, self._fail, histograms=self.histograms,
+                                 respond=self._respond)
         sched.stats.cache_enabled = self.caches(mv.config)
         mv.scheduler = sched
         mv.slots = slots

@@ -16,12 +16,15 @@ from scheduler.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.stats import ModelStats
 from shm.errors import ErrorCode
 from shm.messages.frontend import InferRequest
+from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone, ExecuteBatch
 
 # send_batch(slot, batch): hand a batch to the worker running `slot`
 SendBatch = Callable[[InstanceSlot, ExecuteBatch], None]
 # fail(request, code, message): answer a request with an error
 Fail = Callable[[InferRequest, ErrorCode, str], None]
+# respond(request, response): hand on a response a worker relayed (preserve_ordering)
+Respond = Callable[[InferRequest, InferResponse], None]
 
 
 class Scheduler(Protocol):
@@ -75,8 +78,9 @@ class Scheduler(Protocol):
 
 def create_scheduler(name: str, version: int, config, rate_limiter: RateLimiter,
                      send_batch: SendBatch, fail: Fail, *, histograms: bool = True,
-                     environ: dict | None = None) -> Scheduler:
+                     environ: dict | None = None, respond: Respond | None = None
+                     ) -> Scheduler:
     """The scheduler Triton would give this model config."""
     from scheduler.dynamic_scheduler import DynamicBatchScheduler
     return DynamicBatchScheduler(name, version, config, rate_limiter, send_batch, fail,
-                                 histograms=histograms, environ=environ)
+                                 histograms=histograms, environ=environ, respond=respond)

@@ -83,7 +83,7 @@ class Server:
         self.manager = ModelRepositoryManager(
             args, self.workers, self.rate_limiter, self.gpus,
             publish=self.frontends.broadcast, send_batch=self._send_batch, fail=self._fail,
-            on_ready=self._wake)
+            on_ready=self._wake, respond=self._respond)
         self.handlers = {
             InferRequest: self.on_infer,
             CancelRequest: self.on_cancel,
@@ -257,6 +257,11 @@ class Server:
 
     def _send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
         self.outbox.send(slot.worker.address, batch)
+
+    def _respond(self, req: InferRequest, response: InferResponse) -> None:
+        # a response its worker relayed through BatchDone (preserve_ordering); the
+        # batch's client regions were released when its BatchDone came
+        self.outbox.send(req.reply_to, response)
 
     def _fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
         self.outbox.send(req.reply_to, InferResponse(req.id, error=reason, error_code=int(code)))

@@ -5,7 +5,7 @@ the GIL) runs its batches to completion on this thread. Framework instances shar
 process of their device ("cpu" or "gpu:N") and each runs on a thread of its own, fed by
 a queue, so one instance's compute overlaps another's (onnxruntime and torch release
 the GIL). Results go straight to each request's `reply_to`; the scheduler only hears
-BatchDone.
+BatchDone (which carries the responses instead for models with preserve_ordering).
 """
 
 from __future__ import annotations
@@ -245,6 +245,11 @@ class Worker:
                                            error_code=int(result.code)))
         done = BatchDone(msg.batch_id, msg.instance, start, input_end, output_start,
                          time.monotonic_ns(), failed, copies.as_list())
+        if msg.relay:
+            # preserve_ordering: the scheduler releases them in request order
+            done.responses = responses
+            outbox.send(self.scheduler, done)
+            return
         outbox.send_many([*((request.reply_to, response)
                             for request, response in zip(msg.requests, responses)),
                           (self.scheduler, done)])

@@ -6,7 +6,7 @@ import msgspec
 
 from shm.messages.frontend import InferRequest
 from shm.messages.regions import RegionGone
-from shm.messages.results import PeerGone, ReleaseBlocks
+from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
 
 
@@ -56,11 +56,14 @@ class InstanceLoaded(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tr
 
 class ExecuteBatch(msgspec.Struct, tag=True, array_like=True):
     """Run these requests on `instance` as one batch; answer each request's `reply_to`
-    and then tell the scheduler with BatchDone."""
+    and then tell the scheduler with BatchDone. With `relay` (models with
+    preserve_ordering) the responses go inside BatchDone instead, and the scheduler
+    hands them on in request order."""
 
     batch_id: int
     instance: str
     requests: list[InferRequest]
+    relay: bool = False
 
 
 class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -77,6 +80,8 @@ class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     failed: list[int] = []
     # bytes the instance has copied so far: [host, h2d, d2h, d2d] (workers/tensors.py)
     copies: list[int] = []
+    # the batch's responses, one per request, when ExecuteBatch asked for `relay`
+    responses: list[InferResponse] = []
 
 
 class UnloadInstance(msgspec.Struct, tag=True, array_like=True):

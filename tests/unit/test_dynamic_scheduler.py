@@ -188,8 +188,9 @@ def test_full_queue_rejects_with_tritons_message():
         h.s.enqueue(_req(3, request_id="r3"), 0)
     assert exc.value.code == ErrorCode.UNAVAILABLE
     assert exc.value.message == "[request id: r3] Exceeds maximum queue size"
-    with pytest.raises(InferError, match="^Exceeds maximum queue size$"):
+    with pytest.raises(InferError) as exc:  # Triton 2.51 says this for a request with no id
         h.s.enqueue(_req(4), 0)
+    assert exc.value.message == "[request id: <id_unknown>] Exceeds maximum queue size"
     assert h.s.stats.fail_count == 0  # refused before the queue: counted nowhere
 
 

@@ -295,8 +295,15 @@ def test_request_parameter_checks():
     def params(p):
         return bad({"inputs": [], "parameters": p})
     assert params({"triton_x": 1}).startswith("parameter keys starting with 'triton_'")
-    assert params({"priority": -1}) == "Unable to parse 'priority'"
-    assert params({"timeout": "5"}) == "Unable to parse 'timeout'"
+    # Triton 2.51 answers these with HTTP 500 and the JSON reader's words
+    for key, value in (("priority", -1), ("priority", 2.0), ("timeout", "5"),
+                       ("timeout", -5), ("timeout", True), ("timeout", 1.5)):
+        with pytest.raises(InferError) as info:
+            decode_infer_request(json.dumps({"inputs": [], "parameters": {key: value}})
+                                 .encode(), None, "m")
+        assert info.value.code == ErrorCode.INTERNAL
+        assert info.value.message == (f"Unable to parse '{key}': attempt to access JSON "
+                                      "non-unsigned-integer as unsigned-integer")
     assert params({"binary_data_output": 1}) == "Unable to parse 'binary_data_output'"
     assert params({"sequence_id": 1.5}) == "Unable to parse 'sequence_id'"
     assert params({"x": [1]}) == ("parameter 'x' has invalid type. It should be either "
