@@ -13,11 +13,7 @@ def server(tmp_path_factory):
     marker_dir = tmp_path_factory.mktemp("markers")
     srv = ServerProcess(frontends=2, log_dir=tmp_path_factory.mktemp("logs"),
                         env={"SHMSERVE_TEST_MARKER_DIR": str(marker_dir)})
-    srv.start()
-    yield srv
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == [], "server left shared memory behind"
+    yield from srv.serve()
 
 
 @pytest.fixture(scope="session")
@@ -30,11 +26,7 @@ def shm_server(tmp_path_factory):
                         log_dir=tmp_path_factory.mktemp("shm-logs"),
                         env={"SHMSERVE_TEST_MARKER_DIR": str(marker_dir)})
     srv.marker_dir = marker_dir
-    srv.start()
-    yield srv
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == [], "server left shared memory behind"
+    yield from srv.serve()
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +38,4 @@ def held_server(tmp_path_factory):
     srv = ServerProcess(ROOT / "tests" / "models_sched", frontends=2,
                         log_dir=tmp_path_factory.mktemp("held-logs"),
                         env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)})
-    srv.start()
-    yield srv
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == [], "server left shared memory behind"
+    yield from srv.serve()

@@ -122,6 +122,20 @@ class ServerProcess:
         finally:
             self._log.close()
 
+    def serve(self):
+        """For fixtures, `yield from srv.serve()`: starts the server, hands it to the
+        tests, and afterwards checks that it stopped cleanly (exit code 0) and left no
+        shared-memory segment behind."""
+        self.start()
+        yield self
+        self.stop_checked()
+
+    def stop_checked(self) -> None:
+        """Stop, and check that it stopped cleanly and left no shared memory."""
+        code = self.stop()
+        assert code == 0, self.log()
+        assert self.segments() == [], "server left shared memory behind"
+
     def __enter__(self):
         return self.start()
 

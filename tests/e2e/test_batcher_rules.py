@@ -33,21 +33,13 @@ def _serve(tmp_path_factory, name, models, *args, env=None):
     return srv
 
 
-def _stop(srv):
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == [], "server left shared memory behind"
-
-
 @pytest.fixture(scope="module")
 def held(tmp_path_factory):
     """Every dynamic batcher here forms no batch until HOLD requests are queued (once);
     rl_a and rl_b have no dynamic batcher and no rate limiter on this server."""
     srv = _serve(tmp_path_factory, "held", ["prio", "preferred", "shapes", "optional", "rl_a", "rl_b"],
                  env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)})
-    srv.start()
-    yield srv
-    _stop(srv)
+    yield from srv.serve()
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +49,7 @@ def free(tmp_path_factory):
                  ["queue_delay", "qfull", "qreject", "qdelay", "ordered", "unordered",
                   "groups", "wire", "rl_a", "rl_b"],
                  "--rate-limit=execution_count", "--rate-limit-resource=R:1")
-    srv.start()
-    yield srv
-    _stop(srv)
+    yield from srv.serve()
 
 
 # -- helpers ------------------------------------------------------------------------------

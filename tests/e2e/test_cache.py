@@ -36,11 +36,7 @@ def cache_server(tmp_path_factory):
                         log_dir=tmp_path_factory.mktemp("cache-logs"),
                         env={"SHMSERVE_TEST_MARKER_DIR": str(markers)})
     srv.markers = markers
-    srv.start()
-    yield srv
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == [], "server left shared memory behind"
+    yield from srv.serve()
 
 
 def executions(server, model="cached_add") -> int:

@@ -64,11 +64,7 @@ def fw_server(tmp_path_factory):
                         frontends=1, log_dir=tmp_path_factory.mktemp("fw-logs"),
                         env={"SHMSERVE_GPUS": "0"})
     srv.repo = repo
-    srv.start()
-    yield srv
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == [], "server left shared memory behind"
+    yield from srv.serve()
 
 
 def _config(client, protocol, model):

@@ -26,12 +26,6 @@ TIMESTAMPS = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_EN
               "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
 
 
-def _stop(srv):
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == []
-
-
 def infer(server, protocol, model, request_id):
     c = client(server, protocol)
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
@@ -53,9 +47,7 @@ def log_server(tmp_path_factory):
     srv = ServerProcess(MODELS, "--log-file", str(log_file), "--log-warning", "false",
                         "--log-verbose", "0", frontends=2, log_dir=logs)
     srv.log_file = log_file
-    srv.start()
-    yield srv
-    _stop(srv)
+    yield from srv.serve()
 
 
 ROLES = ("frontend[0]", "frontend[1]", "worker[log_probe")
@@ -232,9 +224,7 @@ def trace_server(tmp_path_factory):
                         "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
                         "--trace-config", "count=0", frontends=2, log_dir=d)
     srv.trace_file = trace_file
-    srv.start()
-    yield srv
-    _stop(srv)
+    yield from srv.serve()
 
 
 def trace_settings(server, protocol, model="", update=None) -> dict:

@@ -50,11 +50,7 @@ def ragged_server(tmp_path_factory):
     srv = ServerProcess([repo, MODELS_RAGGED], "--exit-on-error=false", frontends=2,
                         log_dir=tmp_path_factory.mktemp("ragged-logs"),
                         env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)})
-    srv.start()
-    yield srv
-    code = srv.stop()
-    assert code == 0, srv.log()
-    assert srv.segments() == [], "server left shared memory behind"
+    yield from srv.serve()
 
 
 def one_batch(server, model: str) -> list[tuple[np.ndarray, object]]:
