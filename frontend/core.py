@@ -26,7 +26,7 @@ from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, D
                                    InferRequest, ModelStateUpdate, RequestedOutput,
                                    ServerState, StatsReply, StatsRequest)
 from shm.messages.regions import RegionReply, RegionRequest
-from shm.log import configure_logging
+from shm.log import apply_log_settings
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
@@ -137,9 +137,7 @@ class SchedulerCore:
         if view.cache and not (outputs and any(o.target for o in outputs)):
             # client-region inputs give None here: this process cannot read them
             # "every output" is the config's outputs, so that it keys as listing them
-            wanted = request.outputs
-            if wanted is None:
-                wanted = list(view.config.output) or None
+            wanted = request.outputs if request.outputs is not None else view.cache_outputs
             key = cache_key(view.name, view.version, request.inputs, wanted)
         rid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
@@ -220,53 +218,46 @@ class SchedulerCore:
     async def shm_call(self, op: str, kind: str, *, name: str = "", key: str = "",
                        offset: int = 0, byte_size: int = 0, device_id: int = 0,
                        raw_handle: bytes = b"") -> list:
-        call_id = next(self._ids)
-        reply: RegionReply = await self._call(call_id, RegionRequest(
+        reply: RegionReply = await self._call(lambda call_id: RegionRequest(
             call_id, self.address, op, kind, name, key, offset, byte_size, device_id,
             raw_handle))
-        if reply.error:
-            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
         return reply.regions
 
     async def model_statistics(self, name: str = "", version: str = "") -> bytes:
         """The statistics extension's JSON, as the scheduler counts it."""
         v = _version_number(version) if version else -1
-        call_id = next(self._ids)
-        reply: StatsReply = await self._call(call_id, StatsRequest(call_id, self.address,
-                                                                   name, v))
-        if reply.error:
-            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+        reply: StatsReply = await self._call(
+            lambda call_id: StatsRequest(call_id, self.address, name, v))
         return reply.body
 
     async def log_settings(self, update: dict | None = None) -> LogSettings:
         """The logging extension: the settings in force after applying `update` (None:
         just read them). Values as the client sent them; the scheduler validates."""
-        call_id = next(self._ids)
         reply: LogSettingsReply = await self._call(
-            call_id, LogSettingsRequest(call_id, self.address, update))
-        if reply.error:
-            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+            lambda call_id: LogSettingsRequest(call_id, self.address, update))
         return reply.settings
 
     async def trace_settings(self, model: str = "", update: dict | None = None) -> dict:
         """The trace extension: global (`model` empty) or a model's settings in force
         after applying `update` (None: just read them), as Triton's HTTP JSON."""
-        call_id = next(self._ids)
         reply: TraceSettingReply = await self._call(
-            call_id, TraceSettingRequest(call_id, self.address, model, update))
-        if reply.error:
-            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+            lambda call_id: TraceSettingRequest(call_id, self.address, model, update))
         return reply.settings
 
-    async def _call(self, call_id: int, msg):
-        """Send a control call to the scheduler and wait for its reply."""
+    async def _call(self, make):
+        """Send the control call `make(call_id)` to the scheduler and wait for its
+        reply; a reply that carries an error raises it."""
+        call_id = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self.calls[call_id] = fut
-        self.outbox.send(self.scheduler, msg)
+        self.outbox.send(self.scheduler, make(call_id))
         try:
-            return await fut
+            reply = await fut
         finally:
             self.calls.pop(call_id, None)
+        if reply.error:
+            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+        return reply
 
     def on_call_reply(self, msg) -> None:
         fut = self.calls.get(msg.call_id)
@@ -301,6 +292,9 @@ class SchedulerCore:
             config.ParseFromString(msg.config)
         view = ModelView(msg.name, msg.version, msg.state, msg.reason, config,
                          cache=msg.cache)
+        if msg.cache:
+            # "every output" keys as listing the config's outputs
+            view.cache_outputs = list(config.output) or None
         if msg.config_json:
             view.config_json = json.loads(msg.config_json)
         self.models.setdefault(msg.name, {})[msg.version] = view
@@ -308,9 +302,7 @@ class SchedulerCore:
             self.models[msg.name].pop(0, None)
 
     def on_log_settings(self, msg: LogSettings) -> None:
-        configure_logging(self.role, msg)
-        log.info("log settings applied: verbose level %d, format %s",
-                 msg.log_verbose_level, msg.log_format)
+        apply_log_settings(self.role, msg)
 
     def on_server_state(self, msg: ServerState) -> None:
         self.ready = msg.ready

@@ -76,6 +76,7 @@ class ModelView:
     # output name -> class labels (its `label_filename`), for HTTP classification
     labels: dict[str, list[str]] | None = None
     cache: bool = False  # its responses are cached: compute each request's cache key
+    cache_outputs: list | None = None  # the config's outputs, keyed for "every output"
 
 
 class FrontendCore(Protocol):

@@ -153,8 +153,8 @@ class DynamicBatcher:
     it, and what a timeout does: REJECT (the request comes back from ``expired()``) or
     DELAY (it stays, behind every unexpired request of its level).
 
-    ``hold`` is Triton's TRITONSERVER_DELAY_SCHEDULER test hook (a SchedulerHold, or
-    ``hold_until``: a count): no batch forms until that many requests are queued, once.
+    ``hold_until`` is Triton's TRITONSERVER_DELAY_SCHEDULER test hook: no batch forms
+    until that many requests are queued, once.
 
     Dispatched and expired entries are marked dead rather than searched for, so the
     common path costs O(batch), not O(queue).
@@ -177,7 +177,6 @@ class DynamicBatcher:
         default_policy: QueuePolicy | None = None,
         level_policies: dict[int, QueuePolicy] | None = None,
         hold_until: int = 0,
-        hold: SchedulerHold | None = None,
     ) -> None:
         # Triton batches at least one request even for max_batch_size 0.
         self.max_batch_size = max(1, int(max_batch_size))
@@ -205,7 +204,7 @@ class DynamicBatcher:
         self.priority_levels = priority_levels
         self.default_priority_level = default_priority_level
         self.default_policy = default_policy
-        self._hold = hold if hold is not None else SchedulerHold(hold_until)
+        self._hold = SchedulerHold(hold_until)
 
         # levels[0] is the highest priority (level 1); one level when priorities are off.
         policies = level_policies or {}

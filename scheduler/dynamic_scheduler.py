@@ -41,7 +41,7 @@ def make_batcher(config, environ=None):
                             for level, p in db.priority_queue_policy.items()},
             # Triton's dynamic batcher reads only TRITONSERVER_DELAY_SCHEDULER; the
             # backlog hook belongs to the sequence batcher
-            hold=SchedulerHold(SchedulerHold.from_env(environ).queued),
+            hold_until=SchedulerHold.from_env(environ).queued,
         )
     return DefaultBatcher()
 

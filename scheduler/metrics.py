@@ -22,6 +22,8 @@ import asyncio
 import logging
 import math
 
+from scheduler.stats import FAILURE_REASONS
+
 log = logging.getLogger("shmserve.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -95,10 +97,11 @@ def parse_metrics_config(items: list[str]) -> dict[str, str]:
     return out
 
 
-def _true(value: str | None, default: bool) -> bool:
-    if value is None:
-        return default
-    return value.lower() in ("1", "true", "yes", "on")
+def option_on(config: dict[str, str], name: str) -> bool:
+    """A --metrics-config switch (counter_latencies, histogram_latencies): on unless
+    set to something other than 1/true/yes/on."""
+    value = config.get(name)
+    return value is None or value.lower() in ("1", "true", "yes", "on")
 
 
 def _number(value) -> str:
@@ -240,8 +243,8 @@ class Metrics:
     def __init__(self, manager, config: dict[str, str], cpu: bool = True,
                  gpu: bool = False):
         self.manager = manager
-        self.counters = _true(config.get("counter_latencies"), True)
-        self.histograms = _true(config.get("histogram_latencies"), True)
+        self.counters = option_on(config, "counter_latencies")
+        self.histograms = option_on(config, "histogram_latencies")
         self.cpu = CpuSampler() if cpu else None
         self.gpu = GpuSampler() if gpu else None
 
@@ -259,7 +262,7 @@ class Metrics:
             st = sched.stats
             labels = {"model": mv.name, "version": str(mv.version)}
             w.sample("nv_inference_request_success", labels, st.success_count)
-            for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):
+            for reason in FAILURE_REASONS:
                 w.sample("nv_inference_request_failure",
                          {"model": mv.name, "reason": reason, "version": str(mv.version)},
                          st.failures.get(reason, 0))
@@ -274,7 +277,7 @@ class Metrics:
                          st.compute_infer_ns // 1000)
                 w.sample("nv_inference_compute_output_duration_us", labels,
                          st.compute_output_ns // 1000)
-            if getattr(st, "cache_enabled", False):
+            if st.cache_enabled:
                 # only for models that cache, as Triton shows them
                 w.sample("nv_cache_num_hits_per_model", labels, st.cache_hit_count)
                 w.sample("nv_cache_num_misses_per_model", labels, st.cache_miss_count)

@@ -22,6 +22,7 @@ from tritonclient.grpc import model_config_pb2
 
 from scheduler import config as cfg
 from scheduler import repository
+from scheduler.metrics import option_on
 from scheduler.models import ModelReadyState, ModelTable, ModelVersion
 from scheduler.rate_limiter import InstanceSlot, RateLimiter, group_resources
 from scheduler.schedulers import Fail, Respond, Scheduler, SendBatch, create_scheduler
@@ -53,8 +54,8 @@ class ModelRepositoryManager:
         self._generation = itertools.count(1)
         self.stopping = False
         # latency histograms per model, unless --metrics-config turns them off
-        self.histograms = args.allow_metrics and args.metrics_config.get(
-            "histogram_latencies", "true").lower() in ("1", "true", "yes", "on")
+        self.histograms = args.allow_metrics and option_on(args.metrics_config,
+                                                           "histogram_latencies")
 
     # -- loading ------------------------------------------------------------------------
 
@@ -221,7 +222,7 @@ class ModelRepositoryManager:
         response_cache and the server has a cache. Without a server cache Triton
         serves such a model uncached."""
         return (config is not None and config.response_cache.enable
-                and getattr(self.args, "cache_bytes", 0) > 0)
+                and self.args.cache_bytes > 0)
 
     def state_update(self, mv: ModelVersion) -> ModelStateUpdate:
         if mv.config is not None and not mv.config_json:

@@ -69,8 +69,7 @@ class Server:
         self.gpus = cuda.device_count()
         self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone)
         self.trace = TraceManager(args.trace_config)
-        cache_bytes = getattr(args, "cache_bytes", 0)
-        self.cache = ResponseCache(cache_bytes) if cache_bytes > 0 else None
+        self.cache = ResponseCache(args.cache_bytes) if args.cache_bytes > 0 else None
         self.rate_limiter = RateLimiter(args.rate_limit == "execution_count",
                                         args.rate_limit_resource)
         self.workers = WorkerPool(args, self.run_dir, self.shm_prefix, self.address,
@@ -280,17 +279,22 @@ class Server:
 
     # -- control calls ------------------------------------------------------------------
 
-    def on_stats(self, call: StatsRequest) -> None:
-        reply = StatsReply(call.call_id)
+    def _answer(self, call, reply, fill) -> None:
+        """Answer a control call: `fill(reply)` sets its result, or the InferError it
+        raises goes back as the reply's error."""
         try:
-            reply.body = orjson.dumps(self.manager.statistics(call.model, call.version))
+            fill(reply)
         except InferError as exc:
             reply.error, reply.error_code = exc.message, int(exc.code)
         self.outbox.send(call.reply_to, reply)
 
+    def on_stats(self, call: StatsRequest) -> None:
+        def fill(reply):
+            reply.body = orjson.dumps(self.manager.statistics(call.model, call.version))
+        self._answer(call, StatsReply(call.call_id), fill)
+
     def on_log_settings(self, call: LogSettingsRequest) -> None:
-        reply = LogSettingsReply(call.call_id)
-        try:
+        def fill(reply):
             if call.update is not None:
                 new = log_settings.apply_update(self.args.log_settings, call.update)
                 if new != self.args.log_settings:
@@ -301,13 +305,10 @@ class Server:
                     self.workers.broadcast(new)
                     log.info("log settings updated: %s", new)
             reply.settings = self.args.log_settings
-        except InferError as exc:
-            reply.error, reply.error_code = exc.message, int(exc.code)
-        self.outbox.send(call.reply_to, reply)
+        self._answer(call, LogSettingsReply(call.call_id), fill)
 
     def on_trace_setting(self, call: TraceSettingRequest) -> None:
-        reply = TraceSettingReply(call.call_id)
-        try:
+        def fill(reply):
             if call.model:
                 mv = self.manager.models.resolve(call.model, 0)
                 if mv is None or mv.state is not ModelReadyState.READY:
@@ -316,9 +317,7 @@ class Server:
             if call.update is not None:
                 self.trace.update(call.model, call.update)
             reply.settings = self.trace.settings(call.model)
-        except InferError as exc:
-            reply.error, reply.error_code = exc.message, int(exc.code)
-        self.outbox.send(call.reply_to, reply)
+        self._answer(call, TraceSettingReply(call.call_id), fill)
 
     def on_region_call(self, call: RegionRequest) -> None:
         def answer(error: InferError | None = None, regions=()) -> None:

@@ -271,7 +271,6 @@ class TraceManager:
         self.global_setting = TraceSetting(config.level, config.rate, config.count,
                                            config.log_frequency, self._file(config.file))
         self.models: dict[str, TraceSetting] = {}
-        self.fallback_models: set[str] = set()
         self.pending: dict[int, tuple] = {}  # trace id -> (setting, model, version, id)
         self.retired: list[TraceSetting] = []
         self._ids = itertools.count(1)
@@ -316,7 +315,6 @@ class TraceManager:
                 values[field] = getattr(fallback, field)
         file = self.global_setting.file if model else self._file(self.config.file)
         if model and not specified:  # nothing of its own: the model follows the global
-            self.fallback_models.discard(model)
             if current is not None:
                 self._retire(self.models.pop(model))
             self._refresh()
@@ -330,13 +328,12 @@ class TraceManager:
             self._retire(current)
         if model:
             self.models[model] = new
-            if len(specified) < len(_FIELDS):
-                self.fallback_models.add(model)
-            else:
-                self.fallback_models.discard(model)
         else:
             self.global_setting = new
-            for name in sorted(self.fallback_models):  # re-derive from the new global
+            # models that take some fields from the global setting: re-derive them
+            following = sorted(name for name, s in self.models.items()
+                               if len(s.specified) < len(_FIELDS))
+            for name in following:
                 try:
                     self._update(name, {})
                 except InferError as exc:

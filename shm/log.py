@@ -95,3 +95,12 @@ def configure_logging(role: str, settings: LogSettings | None = None) -> None:
     handler.setFormatter(TritonFormatter(role, settings.log_format))
     handler.filters = [LevelSwitch(settings)]
     root.setLevel(logging.DEBUG if settings.log_verbose_level > 0 else logging.INFO)
+
+
+def apply_log_settings(role: str, settings: LogSettings) -> None:
+    """New settings the scheduler broadcast: apply them, and say so in this process's
+    log (the line shows every process got them)."""
+    configure_logging(role, settings)
+    logging.getLogger("shmserve.log").info(
+        "log settings applied: verbose level %d, format %s", settings.log_verbose_level,
+        settings.log_format)

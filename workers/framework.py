@@ -123,13 +123,16 @@ class FrameworkInstance:
         on_device = self.stream is not None
         copies = self.copies
         per_input: dict[str, list] = {}
-        shapes: dict[str, list[tuple[int, ...]]] = {}  # each request's shape, per input
+        # each request's shape per input, for the batch inputs and outputs that need it
+        shapes: dict[str, list[tuple[int, ...]]] = {}
+        need_shapes = bool(self.batch_inputs or self.batch_outputs)
         for req in requests:
             for ref in req.inputs:
                 # a CPU model given CUDA memory gets it with one device-to-host copy
                 array = io.input(ref) if on_device else io.host_input(ref, copies)
                 per_input.setdefault(ref.name, []).append(array)
-                shapes.setdefault(ref.name, []).append(tuple(ref.shape))
+                if need_shapes:
+                    shapes.setdefault(ref.name, []).append(tuple(ref.shape))
         sizes = [req.batch_size if self.max_batch else 1 for req in requests]
         inputs = {}
         for name, arrays in per_input.items():

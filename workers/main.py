@@ -27,7 +27,7 @@ from shm.arena import Arena
 from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError
 from shm.lifecycle import die_with_parent
-from shm.log import configure_logging
+from shm.log import apply_log_settings, configure_logging
 from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
@@ -197,9 +197,7 @@ class Worker:
         self.io.regions.forget(msg.uid)
 
     def on_log_settings(self, msg: LogSettings) -> None:
-        configure_logging(f"worker[{self.name}]", msg)
-        log.info("log settings applied: verbose level %d, format %s",
-                 msg.log_verbose_level, msg.log_format)
+        apply_log_settings(f"worker[{self.name}]", msg)
 
     def on_stop(self, msg: StopWorker) -> None:
         raise _Stop()
