@@ -20,6 +20,11 @@ class InferResponse(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
     owner: str = ""
     model_version: int = 0
     cache_hit: bool = False  # answered from the response cache, outputs inline
+    # a decoupled model's send(None, FINAL): the request is complete, no response
+    # goes with it (frontends send one only with triton_enable_empty_final_response)
+    empty: bool = False
+    # response parameters (pb_utils.InferenceResponse(parameters=...)), as JSON values
+    parameters: dict = {}
 
 
 class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True):

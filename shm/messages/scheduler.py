@@ -5,4 +5,5 @@ from shm.messages.results import InferResponse
 from shm.messages.worker import TO_SCHEDULER_FROM_WORKER
 
 # InferResponse: the scheduler is itself a requester (ensemble steps, BLS, warmup).
-SCHEDULER_INBOX = TO_SCHEDULER_FROM_FRONTEND + TO_SCHEDULER_FROM_WORKER + (InferResponse,)
+SCHEDULER_INBOX = tuple(dict.fromkeys(
+    TO_SCHEDULER_FROM_FRONTEND + TO_SCHEDULER_FROM_WORKER + (InferResponse,)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shm.messages.frontend import InferRequest
+from shm.messages.frontend import CancelRequest, InferRequest
 from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
@@ -92,6 +92,10 @@ class StopWorker(msgspec.Struct, tag=True, array_like=True):
     """Finalize every instance, free the arena and exit."""
 
 
-TO_SCHEDULER_FROM_WORKER = (WorkerReady, InstanceLoaded, BatchDone)
+# InferRequest / CancelRequest: a python model's BLS calls (reply_to: the worker's inbox)
+TO_SCHEDULER_FROM_WORKER = (WorkerReady, InstanceLoaded, BatchDone, InferRequest,
+                            CancelRequest)
+# CancelRequest: the scheduler forwards a client's cancel for a request that is running;
+# InferResponse: answers to the worker's own BLS calls
 WORKER_INBOX = (LoadInstance, ExecuteBatch, UnloadInstance, StopWorker, ReleaseBlocks,
-                PeerGone, RegionGone, LogSettings)
+                PeerGone, RegionGone, LogSettings, CancelRequest, InferResponse)
