@@ -8,6 +8,7 @@ instance is granted, so batches keep growing while every instance is busy.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 
@@ -24,6 +25,7 @@ from shm.messages.worker import BatchDone, ExecuteBatch
 log = logging.getLogger("shmserve.scheduler")
 
 _batch_ids = itertools.count(1)
+LINGER = 4096  # decoupled requests remembered after their batch, for cancels
 
 
 def make_batcher(config, environ=None):
@@ -81,6 +83,11 @@ class DynamicBatchScheduler:
         self.accepting = True
         # bytes copied by instance ([host, h2d, d2h, d2d], as workers report them)
         self.copies: dict[str, list[int]] = {}
+        # decoupled requests may keep responding after their batch is done: the worker
+        # that ran each of the last LINGER ones, so a cancel still reaches it
+        self.decoupled = config.model_transaction_policy.decoupled
+        self.lingering: collections.OrderedDict[tuple[str, int], str] = \
+            collections.OrderedDict()
 
     # -- requests ---------------------------------------------------------------------
 
@@ -142,6 +149,8 @@ class DynamicBatchScheduler:
         if entry is None:
             return [], []  # its instance was declared lost already
         slot, requests = entry
+        if self.decoupled and slot.worker is not None:
+            self._linger(requests, slot.worker.address)
         woken = self.rate_limiter.release(slot)
         if msg.copies:
             self.copies[msg.instance] = msg.copies
@@ -202,6 +211,24 @@ class DynamicBatchScheduler:
             self.stats.failed(req, CANCELED, now)
             self._fail(req, ErrorCode.CANCELLED, "request was cancelled")
         return bool(removed)
+
+    def running_on(self, reply_to: str, request_id: int) -> str | None:
+        """The inbox of the worker running request `request_id` of `reply_to` (or,
+        for a decoupled model, that ran it lately), None if none is known."""
+        for slot, requests in self.in_flight.values():
+            for req in requests:
+                if req.id == request_id and req.reply_to == reply_to:
+                    return slot.worker.address if slot.worker is not None else None
+        return self.lingering.get((reply_to, request_id))
+
+    def _linger(self, requests, address: str) -> None:
+        # bounded: a request still streaming after this many newer ones is out of
+        # reach of a cancel (its worker ignores cancels of requests it finished)
+        lingering = self.lingering
+        for req in requests:
+            lingering[(req.reply_to, req.id)] = address
+        while len(lingering) > LINGER:
+            lingering.popitem(last=False)
 
     def begin_unload(self) -> None:
         self.accepting = False

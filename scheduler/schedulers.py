@@ -58,6 +58,10 @@ class Scheduler(Protocol):
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
         """Drop a queued request whose client went away; True if it was queued here."""
 
+    def running_on(self, reply_to: str, request_id: int) -> str | None:
+        """The worker inbox running that request, to forward a cancel to (optional:
+        the loop asks only schedulers that have it)."""
+
     def begin_unload(self) -> None:
         """Refuse new requests; queued and running ones still finish."""
 

@@ -20,7 +20,7 @@ import time
 
 import orjson
 
-from scheduler import log_settings
+from scheduler import bls, log_settings
 from scheduler.cache import ResponseCache
 from scheduler.frontend_pool import FrontendHandle, FrontendPool
 from scheduler.metrics import Metrics, MetricsServer
@@ -192,6 +192,12 @@ class Server:
             self._fail(req, ErrorCode.UNAVAILABLE, f"model {what} is not ready")
             return
         sched = mv.scheduler
+        if req.callers or not req.batch_size:  # a python model's BLS call
+            try:
+                bls.admit(req, mv.config)
+            except InferError as exc:
+                self._fail(req, exc.code, exc.message)
+                return
         now = time.monotonic_ns()
         # frontends set a key only for models that cache; the lookup is the queue's
         # front door, as in Triton's scheduler (a hit never enters the queue)
@@ -235,8 +241,16 @@ class Server:
 
     def on_cancel(self, msg: CancelRequest) -> None:
         now = time.monotonic_ns()
-        for sched in self.manager.schedulers():
+        schedulers = list(self.manager.schedulers())
+        for sched in schedulers:
             if sched.cancel(msg.reply_to, msg.id, now):
+                return
+        # running: the model sees request.is_cancelled() in the worker running it
+        for sched in schedulers:
+            running_on = getattr(sched, "running_on", None)
+            address = running_on(msg.reply_to, msg.id) if running_on else None
+            if address:
+                self.outbox.send(address, msg)
                 return
 
     def on_batch_done(self, msg: BatchDone) -> None:

@@ -1,11 +1,15 @@
 """The worker process: hosts model instances and runs the batches sent to it.
 
-One run loop over one inbox. A python instance (one per process: its own code holds
-the GIL) runs its batches to completion on this thread. Framework instances share the
-process of their device ("cpu" or "gpu:N") and each runs on a thread of its own, fed by
-a queue, so one instance's compute overlaps another's (onnxruntime and torch release
-the GIL). Results go straight to each request's `reply_to`; the scheduler only hears
-BatchDone (which carries the responses instead for models with preserve_ordering).
+One run loop over one inbox, on the main thread: it only receives. Every instance runs
+its batches on a thread of its own, fed by a queue. Framework instances share the
+process of their device ("cpu" or "gpu:N"), so one instance's compute overlaps
+another's (onnxruntime and torch release the GIL). A python instance has a process of
+its own (its code holds the GIL), and its thread lets this loop keep receiving while
+`execute` runs: the answers to the model's BLS calls and the cancels of the requests
+it runs arrive here and are handed over (workers/python_backend/bls.py), so a model
+that waits for another never waits on its own inbox. Results go straight to each
+request's `reply_to`; the scheduler only hears BatchDone (which carries the responses
+instead for models with preserve_ordering).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError
 from shm.lifecycle import die_with_parent
 from shm.log import apply_log_settings, configure_logging
+from shm.messages.frontend import CancelRequest
 from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
@@ -35,6 +40,8 @@ from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, Instance
                                  LoadInstance, StopWorker, UnloadInstance, WorkerReady)
 from workers import warmup
 from workers.backends import create_instance
+from workers.python_backend import pb_utils
+from workers.python_backend.bls import BlsClient
 from workers.tensors import Copies, TensorIO, targets_of
 
 log = logging.getLogger("shmserve.worker")
@@ -98,6 +105,10 @@ class Worker:
         self.io.segments.on_map = pin
         self.instances = {}
         self.threads: dict[str, InstanceThread] = {}
+        # python models' calls to other models, and the cancel flags of what runs here
+        self.bls = BlsClient(address, scheduler, self.io)
+        pb_utils._bls_executor = self.bls.exec
+        pb_utils._bls_async_executor = self.bls.async_exec
         self.handlers = {
             LoadInstance: self.on_load,
             ExecuteBatch: self.on_execute,
@@ -107,6 +118,8 @@ class Worker:
             RegionGone: self.on_region_gone,
             StopWorker: self.on_stop,
             LogSettings: self.on_log_settings,
+            InferResponse: self.bls.on_response,
+            CancelRequest: self.on_cancel,
         }
 
     def run(self) -> None:
@@ -122,6 +135,7 @@ class Worker:
             self.close()
 
     def close(self) -> None:
+        self.bls.close()  # a model waiting on a call gets an error and returns
         for t in self.threads.values():
             t.stop()
         self.threads.clear()
@@ -146,6 +160,8 @@ class Worker:
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, False,
                                                             error=_reason(exc)))
             return
+        if hasattr(inst, "bls"):
+            inst.bls = self.bls
         # Registered before its warmup: after a failed one, the scheduler's
         # UnloadInstance (or StopWorker) finalizes it like any other instance.
         self.instances[msg.instance] = inst
@@ -198,6 +214,10 @@ class Worker:
 
     def on_log_settings(self, msg: LogSettings) -> None:
         apply_log_settings(f"worker[{self.name}]", msg)
+
+    def on_cancel(self, msg: CancelRequest) -> None:
+        # the scheduler forwards a client's cancel of a request running here
+        self.bls.cancels.cancel(msg.reply_to, msg.id)
 
     def on_stop(self, msg: StopWorker) -> None:
         raise _Stop()

@@ -49,10 +49,17 @@ class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     cache_lookup_ns: int = 0
     # set by the scheduler when the trace extension sampled this request (0: not traced)
     trace_id: int = 0
+    # BLS: the models whose execute() made this call, outermost first (empty for a
+    # client's request); the scheduler refuses a call to a model already in it, which
+    # would wait for itself. A BLS request carries batch_size 0: the scheduler derives
+    # it from the callee's config, as a frontend does from the one it was pushed.
+    callers: list[str] = []
 
 
 class CancelRequest(msgspec.Struct, tag=True, array_like=True):
-    """The client went away: drop request `id` of `reply_to` if it has not run yet."""
+    """The client went away: drop request `id` of `reply_to` if it has not run yet;
+    if it is running, the scheduler forwards this to the worker running it, where
+    the model sees `request.is_cancelled()` turn true."""
 
     id: int
     reply_to: str

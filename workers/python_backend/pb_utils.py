@@ -745,7 +745,10 @@ class InferenceRequest:
         return _bls_executor(self, decoupled)
 
     def async_exec(self, decoupled: bool = False):
-        """exec() on the running loop's executor; returns an awaitable."""
+        """Run this request on `model_name` without blocking the running loop: an
+        awaitable of what exec() returns."""
+        if _bls_async_executor is not None:
+            return _bls_async_executor(self, decoupled)
         if _bls_executor is None:
             raise TritonModelException("BLS is not supported yet")
         return asyncio.get_running_loop().run_in_executor(None, self.exec, decoupled)
@@ -1057,6 +1060,9 @@ def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
 # _bls_executor(request: InferenceRequest, decoupled: bool) -> InferenceResponse, or an
 # iterator of InferenceResponse when decoupled; called by InferenceRequest.exec().
 _bls_executor = None
+# _bls_async_executor(request, decoupled) -> a coroutine of what _bls_executor returns,
+# awaited on the loop that runs the model's `async def execute`
+_bls_async_executor = None
 # object with load_model(name, config, files), unload_model(name, unload_dependents),
 # is_model_ready(name, version) -> bool
 _model_control = None

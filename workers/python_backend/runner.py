@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -27,6 +29,12 @@ class PythonInstance:
 
     # when the last batch's inputs were ready and when execute() returned (ns)
     input_end_ns = output_start_ns = 0
+    # batches run on the instance's own thread, so the worker's main thread keeps
+    # receiving (BLS answers, cancels) while execute() runs
+    threaded = True
+    # the worker's BlsClient (workers/python_backend/bls.py), set once loaded
+    bls = None
+    _loop: asyncio.AbstractEventLoop | None = None
 
     def __init__(self, msg: LoadInstance, config: dict):
         self.model_name = msg.model
@@ -53,6 +61,10 @@ class PythonInstance:
         self.cpu_inputs = str(force.get("string_value", "yes")).lower() not in ("no", "false",
                                                                                "off", "0")
         self.model = cls()
+        # `async def execute` runs on this instance's own event loop (Triton's
+        # python backend does the same), where async_exec() is awaited
+        self.is_async = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         args = {
             "model_config": json.dumps(config),
             "model_instance_kind": "GPU" if msg.kind == "KIND_GPU" else "CPU",
@@ -68,9 +80,34 @@ class PythonInstance:
     def finalize(self) -> None:
         if hasattr(self.model, "finalize"):
             self.model.finalize()
+        if self._loop is not None:
+            self._loop.close()
 
     def execute(self, requests: list[InferRequest], io):
         """Per request: a list of (name, datatype, array), or an InferError."""
+        bls = self.bls
+        if bls is None:  # warmup, or a worker without BLS: nothing to track
+            return self._execute(requests, io)
+        # what the model's BLS calls need: who calls (for the cycle check), which
+        # tensors are our own inputs (passed on by reference), where copies count
+        callers = list(dict.fromkeys(c for r in requests for c in r.callers))
+        bls.model, bls.callers, bls.copies = self.model_name, callers, self.copies
+        try:
+            return self._execute(requests, io)
+        finally:
+            bls.input_refs = {}
+            if not self.decoupled:  # a decoupled request may go on responding
+                for r in requests:
+                    bls.cancels.done(r.reply_to, r.id)
+
+    def _run_model(self, pb_requests):
+        if not self.is_async:
+            return self.model.execute(pb_requests)
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(self.model.execute(pb_requests))
+
+    def _execute(self, requests: list[InferRequest], io):
         self.input_end_ns = self.output_start_ns = 0
         try:
             pb_requests = [self._request(r, io) for r in requests]
@@ -79,7 +116,7 @@ class PythonInstance:
             return [err] * len(requests)
         self.input_end_ns = time.monotonic_ns()
         try:
-            responses = self.model.execute(pb_requests)
+            responses = self._run_model(pb_requests)
             self.output_start_ns = time.monotonic_ns()
         except Exception as exc:
             log.exception("execute() of model '%s' raised", self.model_name)
@@ -95,6 +132,12 @@ class PythonInstance:
         return [self._outputs(req, resp) for req, resp in zip(requests, responses)]
 
     def _input(self, ref, io):
+        tensor = self._input_tensor(ref, io)
+        if self.bls is not None:  # a BLS call passes this tensor on as `ref`
+            self.bls.input_refs[id(tensor)] = (tensor, ref)
+        return tensor
+
+    def _input_tensor(self, ref, io):
         if self.cpu_inputs:
             return pb_utils.Tensor._from_server(ref.name, ref.datatype,
                                                 io.host_input(ref, self.copies))
@@ -112,6 +155,9 @@ class PythonInstance:
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
         if req.sequence_end:
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+        cancelled = None
+        if self.bls is not None:  # set by a CancelRequest the scheduler forwards
+            cancelled = self.bls.cancels.track(req.reply_to, req.id).is_set
         return pb_utils.InferenceRequest._from_server(
             request_id=req.request_id,
             correlation_id=req.sequence_id,
@@ -122,6 +168,7 @@ class PythonInstance:
             model_name=self.model_name,
             model_version=self.version,
             timeout=req.timeout_us,
+            is_cancelled=cancelled,
         )
 
     def _outputs(self, req: InferRequest, resp):

@@ -1,0 +1,71 @@
+"""Requests a python model makes of other models (BLS), as they enter the scheduler.
+
+A BLS request comes from a worker, not a frontend, so nobody has checked it against
+the callee's config yet: here it gets the checks Triton core runs on every request
+(inputs the model has, of its datatypes, its batch size) with Triton's words, and its
+batch size is derived from its shapes as a frontend would. It also carries the chain
+of models whose `execute` is waiting on it: a call back into one of them would queue
+behind the very execution that waits for it (Triton deadlocks there), so it fails.
+"""
+
+from __future__ import annotations
+
+from shm.datatypes import from_config
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import InferRequest
+
+_INVALID = ErrorCode.INVALID_ARG
+
+
+def _datatype(config_input) -> str:
+    from tritonclient.grpc import model_config_pb2
+    return from_config(model_config_pb2.DataType.Name(config_input.data_type))
+
+
+def admit(req: InferRequest, config) -> None:
+    """Check a BLS request against its callee's config (a ModelConfig) and set its
+    batch size; raises InferError with the reason it cannot run."""
+    prefix = f"[request id: {req.request_id or '<id_unknown>'}] "
+    if req.model in req.callers:
+        chain = " -> ".join([*req.callers, req.model])
+        raise InferError(
+            _INVALID,
+            f"{prefix}BLS request to model '{req.model}' from its own execution "
+            f"({chain}) would wait for itself; the call is refused")
+    inputs = {i.name: i for i in config.input}
+    given = set()
+    for ref in req.inputs:
+        spec = inputs.get(ref.name)
+        if spec is None:
+            raise InferError(_INVALID, f"{prefix}unexpected inference input '{ref.name}' "
+                                       f"for model '{req.model}'")
+        expected = _datatype(spec)
+        if ref.datatype != expected:
+            raise InferError(
+                _INVALID, f"{prefix}inference input '{ref.name}' data-type is "
+                          f"'{ref.datatype}', but model '{req.model}' expects "
+                          f"'{expected}'")
+        given.add(ref.name)
+    missing = [i.name for i in config.input if not i.optional and i.name not in given]
+    if missing:
+        raise InferError(
+            _INVALID, f"{prefix}expected {len(inputs)} inputs but got {len(given)} inputs "
+                      f"for model '{req.model}'. Got input(s) "
+                      f"[{','.join(repr(n) for n in sorted(given))}], but missing required "
+                      f"input(s) [{','.join(repr(n) for n in missing)}]. Please provide "
+                      "all required input(s).")
+    if req.batch_size:
+        return
+    if config.max_batch_size <= 0:
+        req.batch_size = 1
+        return
+    sizes = {ref.shape[0] if ref.shape else 0 for ref in req.inputs}
+    if len(sizes) != 1:
+        raise InferError(_INVALID, f"{prefix}input batch sizes differ for model "
+                                   f"'{req.model}'")
+    size = sizes.pop()
+    if not 0 < size <= config.max_batch_size:
+        raise InferError(
+            _INVALID, f"{prefix}inference request batch-size must be <= "
+                      f"{config.max_batch_size} for '{req.model}'")
+    req.batch_size = size

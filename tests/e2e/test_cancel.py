@@ -1,0 +1,78 @@
+"""Request cancellation end to end (Triton's python backend README, "Request
+Cancellation Handling"; qa/L0_request_cancellation): a client's gRPC cancel drops a
+request still queued, and reaches a running one inside its model, where
+`request.is_cancelled()` turns true. What the model saw is read back through a later
+request, never guessed from timing."""
+
+import queue
+import re
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from tests.e2e.harness import ROOT, ServerProcess, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def cancel_server(tmp_path_factory):
+    srv = ServerProcess(ROOT / "tests" / "models_bls", "--model-control-mode=explicit",
+                        "--load-model=cancel_watch",
+                        log_dir=tmp_path_factory.mktemp("cancel-logs"))
+    yield from srv.serve()
+
+
+def mode_input(mode: str):
+    inp = grpcclient.InferInput("MODE", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([mode.encode()], dtype=object))
+    return inp
+
+
+def pending(server) -> int:
+    """Triton's nv_inference_pending_request_count for cancel_watch: requests queued,
+    not running."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=5) as r:
+        text = r.read().decode()
+    m = re.search(r'nv_inference_pending_request_count\{model="cancel_watch",'
+                  r'version="1"\} (\d+)', text)
+    return int(m.group(1)) if m else -1
+
+
+def report(c) -> str:
+    return c.infer("cancel_watch", [mode_input("report")]).as_numpy("LAST")[0].decode()
+
+
+def test_grpc_cancel_drops_queued_and_reaches_running_request(cancel_server, tmp_path):
+    """Rules: (1) a cancelled request that is still queued is dropped: the model never
+    runs it; (2) a cancelled request that is running is told: the scheduler forwards the
+    cancel to the worker running it and request.is_cancelled() turns true in the model,
+    which then ends early; (3) the server keeps serving."""
+    c = grpcclient.InferenceServerClient(cancel_server.grpc_url)
+    assert report(c) == "none records=0"
+    marker = tmp_path / "started"
+    done_a: queue.Queue = queue.Queue()
+    done_b: queue.Queue = queue.Queue()
+    running = c.async_infer("cancel_watch", [mode_input("wait")],
+                            lambda result, error: done_a.put(error),
+                            parameters={"marker": str(marker)})
+    wait_until(marker.exists, 60, what="the model to start the request")
+    queued = c.async_infer("cancel_watch", [mode_input("record")],
+                           lambda result, error: done_b.put(error))
+    wait_until(lambda: pending(cancel_server) == 1, 30, what="the second request queued")
+
+    queued.cancel()
+    assert "CANCELLED" in str(done_b.get(timeout=30).status())
+    wait_until(lambda: pending(cancel_server) == 0, 30, what="the queued request dropped")
+
+    running.cancel()
+    assert "CANCELLED" in str(done_a.get(timeout=30).status())
+    # queued behind the cancelled request: runs once the model has seen the cancel
+    # (without it, the model would wait 60 s and report "timed out")
+    assert report(c) == "cancelled records=0"
+    # the model still serves, and a request that is not cancelled runs
+    c.infer("cancel_watch", [mode_input("record")])
+    assert report(c) == "cancelled records=1"
