@@ -145,6 +145,9 @@ class Worker:
             except Exception:
                 log.exception("finalize() of %s failed", name)
         self.instances.clear()
+        held = self.arena.used_bytes()
+        if held:  # every reader releases what it read before the server stops
+            log.warning("%d bytes of worker %s's arena were never released", held, self.name)
         self.io.close()
         self.arena.close()
         self.inbox.close()

@@ -203,7 +203,9 @@ def test_bls_passes_large_tensors_by_reference(tmp_path):
     assert _copies(log, "bls_caller")["host"] == runs * x.nbytes
     assert _copies(log, "py_identity")["host"] == len(PROTOCOLS) * x.nbytes
     assert _copies(log, "onnx_identity")["host"] == len(PROTOCOLS) * x.nbytes
-    assert "leaked" not in log.lower()
+    # each reader released what it read: the callees' outputs (read in place by the
+    # caller), the caller's outputs (by the frontend)
+    assert "were never released" not in log
 
 
 def test_grpc_stream_bls(bls_server):
