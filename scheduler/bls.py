@@ -10,6 +10,7 @@ behind the very execution that waits for it (Triton deadlocks there), so it fail
 
 from __future__ import annotations
 
+from scheduler.models import ModelReadyState
 from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
@@ -22,7 +23,21 @@ def _datatype(config_input) -> str:
     return from_config(model_config_pb2.DataType.Name(config_input.data_type))
 
 
-def admit(req: InferRequest, config) -> None:
+def admit(req: InferRequest, mv) -> None:
+    """Check a BLS request against its callee (a ModelVersion, None if unknown) and set
+    its batch size; raises InferError with the reason it cannot run."""
+    if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
+        raise InferError(ErrorCode.UNAVAILABLE, "Failed for execute the inference "
+                                                f"request. Model '{req.model}' is not ready.")
+    check(req, mv.config)
+
+
+def refusal(req: InferRequest, message: str) -> str:
+    """A refused BLS request's error as Triton's python backend words it."""
+    return f"Model {req.model} - Error when running inference: {message}"
+
+
+def check(req: InferRequest, config) -> None:
     """Check a BLS request against its callee's config (a ModelConfig) and set its
     batch size; raises InferError with the reason it cannot run."""
     prefix = f"[request id: {req.request_id or '<id_unknown>'}] "

@@ -187,17 +187,18 @@ class Server:
 
     def on_infer(self, req: InferRequest) -> None:
         mv = self.manager.models.resolve(req.model, req.version)
+        from_model = not req.batch_size
+        if from_model:  # a python model's BLS call: checked as a frontend would
+            try:
+                bls.admit(req, mv)
+            except InferError as exc:
+                self._fail(req, exc.code, bls.refusal(req, exc.message))
+                return
         if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
             what = f"'{req.model}'" + (f" version {req.version}" if req.version else "")
             self._fail(req, ErrorCode.UNAVAILABLE, f"model {what} is not ready")
             return
         sched = mv.scheduler
-        if req.callers or not req.batch_size:  # a python model's BLS call
-            try:
-                bls.admit(req, mv.config)
-            except InferError as exc:
-                self._fail(req, exc.code, exc.message)
-                return
         now = time.monotonic_ns()
         # frontends set a key only for models that cache; the lookup is the queue's
         # front door, as in Triton's scheduler (a hit never enters the queue)
@@ -209,7 +210,8 @@ class Server:
             self.regions.resolve(req)  # names of client regions, if the request has any
             sched.enqueue(req, now)
         except InferError as exc:
-            self._fail(req, exc.code, exc.message)
+            self._fail(req, exc.code,
+                       bls.refusal(req, exc.message) if from_model else exc.message)
             return
         self._dirty.add(sched)
 

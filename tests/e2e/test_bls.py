@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from shm.errors import GRPC_STATUS, HTTP_STATUS, ErrorCode
+from shm.errors import ErrorCode
 from tests import onnx_models
 from tests.e2e.clients import PROTOCOLS, client, infer_input, requested
 from tests.e2e.harness import ROOT, ServerProcess
@@ -109,16 +109,16 @@ def test_bls_to_a_decoupled_model_iterates_its_responses(bls_server, protocol):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_bls_to_an_unknown_model_is_a_clear_error(bls_server, protocol):
-    """Rule: a BLS call to a model that is not loaded answers with an error response
-    (the model passes it on to its client) instead of hanging; the server keeps
-    serving."""
+    """Rule: a BLS call to a model that is not loaded answers with an error response in
+    Triton's words (the model passes it on to its client, INTERNAL as in Triton 2.51)
+    instead of hanging; the server keeps serving."""
     x = np.ones((1, 4), np.float32)
     with pytest.raises(InferenceServerException) as err:
         call(bls_server, protocol, "bls_caller", x, {"target": "no_such_model"})
-    assert "'no_such_model'" in err.value.message() and "not ready" in err.value.message()
-    assert status_of(err.value, protocol) == (
-        HTTP_STATUS[ErrorCode.UNAVAILABLE] if protocol == "http"
-        else GRPC_STATUS[ErrorCode.UNAVAILABLE])
+    assert err.value.message() == (
+        "Model no_such_model - Error when running inference: Failed for execute the "
+        "inference request. Model 'no_such_model' is not ready.")
+    assert status_of(err.value, protocol) == (500 if protocol == "http" else "INTERNAL")
     np.testing.assert_array_equal(call(bls_server, protocol, "bls_caller", x), x)
 
 
@@ -149,27 +149,46 @@ def test_bls_request_that_does_not_fit_the_callee_is_refused(bls_server, protoco
     x = np.ones((9, 4), np.float32)  # py_identity: max_batch_size 8
     with pytest.raises(InferenceServerException) as err:
         call(bls_server, protocol, "bls_caller", x)
-    assert "batch-size must be <= 8 for 'py_identity'" in err.value.message()
+    assert err.value.message() == (
+        "Model py_identity - Error when running inference: [request id: <id_unknown>] "
+        "inference request batch-size must be <= 8 for 'py_identity'")
 
 
-# UNKNOWN is code 0, which the wire leaves unset and frontends read as INTERNAL (the
-# same HTTP 500; gRPC says INTERNAL where Triton says UNKNOWN)
-CODES = [ErrorCode.INTERNAL, ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARG,
-         ErrorCode.UNAVAILABLE, ErrorCode.UNSUPPORTED, ErrorCode.ALREADY_EXISTS]
+# What the real Triton 2.51 answers when a python model's response carries each
+# TritonError code (measured with scripts/compare's anchor): HTTP status, gRPC code.
+TRITON_STATUS = {
+    ErrorCode.UNKNOWN: (400, "UNKNOWN"),
+    ErrorCode.INTERNAL: (500, "INTERNAL"),
+    ErrorCode.NOT_FOUND: (404, "NOT_FOUND"),
+    ErrorCode.INVALID_ARG: (400, "INVALID_ARGUMENT"),
+    ErrorCode.UNAVAILABLE: (503, "UNAVAILABLE"),
+    ErrorCode.UNSUPPORTED: (501, "UNIMPLEMENTED"),
+    ErrorCode.ALREADY_EXISTS: (400, "ALREADY_EXISTS"),
+    ErrorCode.CANCELLED: (400, "CANCELLED"),
+}
+# Where shmserve answers otherwise today: the HTTP statuses of shm.errors.HTTP_STATUS
+# (shared with the control endpoints, where Triton answers 400 for every error), and
+# UNKNOWN, code 0, which the wire leaves unset and frontends read as INTERNAL.
+_DIFFERS = {("http", ErrorCode.UNKNOWN), ("grpc", ErrorCode.UNKNOWN),
+            ("http", ErrorCode.UNSUPPORTED), ("http", ErrorCode.ALREADY_EXISTS),
+            ("http", ErrorCode.CANCELLED)}
+CASES = [pytest.param(protocol, code, id=f"{code.name}-{protocol}",
+                      marks=[pytest.mark.xfail(strict=True, reason="differs from Triton")]
+                      if (protocol, code) in _DIFFERS else [])
+         for code in ErrorCode for protocol in PROTOCOLS]
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("code", CODES, ids=lambda c: c.name)
+@pytest.mark.parametrize("protocol,code", CASES)
 def test_triton_error_code_maps_to_the_protocol_status(bls_server, protocol, code):
     """Rule: an InferenceResponse error with a TritonError code reaches the client with
-    the HTTP status / gRPC code Triton maps that code to."""
+    its message and the HTTP status / gRPC code the real Triton answers for it."""
     c = client(bls_server, protocol)
     with pytest.raises(InferenceServerException) as err:
         c.infer("error_model", [infer_input(protocol, "CODE", np.array([int(code)], np.int32),
                                             "INT32")])
-    assert f"error_model failed with code {int(code)}" in err.value.message()
-    expected = HTTP_STATUS[code] if protocol == "http" else GRPC_STATUS[code]
-    assert status_of(err.value, protocol) == expected
+    assert err.value.message().endswith(f"error_model failed with code {int(code)}")
+    http, grpc = TRITON_STATUS[code]
+    assert status_of(err.value, protocol) == (http if protocol == "http" else grpc)
 
 
 def _copies(log: str, model: str) -> dict[str, int]:

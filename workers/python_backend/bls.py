@@ -198,8 +198,9 @@ class BlsClient:
 
     def _response(self, msg: InferResponse):
         if msg.error:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                msg.error, ErrorCode(msg.error_code or ErrorCode.INTERNAL)))
+            # INTERNAL whatever the callee's code, as Triton 2.51's python backend
+            # reports every BLS error (its message is the callee's, unchanged)
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(msg.error))
         tensors = [self._output(ref, msg.owner) for ref in msg.outputs]
         response = pb_utils.InferenceResponse(tensors)
         if msg.parameters:
