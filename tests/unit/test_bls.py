@@ -147,6 +147,7 @@ class World:
         self.sent = []
         self.client._send_msg = lambda address, msg: self.sent.append((address, msg))
         self.client.model = "caller"
+        self.client.receiver = None  # the test itself delivers the answers
 
     def answer(self, rid, array=None, final=True, empty=False, error=""):
         outputs = []
@@ -289,6 +290,14 @@ def test_async_exec_is_awaited_on_the_running_loop(world):
     responses = asyncio.run(main())
     ids = [m.id for _, m in world.sent if isinstance(m, InferRequest)]
     assert [r.output_tensors()[0].as_numpy()[0] for r in responses] == ids
+
+
+def test_a_call_on_the_receiving_thread_is_refused_not_deadlocked(world):
+    # initialize()/finalize() run on the thread that would have to deliver the answer
+    world.client.receiver = threading.get_ident()
+    with pytest.raises(pb_utils.TritonModelException, match="only be made from execute"):
+        _request(np.ones(4, np.float32)).exec()
+    assert world.sent == []
 
 
 def test_close_fails_waiting_calls(world):

@@ -110,6 +110,9 @@ class BlsClient:
         self._lock = threading.Lock()  # the outbox: any thread may call or release
         self._outbox = Outbox()
         self._closed = False
+        # the thread that receives answers (the worker's main thread): a call made on
+        # it (from initialize() or finalize()) could never be answered
+        self.receiver = threading.get_ident()
 
     # -- the model's side ------------------------------------------------------------
 
@@ -143,6 +146,10 @@ class BlsClient:
     def _send(self, request, future: asyncio.Future | None = None) -> _Call:
         if self._closed:
             raise pb_utils.TritonModelException("the worker is stopping")
+        if threading.get_ident() == self.receiver:
+            raise pb_utils.TritonModelException(
+                "BLS requests can only be made from execute() (or threads it starts), "
+                "not from initialize() or finalize()")
         call = _Call(next(self._ids))
         if future is not None:  # set before sending: the answer may come at once
             call.future, call.loop = future, future.get_loop()
