@@ -182,6 +182,8 @@ class WorkerPool:
         gone = PeerGone(worker.address, worker.prefix + "-")
         for peer in self._peers():
             self.outbox.send(peer, gone)
+        # other workers too: through BLS they read its arena and hold blocks for it
+        self.broadcast(gone)
         how = describe_exit(returncode)
         error = RuntimeError(f"worker process for {worker.name} {how} while starting")
         if not worker.ready.done():
