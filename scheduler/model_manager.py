@@ -198,6 +198,8 @@ class ModelRepositoryManager:
             mv.reason = str(exc)
             self.publish(mv)
             return False
+        # Triton marks every ensemble's transaction policy (decoupled when a step is)
+        mv.config.model_transaction_policy.SetInParent()
         mv.scheduler = ensemble.EnsembleScheduler(plan.name, version, plan.config,
                                                   self.host, histograms=self.histograms)
         mv.scheduler.stats.cache_enabled = self.caches(mv.config)
