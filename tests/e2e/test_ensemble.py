@@ -16,6 +16,11 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests import onnx_models
+
+try:
+    from tests import torch_models
+except ImportError:  # no torch here: the three-framework ensemble is skipped
+    torch_models = None
 from tests.e2e import clients
 from tests.e2e.harness import ROOT, ServerProcess, wait_until
 
@@ -34,10 +39,33 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 
+# python -> TorchScript -> ONNX, one after the other
+ENS_THREE = """name: "ens_three"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "py_double" model_version: -1
+      input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "T1" } },
+    { model_name: "torch_identity" model_version: -1
+      input_map { key: "INPUT__0" value: "T1" } output_map { key: "OUTPUT__0" value: "T2" } },
+    { model_name: "onnx_identity" model_version: -1
+      input_map { key: "INPUT0" value: "T2" } output_map { key: "OUTPUT0" value: "OUT" } }
+  ]
+}
+"""
+
+
 def build_repository(root: Path) -> Path:
-    """tests/models_ensemble plus the ONNX step the tests build."""
+    """tests/models_ensemble plus the ONNX (and TorchScript) steps the tests build."""
     shutil.copytree(MODELS_ENSEMBLE, root, dirs_exist_ok=True)
     onnx_models.identity(root / "onnx_identity", dims=("n",), config=ONNX_IDENTITY)
+    if torch_models is not None:
+        torch_models.identity(root / "torch_identity")
+        (root / "ens_three" / "1").mkdir(parents=True)
+        (root / "ens_three" / "config.pbtxt").write_text(ENS_THREE)
     return root
 
 
@@ -86,6 +114,17 @@ def test_python_and_onnx_steps_with_a_parallel_branch(ens_server, protocol, n):
     r = infer(ens_server, protocol, "ens_mixed", x, outputs=["OUT_PY"])
     np.testing.assert_array_equal(r.as_numpy("OUT_PY"), 2 * x)
     assert r.as_numpy("OUT_ONNX") is None
+
+
+@pytest.mark.skipif(torch_models is None, reason="torch is not installed")
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+@pytest.mark.parametrize("n", [16, BIG])
+def test_python_torchscript_and_onnx_steps(ens_server, protocol, n):
+    """Rule: steps of the three backends mix in one ensemble, tensors passing from a
+    python worker to the TorchScript and ONNX ones (here one device worker)."""
+    x = ramp(n)
+    r = infer(ens_server, protocol, "ens_three", x)
+    np.testing.assert_array_equal(r.as_numpy("OUT"), 2 * x)
 
 
 @pytest.mark.parametrize("protocol", clients.PROTOCOLS)
