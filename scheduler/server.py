@@ -78,13 +78,13 @@ class Server:
                                   on_instances_lost=self._instances_lost)
         self.frontends = FrontendPool(args, self.run_dir, self.shm_prefix, self.address,
                                       self.outbox, self.workers.restarts,
-                                      on_gone=self.workers.broadcast,
+                                      on_gone=self._frontend_gone,
                                       on_ready=self._frontend_ready)
         # requests this process makes itself (ensemble steps): id -> who gets the
         # answers; and blocks it hands on to clients: (segment, offset) -> their owner
         self._internal_ids = itertools.count(1)
         self.internal: dict[int, object] = {}
-        self.lent: dict[tuple[str, int], str] = {}
+        self.lent: dict[tuple[str, int], tuple[str, str]] = {}  # -> (owner, reader)
         self.manager = ModelRepositoryManager(
             args, self.workers, self.rate_limiter, self.gpus,
             publish=self.frontends.broadcast, send_batch=self._send_batch, fail=self._fail,
@@ -338,7 +338,8 @@ class Server:
         """An ensemble's answer to its client. Its output blocks belong to the workers
         that wrote them; the client releases them here and they are handed on."""
         if lent:
-            self.lent.update(lent)
+            for block, owner in lent.items():
+                self.lent[block] = (owner, req.reply_to)
             response.owner = self.address
         self._send_response(req.reply_to, response)
         if req.trace_id:
@@ -357,11 +358,19 @@ class Server:
         """A client is done with ensemble outputs: give each block back to its owner."""
         by_owner: dict[str, list[tuple[str, int]]] = {}
         for segment, offset in msg.blocks:
-            owner = self.lent.pop((segment, offset), None)
+            owner, _ = self.lent.pop((segment, offset), (None, None))
             if owner is not None:
                 by_owner.setdefault(owner, []).append((segment, offset))
         for owner, blocks in by_owner.items():
             self.release(owner, blocks)
+
+    def _frontend_gone(self, msg) -> None:
+        """A frontend died: workers forget it, and the ensemble outputs it held go back
+        to their owners (it will never release them)."""
+        self.workers.broadcast(msg)
+        held = [block for block, (_, reader) in self.lent.items() if reader == msg.address]
+        if held:
+            self.on_release(ReleaseBlocks(msg.address, held))
 
     # -- control calls ------------------------------------------------------------------
 
@@ -450,6 +459,9 @@ class Server:
             if sched.stats.execution_count:
                 log.info("%s", sched.summary())
             sched.fail_all(ErrorCode.UNAVAILABLE, "server is stopping", now)
+        if self.lent:
+            log.warning("%d ensemble output block(s) were never released by their clients",
+                        len(self.lent))
         await self.workers.stop_all()
         self.trace.close()
         if self.metrics is not None:

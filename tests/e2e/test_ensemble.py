@@ -269,6 +269,8 @@ def test_intermediate_tensors_are_never_copied(tmp_path_factory):
                 rounds += 1
     finally:
         srv.stop_checked()
+    # every ensemble output block the clients read came back through the scheduler
+    assert "never released" not in srv.log()
     written = rounds * x.nbytes
     assert _copies(srv, "py_identity") == written  # T, once per request
     assert _copies(srv, "onnx_identity") == written  # OUT_ONNX
