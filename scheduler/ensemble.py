@@ -191,7 +191,7 @@ class _Run:
                  "timed_early", "error", "error_code", "compute", "end_ns", "finished",
                  "counted", "wanted")
 
-    def __init__(self, req: InferRequest, steps: int, now: int):
+    def __init__(self, req: InferRequest, steps: int):
         self.req = req
         self.tensors: dict[str, TensorRef | None] = {}  # None: an absent optional input
         self.blocks: dict[str, _Block] = {}  # tensors written by steps, in arenas
@@ -225,7 +225,6 @@ class EnsembleScheduler:
                            dict(s.input_map), dict(s.output_map))
                       for i, s in enumerate(config.ensemble_scheduling.step)]
         self.models = sorted({s.model for s in self.steps})
-        self.inputs = [io.name for io in config.input]
         self.optional = {io.name for io in config.input if io.optional}
         self.outputs = [io.name for io in config.output]
         # ensemble tensor -> the steps reading it
@@ -245,7 +244,7 @@ class EnsembleScheduler:
                 f"[request id: {req.request_id or '<id_unknown>'}] Server is stopping, "
                 "scheduler for model has stopped accepting new inference requests"))
         req.queue_ns = now
-        run = _Run(req, len(self.steps), now)
+        run = _Run(req, len(self.steps))
         for ref in req.inputs:
             run.tensors[ref.name] = ref
         for name in self.optional:

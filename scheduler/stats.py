@@ -154,6 +154,9 @@ class ModelStats:
         total = end_ns - (req.start_ns or req.queue_ns)
         self.success_count += 1
         self.success_ns += total
+        if req.cache_key:  # a response cache miss, its insertion still to come
+            self.cache_miss_count += 1
+            self.cache_miss_ns += req.cache_lookup_ns
         self.inference_count += batch_size
         self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000

@@ -97,7 +97,8 @@ def client_request(**kw):
 def answer(sched, req, owner="ipc:///run/worker-a", offset=0, error="", now=10):
     """The step's worker answers: each requested output as a block of its arena."""
     if error:
-        sched.on_response(InferResponse(req.id, error=error, error_code=int(ErrorCode.INTERNAL)), now)
+        sched.on_response(InferResponse(req.id, error=error,
+                                        error_code=int(ErrorCode.INTERNAL)), now)
         return
     outs = [TensorRef(o.name, "FP32", [1, 16], segment=f"{owner}-seg", offset=offset + i,
                       nbytes=64) for i, o in enumerate(req.outputs)]

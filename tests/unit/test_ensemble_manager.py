@@ -12,7 +12,8 @@ from scheduler.models import ModelReadyState
 from scheduler.rate_limiter import RateLimiter
 from shm.messages.worker import InstanceLoaded
 
-REPO = Path(__file__).resolve().parents[1] / "models_ensemble"  # without onnx_identity: ens_mixed cannot load
+# without the onnx_identity the e2e tests build: ens_mixed cannot load
+REPO = Path(__file__).resolve().parents[1] / "models_ensemble"
 
 
 class FakePool:
