@@ -71,9 +71,10 @@ def build_repository(root: Path) -> Path:
 
 def start(tmp_path_factory, name: str, *args: str) -> ServerProcess:
     repo = build_repository(tmp_path_factory.mktemp(f"{name}-models"))
+    markers = tmp_path_factory.mktemp(f"{name}-markers")  # py_meet_* meet there
     return ServerProcess([repo], "--exit-on-error=false", *args, frontends=2,
                          log_dir=tmp_path_factory.mktemp(f"{name}-logs"),
-                         env={"SHMSERVE_GPUS": "0"})
+                         env={"SHMSERVE_GPUS": "0", "SHMSERVE_TEST_MARKER_DIR": str(markers)})
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +115,18 @@ def test_python_and_onnx_steps_with_a_parallel_branch(ens_server, protocol, n):
     r = infer(ens_server, protocol, "ens_mixed", x, outputs=["OUT_PY"])
     np.testing.assert_array_equal(r.as_numpy("OUT_PY"), 2 * x)
     assert r.as_numpy("OUT_ONNX") is None
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_independent_steps_run_at_the_same_time(ens_server, protocol):
+    """Rule: steps that do not depend on each other run at once: each of the two steps
+    answers only while the other runs the same request (they wait for each other's
+    marker), so a scheduler running them one after the other fails this."""
+    token = 1 if protocol == "http" else 2
+    x = np.full((1, 4), token, np.float32)
+    r = infer(ens_server, protocol, "ens_meet", x)
+    np.testing.assert_array_equal(r.as_numpy("OUT_A"), x)
+    np.testing.assert_array_equal(r.as_numpy("OUT_B"), x)
 
 
 @pytest.mark.skipif(torch_models is None, reason="torch is not installed")
