@@ -14,6 +14,7 @@ their configs, and is READY exactly while all of them are.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -93,7 +94,7 @@ class ModelRepositoryManager:
         return all(results)
 
     def _plan(self, source):
-        """The model's plan, or the exception that stops it loading."""
+        """The model's plan, or why it cannot load (a _Refused)."""
         try:
             if self.args.strict_model_config and not (source.path / "config.pbtxt").is_file():
                 raise cfg.ConfigError(
@@ -102,14 +103,13 @@ class ModelRepositoryManager:
             return repository.plan_model(source, has_gpu=self.gpus > 0,
                                          gpu_ids=list(range(self.gpus)))
         except Exception as exc:
-            exc.source = source
-            return exc
+            return _Refused(source, str(exc))
 
     async def load_model(self, name: str, plan, plans: dict) -> bool:
         try:
-            if isinstance(plan, Exception):
+            if isinstance(plan, _Refused):
                 mv = ModelVersion(name, 0, str(plan.source.path),
-                                  state=ModelReadyState.UNAVAILABLE, reason=str(plan))
+                                  state=ModelReadyState.UNAVAILABLE, reason=plan.reason)
                 self.models.add(mv)
                 self.publish(mv)
                 return False
@@ -371,6 +371,14 @@ class ModelRepositoryManager:
                                  "requested model version is not available for model "
                                  f"'{name}'")
         return {"model_stats": [mv.scheduler.stats.as_json() for mv in versions]}
+
+
+@dataclasses.dataclass
+class _Refused:
+    """A model whose config or directory stops it loading, and why."""
+
+    source: repository.ModelSource
+    reason: str
 
 
 def _step_models(config) -> set[str]:
