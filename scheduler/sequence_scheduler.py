@@ -36,7 +36,8 @@ def make_sequence_batcher(config, shape_key=None, environ=None) -> SequenceBatch
     if oldest:
         o = seq.oldest
         return SequenceBatcher(config.name, oldest=True,
-                               slots_per_instance=o.max_candidate_sequences,
+                               # Triton: 0 means max_batch_size (at least 1)
+                               slots_per_instance=o.max_candidate_sequences or max(1, mbs),
                                delay_ns=o.max_queue_delay_microseconds * 1000,
                                preferred_batch_sizes=list(o.preferred_batch_size),
                                **common)

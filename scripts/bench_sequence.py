@@ -28,6 +28,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -147,6 +148,10 @@ async def drive(url: str, model: str, sequences: int, steps: int, base: int):
 
 def measure(kind: str, model: str, repo: Path, args, round_: int) -> dict:
     ports = args.ports
+    for port in ports:  # another server there would answer in this one's place
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                raise SystemExit(f"port {port} is taken: pass other --ports")
     log = open(Path(args.log_dir) / f"{kind}-{model}.log", "ab")
     # not from the repository root for Triton: its python stub would import our
     # triton_python_backend_utils.py from there instead of its own
@@ -196,7 +201,7 @@ def main() -> None:
     p.add_argument("--servers", default="triton,shmserve,shmserve-state")
     p.add_argument("--skip", action="append", default=[])
     p.add_argument("--ports", type=lambda t: [int(x) for x in t.split(",")],
-                   default=[28500, 28501, 28502])
+                   default=[28730, 28731, 28732])
     p.add_argument("--log-dir", default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args()
