@@ -122,6 +122,8 @@ class SequenceContext:
         # a GPU instance keeps its state on the device: `device_array(np)` puts it there
         self.device_array = device_array
         self.store: dict[int, dict[str, object]] = {}  # slot -> state input -> array
+        self._flag_tensors: dict[tuple[str, bool], LocalTensor] = {}
+        self._fillers: dict[tuple, list[TensorRef]] = {}  # input signature -> inputs
 
     # -- rows in ---------------------------------------------------------------------
 
@@ -161,17 +163,22 @@ class SequenceContext:
     def _filler(self, template: InferRequest, slot: int) -> InferRequest:
         """Triton's null request: the batch's input shapes, zeros, READY false,
         correlation id 0, the initial state (the slot's own state is left alone)."""
-        inputs = []
-        for ref in template.inputs:
-            if ref.datatype == "BYTES":  # empty strings: a zero length each
-                data = bytes(4 * datatypes.num_elements(ref.shape))
-            else:
-                data = bytes(datatypes.num_elements(ref.shape)
-                             * datatypes.NUMPY[ref.datatype].itemsize)
-            inputs.append(TensorRef(ref.name, ref.datatype, list(ref.shape), data=data))
-        corrid = "" if isinstance(template.sequence_id, str) else 0
-        inputs += self._controls(False, False, False, corrid)
-        inputs += [_local(s.input_name, s.datatype, self._initial(s)) for s in self.states]
+        key = tuple((ref.name, ref.datatype, tuple(ref.shape)) for ref in template.inputs)
+        inputs = self._fillers.get(key)
+        if inputs is None:  # made once per input signature: fillers are read only
+            inputs = []
+            for ref in template.inputs:
+                if ref.datatype == "BYTES":  # empty strings: a zero length each
+                    data = bytes(4 * datatypes.num_elements(ref.shape))
+                else:
+                    data = bytes(datatypes.num_elements(ref.shape)
+                                 * datatypes.NUMPY[ref.datatype].itemsize)
+                inputs.append(TensorRef(ref.name, ref.datatype, list(ref.shape), data=data))
+            corrid = "" if isinstance(template.sequence_id, str) else 0
+            inputs += self._controls(False, False, False, corrid)
+            inputs += [_local(s.input_name, s.datatype, self._initial(s))
+                       for s in self.states]
+            self._fillers[key] = inputs
         outputs = None
         if self.states:
             outputs = [RequestedOutput(n) for n in self.outputs]
@@ -184,20 +191,29 @@ class SequenceContext:
         out = []
         flags = {"start": start, "end": end, "ready": ready}
         for c in self.controls:
-            if c.signal == "corrid":
-                if c.datatype == "BYTES":
-                    array = np.array([str(corrid).encode()], dtype=object).reshape(shape)
-                else:
-                    value = corrid if isinstance(corrid, int) else 0
-                    array = np.full(shape, value, dtype=datatypes.NUMPY[c.datatype])
+            if c.signal != "corrid":
+                # the same few tensors every row: made once (models only read them)
+                key = (c.name, flags[c.signal])
+                tensor = self._flag_tensors.get(key)
+                if tensor is None:
+                    array = np.full(shape, c.values[1 if key[1] else 0],
+                                    dtype=datatypes.NUMPY[c.datatype])
+                    array.flags.writeable = False  # shared by every row
+                    tensor = self._flag_tensors[key] = _local(c.name, c.datatype,
+                                                              self._placed(array))
+                out.append(tensor)
+                continue
+            if c.datatype == "BYTES":
+                array = np.array([str(corrid).encode()], dtype=object).reshape(shape)
             else:
-                value = c.values[1 if flags[c.signal] else 0]
+                value = corrid if isinstance(corrid, int) else 0
                 array = np.full(shape, value, dtype=datatypes.NUMPY[c.datatype])
             out.append(_local(c.name, c.datatype, self._placed(array)))
         return out
 
     def _initial(self, state: _State):
-        return self._placed(state.initial)
+        # a copy: the model may update its state input in place
+        return self._placed(state.initial.copy())
 
     def _placed(self, array):
         if self.device_array is None or array.dtype == object:
