@@ -22,7 +22,7 @@ from tests.models_sequence.repo import build
 pytestmark = pytest.mark.e2e
 
 MODELS = ["seq_acc", "seq_acc_1slot", "seq_acc_idle", "seq_acc_oldest", "seq_acc_string",
-          "seq_acc_onnx", "seq_acc_onnx_oldest"]
+          "seq_acc_onnx", "seq_acc_onnx_oldest", "seq_acc_torch", "seq_acc_torch_oldest"]
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,8 @@ def server(tmp_path_factory):
 def step(srv, protocol, model, corrid, value, start=False, end=False, outputs=None):
     """One request of a sequence; returns the response as {output name: array}."""
     x = np.array([[value]], dtype=np.int32)
-    r = client(srv, protocol).infer(model, [infer_input(protocol, "INPUT", x, "INT32")],
+    name = "INPUT__0" if "torch" in model else "INPUT"
+    r = client(srv, protocol).infer(model, [infer_input(protocol, name, x, "INT32")],
                                     sequence_id=corrid, sequence_start=start,
                                     sequence_end=end)
     names = outputs or ["OUTPUT", "START_VEC", "READY_VEC", "CORRID_OUT", "CALL"]
@@ -70,7 +71,7 @@ def test_seed_timeline(server, protocol):
     assert total(r) == 6
 
 
-def _run_sequences(srv, protocol, model, base, count, steps):
+def _run_sequences(srv, protocol, model, base, count, steps, outputs=("OUTPUT",)):
     """`count` sequences of `steps` requests each, from concurrent threads; each
     checks its own running sum."""
     def one(i):
@@ -80,8 +81,8 @@ def _run_sequences(srv, protocol, model, base, count, steps):
             value = (i + 1) * 100 + k
             want += value
             out = step(srv, protocol, model, corrid, value, start=k == 0,
-                       end=k == steps - 1, outputs=["OUTPUT"])
-            assert total(out) == want, (corrid, k)
+                       end=k == steps - 1, outputs=list(outputs))
+            assert int(out[outputs[0]].reshape(-1)[0]) == want, (corrid, k)
         return want
 
     with cf.ThreadPoolExecutor(count) as pool:
@@ -90,24 +91,29 @@ def _run_sequences(srv, protocol, model, base, count, steps):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("model", ["seq_acc", "seq_acc_oldest", "seq_acc_onnx",
-                                   "seq_acc_onnx_oldest"])
+                                   "seq_acc_onnx_oldest", "seq_acc_torch",
+                                   "seq_acc_torch_oldest"])
 def test_interleaved_sequences(server, protocol, model):
     """Rule: interleaved sequences each see only their own state, on direct (slots,
-    backlog) and oldest (candidates), python and ONNX models with implicit state."""
+    backlog) and oldest (candidates), python, ONNX and TorchScript models with
+    implicit state."""
     base = 10_000 + 1000 * MODELS.index(model) + (0 if protocol == "http" else 500)
-    sums = _run_sequences(server, protocol, model, base, 6, 5)
+    outputs = ["OUTPUT__0"] if "torch" in model else ["OUTPUT"]
+    sums = _run_sequences(server, protocol, model, base, 6, 5, outputs)
     assert sums == [sum((i + 1) * 100 + k for k in range(5)) for i in range(6)]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_onnx_start_control(server, protocol):
-    """Rule: the worker makes the START control tensor of the batch for an ONNX model
-    (int32_false_true), 1 on the first request only."""
-    corrid = 3001 if protocol == "http" else 3002
-    outs = [step(server, protocol, "seq_acc_onnx", corrid, v, start=i == 0, end=i == 2,
-                 outputs=["OUTPUT", "START_OUT"]) for i, v in enumerate((5, 6, 7))]
-    assert [int(o["START_OUT"].flat[0]) for o in outs] == [1, 0, 0]
-    assert [total(o) for o in outs] == [5, 11, 18]
+@pytest.mark.parametrize("model", ["seq_acc_onnx", "seq_acc_torch"])
+def test_framework_start_control(server, protocol, model):
+    """Rule: the worker makes the START control tensor of the batch for ONNX and
+    TorchScript models (int32_false_true), 1 on the first request only."""
+    corrid = 3001 + MODELS.index(model) * 10 + (0 if protocol == "http" else 1)
+    names = ["OUTPUT__0", "START_OUT__2"] if "torch" in model else ["OUTPUT", "START_OUT"]
+    outs = [step(server, protocol, model, corrid, v, start=i == 0, end=i == 2,
+                 outputs=names) for i, v in enumerate((5, 6, 7))]
+    assert [int(o[names[1]].flat[0]) for o in outs] == [1, 0, 0]
+    assert [int(o[names[0]].flat[0]) for o in outs] == [5, 11, 18]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

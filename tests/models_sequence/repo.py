@@ -2,7 +2,8 @@
 
 `build(root, names)` writes the named models: the python accumulator
 (`acc_model.py`) under several sequence_batching configs, and an ONNX accumulator
-with implicit state built by tests/onnx_models.py.
+with implicit state built by tests/onnx_models.py, and a TorchScript one built by
+tests/torch_models.py.
 """
 
 from __future__ import annotations
@@ -85,12 +86,18 @@ instance_group [ { count: 1 kind: KIND_CPU } ]"""
 
 ONNX = {"seq_acc_onnx": "direct { }",
         "seq_acc_onnx_oldest": "oldest { max_candidate_sequences: 4 }"}
+TORCH = {"seq_acc_torch": "direct { }",
+         "seq_acc_torch_oldest": "oldest { max_candidate_sequences: 4 }"}
 
 
 def build(root: Path, names) -> Path:
     root = Path(root)
     for name in names:
         model = root / name
+        if name in TORCH:
+            from tests.torch_models import accumulator as torch_accumulator
+            torch_accumulator(model, TORCH[name])
+            continue
         if name in ONNX:
             from tests.onnx_models import accumulator
             config = ONNX_CONFIG.replace("STRATEGY", ONNX[name])
