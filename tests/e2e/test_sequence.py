@@ -197,3 +197,13 @@ def test_bad_input(server, protocol):
             "START flag on the first request of the sequence") in e.value.message()
     corrid = 6001 if protocol == "http" else 6002
     assert total(step(server, protocol, "seq_acc", corrid, 8, start=True, end=True)) == 8
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_start_on_active_sequence_starts_over(server, protocol):
+    """Rule: START on an id whose sequence is active ends the old sequence (Triton
+    logs a warning): the new one starts from the initial state in the same slot."""
+    corrid = 7001 if protocol == "http" else 7002
+    assert total(step(server, protocol, "seq_acc", corrid, 5, start=True)) == 5
+    assert total(step(server, protocol, "seq_acc", corrid, 1, start=True)) == 1
+    assert total(step(server, protocol, "seq_acc", corrid, 2, end=True)) == 3

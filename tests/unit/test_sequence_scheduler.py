@@ -10,6 +10,7 @@ from scheduler.schedulers import create_scheduler
 from scheduler.sequence_scheduler import SequenceBatchScheduler
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
+from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
 
@@ -128,3 +129,28 @@ def test_unload_refuses_new_sequences_and_fail_all():
     h.s.pump(0)
     h.s.fail_all(ErrorCode.UNAVAILABLE, "gone", 1)
     assert len(h.failed) == 2 and h.s.drained
+
+
+def test_oldest_preserve_ordering_relays_in_request_order():
+    """Rule (oldest): preserve_ordering: workers relay responses through the scheduler,
+    which hands them on in the order the requests were dispatched."""
+    cfg = _config(max_batch_size=1, oldest=True)
+    cfg.sequence_batching.oldest.preserve_ordering = True
+    sent, answered = [], []
+    limiter = RateLimiter()
+    s = create_scheduler("acc", 1, cfg, limiter, lambda slot, b: sent.append(b),
+                         lambda r, code, why: None, environ={},
+                         respond=lambda r, resp: answered.append(r.sequence_id))
+    for i in range(2):
+        limiter.add(s, InstanceSlot(f"acc/1/acc_0_{i}#1", f"acc_0_{i}", "KIND_CPU", 0))
+    s.enqueue(_req(1, start=True), 0)
+    s.enqueue(_req(2, start=True), 0)
+    s.pump(0)
+    assert [b.relay for b in sent] == [True, True]
+    first, second = sent
+    s.batch_done(BatchDone(second.batch_id, second.instance,
+                           responses=[InferResponse(second.requests[0].id)]), 1)
+    assert answered == []  # the batch dispatched first has not finished
+    s.batch_done(BatchDone(first.batch_id, first.instance,
+                           responses=[InferResponse(first.requests[0].id)]), 2)
+    assert answered == [1, 2]
