@@ -57,6 +57,20 @@ class SeqSlot:
         return f"SeqSlot({self.instance}:{self.index} corrid={self.corrid!r})"
 
 
+class _Backlog(deque):
+    """A backlogged sequence's requests, and when the earliest `timeout` among them
+    runs out (0: never): the whole sequence is then rejected, as Triton's reaper does."""
+
+    def __init__(self, items=()):
+        super().__init__(items)
+        self.expires = 0
+
+    def timeout_from(self, req, now: int) -> None:
+        if req.timeout_us:
+            when = now + req.timeout_us * 1000
+            self.expires = min(self.expires, when) if self.expires else when
+
+
 class SequenceBatch:
     """What one instance runs: real requests in row order, the slot of each, and
     (direct) the slots whose rows are not-ready fillers. Rows are ordered by slot."""
@@ -94,8 +108,8 @@ class SequenceBatcher:
         self.instances: dict[str, list[SeqSlot]] = {}
         self._free: list[tuple[int, int, str]] = []  # heap: (slot index, order, instance)
         self.assigned: dict[Hashable, SeqSlot] = {}  # corrid -> the slot it owns
-        self.backlog: deque[deque] = deque()  # sequences waiting for a slot, FIFO
-        self._backlog_of: dict[Hashable, deque] = {}  # corrid -> its backlog queue
+        self.backlog: deque[_Backlog] = deque()  # sequences waiting for a slot, FIFO
+        self._backlog_of: dict[Hashable, _Backlog] = {}  # corrid -> its backlog queue
         self.last_seen: dict[Hashable, int] = {}  # corrid -> its latest request (ns)
         self._next_reap: int | None = None
         self._wait: dict[str, int] = {}  # direct: when a held-back batch must go
@@ -149,13 +163,15 @@ class SequenceBatcher:
         req.queue_ns = now
         if backlog is not None:
             backlog.append(req)
+            backlog.timeout_from(req, now)
             if req.sequence_end:
                 del self._backlog_of[corrid]
             return
         if slot is None:
             slot = self._take_free_slot()
             if slot is None:  # no free slot: a new backlog queue, served FIFO
-                queue = deque([req])
+                queue = _Backlog([req])
+                queue.timeout_from(req, now)
                 self.backlog.append(queue)
                 if not req.sequence_end:
                     self._backlog_of[corrid] = queue
@@ -226,6 +242,25 @@ class SequenceBatcher:
                 del self.last_seen[corrid]  # ended, or released already
             # a backlogged sequence is looked at again once it holds a slot
         return reaped
+
+    def expired(self, now: int) -> list:
+        """Backlogged sequences whose request timeout ran out before they got a slot:
+        taken out whole, to be failed ("timeout of the corresponding sequence has
+        been expired")."""
+        out = []
+        if not any(q.expires and q.expires <= now for q in self.backlog):
+            return out
+        kept = deque()
+        for queue in self.backlog:
+            if queue.expires and queue.expires <= now:
+                out.extend(queue)
+                corrid = queue[-1].sequence_id if queue else None
+                if self._backlog_of.get(corrid) is queue:
+                    del self._backlog_of[corrid]
+            else:
+                kept.append(queue)
+        self.backlog = kept
+        return out
 
     # -- batches --------------------------------------------------------------------------
 
@@ -332,6 +367,7 @@ class SequenceBatcher:
         """When something changes by itself: an idle sequence to reap, a held-back
         direct batch, a partial oldest batch's delay (for instances that could run)."""
         times = [t for t in [self._next_reap] if t is not None]
+        times.extend(q.expires for q in self.backlog if q.expires)
         times.extend(t for key, t in self._wait.items() if can_run(key))
         if self.oldest:
             for key, dyn in self._dyn.items():

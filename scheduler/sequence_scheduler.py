@@ -19,6 +19,7 @@ from scheduler.dynamic_scheduler import DynamicBatchScheduler, _batch_ids
 from scheduler.ordering import ResponseOrder
 from scheduler.rate_limiter import InstanceSlot
 from scheduler.sequence_batcher import SequenceBatcher
+from scheduler.stats import REJECTED
 from shm.errors import ErrorCode
 from shm.messages.frontend import InferRequest
 from shm.messages.worker import BatchDone, ExecuteBatch
@@ -77,6 +78,10 @@ class SequenceBatchScheduler(DynamicBatchScheduler):
     def pump(self, now: int) -> None:
         batcher = self.batcher
         self._sync_instances()
+        for req in batcher.expired(now):
+            self.stats.failed(req, REJECTED, now)
+            self._fail(req, ErrorCode.UNAVAILABLE,
+                       "timeout of the corresponding sequence has been expired")
         for corrid in batcher.reap(now):
             log.debug("model '%s': sequence %s was idle too long; its slot is released",
                       self.name, corrid)

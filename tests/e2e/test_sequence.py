@@ -207,3 +207,18 @@ def test_start_on_active_sequence_starts_over(server, protocol):
     assert total(step(server, protocol, "seq_acc", corrid, 5, start=True)) == 5
     assert total(step(server, protocol, "seq_acc", corrid, 1, start=True)) == 1
     assert total(step(server, protocol, "seq_acc", corrid, 2, end=True)) == 3
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_backlog_timeout(server, protocol):
+    """Rule: a sequence whose request timeout runs out in the backlog is rejected with
+    Triton's message, and the sequence holding the slot goes on."""
+    a, b = (8001, 8002) if protocol == "http" else (8101, 8102)
+    assert total(step(server, protocol, "seq_acc_1slot", a, 4, start=True)) == 4
+    x = np.array([[1]], dtype=np.int32)
+    with pytest.raises(InferenceServerException) as e:
+        client(server, protocol).infer("seq_acc_1slot",
+                                       [infer_input(protocol, "INPUT", x, "INT32")],
+                                       sequence_id=b, sequence_start=True, timeout=200_000)
+    assert "timeout of the corresponding sequence has been expired" in e.value.message()
+    assert total(step(server, protocol, "seq_acc_1slot", a, 4, end=True)) == 8

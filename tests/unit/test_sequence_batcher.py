@@ -269,3 +269,23 @@ def test_remove_keeps_the_end():
     b.enqueue(req(2, start=True), 1)
     assert b.remove(lambda r: r is end) == [end]
     assert ids(b.next_batch("i0", 2)) == [2]
+
+
+def test_backlogged_sequence_times_out_whole():
+    """Rule: a backlogged sequence whose request timeout runs out before it gets a
+    slot is rejected whole (Triton: "timeout of the corresponding sequence has been
+    expired"); the others keep their place."""
+    b = direct(slots=1)
+    b.enqueue(req(1, start=True), 0)
+    timed = req(2, start=True)
+    timed.timeout_us = 1000
+    b.enqueue(timed, 0)
+    second = req(2)
+    b.enqueue(second, 10)
+    b.enqueue(req(3, start=True), 20)
+    assert b.next_deadline() == 1 * MS
+    assert b.expired(1 * MS - 1) == []
+    assert b.expired(1 * MS) == [timed, second]
+    assert b.backlogged() == 1
+    with pytest.raises(InferError):  # sequence 2 is unknown now
+        b.enqueue(req(2), 2 * MS)
