@@ -241,8 +241,13 @@ class Worker:
             if seq is None:
                 results = inst.execute(msg.requests, self.io)
             else:  # a stateful model: rows with controls and state (workers/sequence.py)
-                rows, order = seq.rows(msg)
-                results = seq.results(msg, rows, order, inst.execute(rows, self.io))
+                try:
+                    rows, order = seq.rows(msg)
+                    results = seq.results(msg, rows, order, inst.execute(rows, self.io))
+                except Exception as exc:
+                    log.exception("sequence batch of %s failed", msg.instance)
+                    results = [InferError(ErrorCode.INTERNAL, _reason(exc))] * len(
+                        msg.requests)
             # the instance stamps when its inputs were ready and when the model returned
             input_end = inst.input_end_ns or start
             output_start = inst.output_start_ns or input_end

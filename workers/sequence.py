@@ -206,8 +206,12 @@ class SequenceContext:
             if c.datatype == "BYTES":
                 array = np.array([str(corrid).encode()], dtype=object).reshape(shape)
             else:
+                # Triton copies the id's first bytes (little-endian uint64) into the
+                # control, so a 32-bit CORRID gets the id's low 32 bits
                 value = corrid if isinstance(corrid, int) else 0
-                array = np.full(shape, value, dtype=datatypes.NUMPY[c.datatype])
+                raw = (value & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+                array = np.frombuffer(raw, dtype=datatypes.NUMPY[c.datatype],
+                                      count=1).reshape(shape).copy()
             out.append(_local(c.name, c.datatype, self._placed(array)))
         return out
 

@@ -134,3 +134,13 @@ def test_client_requested_outputs_kept(tmp_path):
     rows, order = ctx.rows(msg)
     out = ctx.results(msg, rows, order, _accumulate(rows))
     assert [n for n, _, _ in out[0]] == ["OUTPUT", "ACC_OUT"]
+
+
+def test_corrid_narrow_types_take_the_low_bytes(tmp_path):
+    """Rule: a 32-bit CORRID gets the id's low 32 bits (Triton copies the first bytes
+    of the uint64), never an overflow."""
+    ctx = SequenceContext(_config(corrid="TYPE_INT32"), str(tmp_path), 1)
+    msg = ExecuteBatch(1, "i", [_req(1, (1 << 40) + 7, start=True)], slots=[0])
+    rows, _ = ctx.rows(msg)
+    corrid = _inputs(rows[0])["CORRID"]
+    assert corrid.dtype == np.int32 and corrid.tolist() == [[7]]
