@@ -154,3 +154,21 @@ def test_oldest_preserve_ordering_relays_in_request_order():
     s.batch_done(BatchDone(first.batch_id, first.instance,
                            responses=[InferResponse(first.requests[0].id)]), 2)
     assert answered == [1, 2]
+
+
+def test_rate_limiter_grants_one_given_instance():
+    """Rule: a sequence's batch needs the instance of its slot: acquire_instance takes
+    exactly that one when it is idle and its resources are free, and not otherwise."""
+    limiter = RateLimiter(enabled=True)
+    owner = object()
+    a = InstanceSlot("m/1/a#1", "a", "KIND_CPU", 0, resources={("R", 0): 1})
+    b = InstanceSlot("m/1/b#1", "b", "KIND_CPU", 0, resources={("R", 0): 1})
+    limiter.add(owner, a)
+    limiter.add(owner, b)
+    assert limiter.instance_available(b) and limiter.acquire_instance(b)
+    assert not limiter.acquire_instance(b)  # busy now
+    assert not limiter.instance_available(a)  # idle, but R (1 unit) is in use
+    assert not limiter.acquire_instance(a)
+    limiter.started(b, 1)
+    assert owner in limiter.release(b)
+    assert limiter.acquire_instance(a)
