@@ -222,3 +222,33 @@ def test_backlog_timeout(server, protocol):
                                        sequence_id=b, sequence_start=True, timeout=200_000)
     assert "timeout of the corresponding sequence has been expired" in e.value.message()
     assert total(step(server, protocol, "seq_acc_1slot", a, 4, end=True)) == 8
+
+
+@pytest.fixture(scope="module")
+def held(tmp_path_factory):
+    """Triton's test hook: no sequence batch forms until 2 requests are queued (once)."""
+    repo = build(tmp_path_factory.mktemp("seq-held-repo"), ["seq_acc"])
+    srv = ServerProcess(repo, log_dir=tmp_path_factory.mktemp("seq-held"),
+                        env={"TRITONSERVER_DELAY_SCHEDULER": "2"})
+    yield from srv.serve()
+
+
+def test_two_starts_in_one_batch(held):
+    """Rule (direct): two sequences started together run in one batch, each in its own
+    slot: the model sees START [1, 1] and READY [1, 1] (TRITONSERVER_DELAY_SCHEDULER
+    holds the first batch until both are queued)."""
+    with cf.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(step, held, protocol, "seq_acc", corrid, value, start=True)
+                   for protocol, corrid, value in (("http", 91, 1), ("grpc", 92, 2))]
+        outs = [f.result(timeout=60) for f in futures]
+    for out, value in zip(outs, (1, 2)):
+        assert total(out) == value
+        assert out["START_VEC"].tolist() == [[1, 1]]
+        assert out["READY_VEC"].tolist() == [[1, 1]]
+    assert outs[0]["CALL"].tolist() == outs[1]["CALL"].tolist() == [[1]]
+    # after the hold, each sequence goes on alone in its own slot: one in slot 0 (a
+    # batch of one row), the other in slot 1 (behind a not-ready filler)
+    ends = [step(held, "http", "seq_acc", 91, 5, end=True),
+            step(held, "grpc", "seq_acc", 92, 5, end=True)]
+    assert [total(r) for r in ends] == [6, 7]
+    assert sorted(r["READY_VEC"].tolist() for r in ends) == [[[0, 1]], [[1]]]
