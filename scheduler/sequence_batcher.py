@@ -83,10 +83,6 @@ class SequenceBatch:
         self.fillers = fillers
 
 
-def corrid_text(corrid) -> str:
-    return str(corrid)
-
-
 class SequenceBatcher:
     """Every instance's sequence slots, the backlog and the idle reaper of one model."""
 
@@ -151,7 +147,7 @@ class SequenceBatcher:
         backlog = self._backlog_of.get(corrid) if slot is None else None
         if not req.sequence_start and slot is None and backlog is None:
             raise InferError(ErrorCode.INVALID_ARG,
-                             f"inference request for sequence {corrid_text(corrid)} to "
+                             f"inference request for sequence {corrid} to "
                              f"model '{self.model}' must specify the START flag on the "
                              "first request of the sequence")
         self.last_seen[corrid] = now
@@ -166,6 +162,7 @@ class SequenceBatcher:
             backlog.timeout_from(req, now)
             if req.sequence_end:
                 del self._backlog_of[corrid]
+                del self.last_seen[corrid]  # a sequence with its END cannot go idle
             return
         if slot is None:
             slot = self._take_free_slot()
@@ -175,12 +172,15 @@ class SequenceBatcher:
                 self.backlog.append(queue)
                 if not req.sequence_end:
                     self._backlog_of[corrid] = queue
+                else:
+                    del self.last_seen[corrid]
                 return
             slot.corrid = corrid
             self.assigned[corrid] = slot
             self._reap_by(now + self.idle_ns)
         if req.sequence_end:
             del self.assigned[corrid]
+            del self.last_seen[corrid]
         slot.queue.append(req)
         if self.oldest:
             self._advance(slot)
