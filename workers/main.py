@@ -172,7 +172,7 @@ class Worker:
         if getattr(inst, "stream", None) is not None:  # a GPU instance keeps state there
             from shm.cuda import cupy
             device_array = cupy().asarray
-        return SequenceContext(parsed, msg.model_dir, msg.version, device_array)
+        return SequenceContext(parsed, msg.model_dir, device_array)
 
     def warm_up(self, inst, msg: LoadInstance, config: bytes, outbox: Outbox) -> None:
         """Run the model's warmup samples on `inst`, then answer the load: the instance

@@ -99,9 +99,10 @@ def _read_initial(folders: list[str], name: str, datatype: str, shape):
             dtype = datatypes.NUMPY[datatype]
             count = datatypes.num_elements(shape)
             if len(raw) < count * dtype.itemsize:
+                # Triton's words, its missing space included
                 raise ValueError(f"initial_state setting expects {count * dtype.itemsize} "
-                                 f"bytes, but the data provided from '{name}' file only "
-                                 f"has {len(raw)} bytes")
+                                 f"bytes, but the data provided from {name}only has "
+                                 f"{len(raw)} bytes.")
             return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape).copy()
     raise ValueError(f"initial state file '{name}' not found in "
                      f"{' or '.join(os.path.join(f, 'initial_state') for f in folders)}")
@@ -110,12 +111,12 @@ def _read_initial(folders: list[str], name: str, datatype: str, shape):
 class SequenceContext:
     """One stateful instance's controls, state config and per-slot state."""
 
-    def __init__(self, config: dict, model_dir: str, version: int, device_array=None):
+    def __init__(self, config: dict, model_dir: str, device_array=None):
         seq = config.get("sequence_batching") or {}
         self.batching = int(config.get("max_batch_size") or 0) > 0
         self.controls = [_Control(ci["name"], c) for ci in seq.get("control_input") or []
                          for c in ci.get("control") or []]
-        folders = [os.path.join(model_dir, str(version)), model_dir]
+        folders = [model_dir]  # Triton: <model>/initial_state/<data_file>, as warmup/
         self.states = [_State(s, self.batching, folders) for s in seq.get("state") or []]
         self.state_outputs = {s.output_name for s in self.states}
         self.outputs = [o["name"] for o in config.get("output") or []]

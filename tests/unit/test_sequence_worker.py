@@ -57,7 +57,7 @@ def _accumulate(rows):
 def test_controls_per_row_and_not_ready_filler(tmp_path):
     """Rule: START/END/READY in their int32, fp32 and bool forms, CORRID in its
     data_type; a filler row is READY false, START/END false, CORRID 0, zero inputs."""
-    ctx = SequenceContext(_config(), str(tmp_path), 1)
+    ctx = SequenceContext(_config(), str(tmp_path))
     a, b = _req(1, 11, start=True), _req(2, 12, end=True)
     msg = ExecuteBatch(1, "i", [a, b], slots=[0, 2], fillers=[1])
     rows, order = ctx.rows(msg)
@@ -78,7 +78,7 @@ def test_state_kept_per_slot_and_reset_by_start(tmp_path):
     """Rule: implicit state starts from the initial state at START, follows the
     sequence in its slot, is not returned unless asked for, and a filler leaves the
     slot's state alone."""
-    ctx = SequenceContext(_config(), str(tmp_path), 1)
+    ctx = SequenceContext(_config(), str(tmp_path))
 
     def run(reqs, slots, fillers=()):
         msg = ExecuteBatch(1, "i", reqs, slots=slots, fillers=list(fillers))
@@ -98,25 +98,26 @@ def test_state_kept_per_slot_and_reset_by_start(tmp_path):
 
 
 def test_initial_state_from_data_file(tmp_path):
-    """Rule: initial_state data_file is read from the model's initial_state folder."""
-    folder = tmp_path / "1" / "initial_state"
+    """Rule: initial_state data_file is read from <model>/initial_state/ (Triton's
+    kInitialStateFolder, beside warmup/)."""
+    folder = tmp_path / "initial_state"
     folder.mkdir(parents=True)
     (folder / "acc.bin").write_bytes(np.array([40, 50], dtype=np.int32).tobytes())
     initial = {"data_type": "TYPE_INT32", "dims": ["2"], "data_file": "acc.bin",
                "name": "init"}
-    ctx = SequenceContext(_config(initial=initial), str(tmp_path), 1)
+    ctx = SequenceContext(_config(initial=initial), str(tmp_path))
     msg = ExecuteBatch(1, "i", [_req(1, 11, start=True)], slots=[0])
     rows, order = ctx.rows(msg)
     assert _inputs(rows[0])["ACC_IN"].tolist() == [[40, 50]]
     with pytest.raises(ValueError):
         initial["data_file"] = "missing.bin"
-        SequenceContext(_config(initial=initial), str(tmp_path), 1)
+        SequenceContext(_config(initial=initial), str(tmp_path))
 
 
 def test_string_corrid_and_unbatched_shapes(tmp_path):
     """Rule: a TYPE_STRING CORRID carries the string id; a model that does not batch
     gets controls of shape [1] and states of its dims."""
-    ctx = SequenceContext(_config(max_batch=0, corrid="TYPE_STRING"), str(tmp_path), 1)
+    ctx = SequenceContext(_config(max_batch=0, corrid="TYPE_STRING"), str(tmp_path))
     msg = ExecuteBatch(1, "i", [_req(1, "seq-a", start=True)], slots=[0])
     rows, _ = ctx.rows(msg)
     t = _inputs(rows[0])
@@ -127,7 +128,7 @@ def test_string_corrid_and_unbatched_shapes(tmp_path):
 def test_client_requested_outputs_kept(tmp_path):
     """Rule: the outputs the client asked for come back; the state output only if
     asked for by name."""
-    ctx = SequenceContext(_config(), str(tmp_path), 1)
+    ctx = SequenceContext(_config(), str(tmp_path))
     req = _req(1, 11, start=True)
     req.outputs = [RequestedOutput("OUTPUT"), RequestedOutput("ACC_OUT")]
     msg = ExecuteBatch(1, "i", [req], slots=[0])
@@ -139,7 +140,7 @@ def test_client_requested_outputs_kept(tmp_path):
 def test_corrid_narrow_types_take_the_low_bytes(tmp_path):
     """Rule: a 32-bit CORRID gets the id's low 32 bits (Triton copies the first bytes
     of the uint64), never an overflow."""
-    ctx = SequenceContext(_config(corrid="TYPE_INT32"), str(tmp_path), 1)
+    ctx = SequenceContext(_config(corrid="TYPE_INT32"), str(tmp_path))
     msg = ExecuteBatch(1, "i", [_req(1, (1 << 40) + 7, start=True)], slots=[0])
     rows, _ = ctx.rows(msg)
     corrid = _inputs(rows[0])["CORRID"]
