@@ -22,7 +22,7 @@ from tests.models_sequence.repo import build
 pytestmark = pytest.mark.e2e
 
 MODELS = ["seq_acc", "seq_acc_1slot", "seq_acc_idle", "seq_acc_oldest", "seq_acc_string",
-          "seq_acc_onnx", "seq_acc_onnx_oldest", "seq_acc_torch", "seq_acc_torch_oldest"]
+          "seq_acc_onnx", "seq_acc_onnx_oldest", "seq_acc_torch", "seq_acc_torch_oldest", "seq_acc_init"]
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +252,14 @@ def test_two_starts_in_one_batch(held):
             step(held, "grpc", "seq_acc", 92, 5, end=True)]
     assert [total(r) for r in ends] == [6, 7]
     assert sorted(r["READY_VEC"].tolist() for r in ends) == [[[0, 1]], [[1]]]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_initial_state_from_data_file(server, protocol):
+    """Rule: initial_state data_file (<model>/initial_state/acc.bin holds 100) is the
+    state every sequence starts from."""
+    corrid = 9001 if protocol == "http" else 9002
+    assert total(step(server, protocol, "seq_acc_init", corrid, 1, start=True)) == 101
+    assert total(step(server, protocol, "seq_acc_init", corrid, 2, end=True)) == 103
+    assert total(step(server, protocol, "seq_acc_init", corrid, 5, start=True,
+                      end=True)) == 105

@@ -11,6 +11,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 ACC = Path(__file__).with_name("acc_model.py")
 
 
@@ -37,15 +39,21 @@ output [
 ]"""
 
 
+_STATE_FROM_FILE = """  state [ { input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32
+            dims: [ 1 ]
+            initial_state: { data_type: TYPE_INT32 dims: [ 1 ] data_file: "acc.bin"
+                             name: "hundred" } } ]"""
+
+
 def _python(max_batch: int, strategy: str, idle_us: int = 5_000_000,
-            corrid_type: str = "TYPE_UINT64", count: int = 1) -> str:
+            corrid_type: str = "TYPE_UINT64", count: int = 1, state: str = _STATE) -> str:
     return f"""backend: "python"
 max_batch_size: {max_batch}
 sequence_batching {{
   max_sequence_idle_microseconds: {idle_us}
   {strategy}
 {_controls(corrid_type)}
-{_STATE}
+{state}
 }}
 {_IO}
 instance_group [ {{ count: {count} kind: KIND_CPU }} ]"""
@@ -63,6 +71,8 @@ CONFIGS = {
     "seq_acc_oldest": _python(4, "oldest { max_candidate_sequences: 4 }"),
     # string correlation ids
     "seq_acc_string": _python(2, "direct { }", corrid_type="TYPE_STRING"),
+    # the initial state read from <model>/initial_state/acc.bin (100)
+    "seq_acc_init": _python(2, "direct { }", state=_STATE_FROM_FILE),
     # the benchmark's model: 64 slots over two instances
     "seq_acc_bench": _python(32, "direct { }", count=2),
 }
@@ -106,4 +116,8 @@ def build(root: Path, names) -> Path:
         (model / "1").mkdir(parents=True, exist_ok=True)
         shutil.copy(ACC, model / "1" / "model.py")
         (model / "config.pbtxt").write_text(f'name: "{name}"\n{CONFIGS[name]}\n')
+        if "data_file" in CONFIGS[name]:
+            (model / "initial_state").mkdir(exist_ok=True)
+            (model / "initial_state" / "acc.bin").write_bytes(
+                np.array([100], dtype=np.int32).tobytes())
     return root
