@@ -25,9 +25,23 @@ MODELS = ["seq_acc", "seq_acc_1slot", "seq_acc_idle", "seq_acc_oldest", "seq_acc
           "seq_acc_onnx", "seq_acc_onnx_oldest", "seq_acc_torch", "seq_acc_torch_oldest", "seq_acc_init"]
 
 
+# an ensemble whose one step is the ONNX accumulator: the sequence id and flags of the
+# ensemble's request must reach the stateful step (Triton passes them on)
+ENS_SEQ = """name: "ens_seq"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "seq_acc_onnx" model_version: -1
+  input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "SUM" } } ] }
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = build(tmp_path_factory.mktemp("seq-repo"), MODELS)
+    (repo / "ens_seq" / "1").mkdir(parents=True)
+    (repo / "ens_seq" / "config.pbtxt").write_text(ENS_SEQ)
     srv = ServerProcess(repo, frontends=2, log_dir=tmp_path_factory.mktemp("seq"))
     yield from srv.serve()
 
@@ -101,6 +115,29 @@ def test_interleaved_sequences(server, protocol, model):
     outputs = ["OUTPUT__0"] if "torch" in model else ["OUTPUT"]
     sums = _run_sequences(server, protocol, model, base, 6, 5, outputs)
     assert sums == [sum((i + 1) * 100 + k for k in range(5)) for i in range(6)]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_ensemble_passes_sequences_to_its_stateful_step(server, protocol):
+    """Rule: an ensemble's correlation id and START/END flags flow to a stateful step,
+    so interleaved sequences through the ensemble keep their own sums."""
+    base = 70_000 + (0 if protocol == "http" else 500)
+
+    def one(i):
+        want = 0
+        for k in range(4):
+            value = (i + 1) * 10 + k
+            want += value
+            x = np.array([[value]], dtype=np.int32)
+            r = client(server, protocol).infer(
+                "ens_seq", [infer_input(protocol, "IN", x, "INT32")],
+                sequence_id=base + i, sequence_start=k == 0, sequence_end=k == 3)
+            assert int(r.as_numpy("SUM").reshape(-1)[0]) == want, (i, k)
+        return want
+
+    with cf.ThreadPoolExecutor(3) as pool:
+        assert list(pool.map(one, range(3))) == [
+            sum((i + 1) * 10 + k for k in range(4)) for i in range(3)]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
