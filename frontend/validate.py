@@ -43,7 +43,7 @@ class _ModelSpec:
     """The parts of a ModelConfig that request validation reads, as plain Python."""
 
     __slots__ = ("config", "name", "max_batch_size", "inputs", "input_order",
-                 "required", "outputs")
+                 "required", "outputs", "corrid")
 
     def __init__(self, config):
         self.config = config  # keeps id(config) from being reused while cached
@@ -57,6 +57,8 @@ class _ModelSpec:
         self.input_order = [i.name for i in config.input]
         self.required = [i.name for i in config.input if not i.optional]
         self.outputs = {o.name for o in config.output}
+        # the CONTROL_SEQUENCE_CORRID input's name and type, for a model that has one
+        self.corrid = _corrid_control(config)
 
 
 def _dtype_name(value: int) -> str:
@@ -182,7 +184,35 @@ def validate_request(req: DecodedRequest, config) -> int:
             check_input_byte_size(inp, model, prefix)
         else:
             check_shm_input(inp, model, prefix)
+    if spec.corrid is not None:
+        _check_corrid_type(req, spec.corrid, model, prefix)
     return batch_size
+
+
+# Triton's InferenceRequest::ValidateCorrelationId: a string id needs a STRING CORRID,
+# a number (the default 0 included) one of the integer types
+_CORRID_INTS = ("UINT64", "INT64", "UINT32", "INT32")
+
+
+def _corrid_control(config) -> tuple[str, str] | None:
+    if not config.HasField("sequence_batching"):
+        return None
+    kind = type(config.sequence_batching).Control.Kind.CONTROL_SEQUENCE_CORRID
+    for control_input in config.sequence_batching.control_input:
+        for control in control_input.control:
+            if control.kind == kind:
+                return control_input.name, from_config(_dtype_name(control.data_type))
+    return None
+
+
+def _check_corrid_type(req: DecodedRequest, corrid: tuple[str, str], model: str,
+                       prefix: str) -> None:
+    name, expected = corrid
+    given = "BYTES" if isinstance(req.parameters.get("sequence_id"), str) else "UINT64"
+    if (given == "BYTES") != (expected == "BYTES") or (
+            given == "UINT64" and expected not in _CORRID_INTS):
+        raise InferError(_INVALID, f"{prefix}sequence batching control '{name}' data-type "
+                                   f"is '{given}', but model '{model}' expects '{expected}'")
 
 
 def _input_count_error(spec: _ModelSpec, given: dict, model: str,

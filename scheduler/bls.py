@@ -37,16 +37,23 @@ def refusal(req: InferRequest, message: str) -> str:
     return f"Model {req.model} - Error when running inference: {message}"
 
 
-def check(req: InferRequest, config) -> None:
-    """Check a BLS request against its callee's config (a ModelConfig) and set its
-    batch size; raises InferError with the reason it cannot run."""
-    prefix = f"[request id: {req.request_id or '<id_unknown>'}] "
+def check_chain(req: InferRequest) -> None:
+    """Refuse a request into a model that waits up its call chain (a BLS call, or an
+    ensemble step of one, which carries its callers on)."""
     if req.model in req.callers:
         chain = " -> ".join([*req.callers, req.model])
         raise InferError(
             _INVALID,
-            f"{prefix}BLS request to model '{req.model}' from its own execution "
-            f"({chain}) would wait for itself; the call is refused")
+            f"[request id: {req.request_id or '<id_unknown>'}] BLS request to model "
+            f"'{req.model}' from its own execution ({chain}) would wait for itself; "
+            "the call is refused")
+
+
+def check(req: InferRequest, config) -> None:
+    """Check a BLS request against its callee's config (a ModelConfig) and set its
+    batch size; raises InferError with the reason it cannot run."""
+    prefix = f"[request id: {req.request_id or '<id_unknown>'}] "
+    check_chain(req)
     inputs = {i.name: i for i in config.input}
     given = set()
     for ref in req.inputs:

@@ -497,11 +497,86 @@ def _validate_ensemble(config: ModelConfig) -> None:
     steps = config.ensemble_scheduling.step
     if not steps:
         raise ConfigError(f"must specify 'step' for ensemble '{name}'")
-    for index, step in enumerate(steps):
+    _validate_ensemble_flow(config)
+
+
+class _FlowNode:
+    """An ensemble tensor in the data-flow graph: the tensors it is computed from."""
+
+    __slots__ = ("produced", "ready", "prev", "next")
+
+    def __init__(self):
+        self.produced = False  # some step's output_map names it
+        self.ready = False
+        self.prev: list[str] = []
+        self.next: list[str] = []
+
+
+def _validate_ensemble_flow(config: ModelConfig) -> None:
+    """Every ensemble output is computed from the ensemble inputs, and every tensor is
+    used (Triton's BuildEnsembleGraph and ValidateEnsembleSchedulingConfig, with its
+    messages). Cycles show up here as outputs that are never written. The step
+    models' own inputs, outputs, types and shapes are checked once they are loaded
+    (scheduler/ensemble.py)."""
+    name = config.name
+    nodes: dict[str, _FlowNode] = {}
+    for index, step in enumerate(config.ensemble_scheduling.step):
         for field in ("model_name", "input_map", "output_map"):
             if not getattr(step, field):
                 raise ConfigError(
                     f"must specify '{field}' in step {index} of ensemble '{name}'")
+        produced = []
+        for tensor in step.output_map.values():
+            node = nodes.setdefault(tensor, _FlowNode())
+            if node.produced:
+                raise ConfigError(f"ensemble tensor '{tensor}' can appear in an output map "
+                                  f"only once for ensemble '{name}' step {index}")
+            node.produced = True
+            produced.append(tensor)
+        # input_map is a map: a model input cannot be listed twice in one step
+        for tensor in step.input_map.values():
+            node = nodes.setdefault(tensor, _FlowNode())
+            for out in produced:
+                nodes[out].prev.append(tensor)
+                node.next.append(out)
+    queue = []
+    for io in config.input:
+        node = nodes.get(io.name)
+        if node is None:
+            raise ConfigError(f"ensemble input '{io.name}' for ensemble {name}' is not used")
+        node.ready = True
+        queue.append(io.name)
+    while queue:  # breadth first from the inputs, as Triton walks it
+        for tensor in nodes[queue.pop(0)].next:
+            node = nodes[tensor]
+            if not node.ready and all(nodes[p].ready for p in node.prev):
+                node.ready = True
+                queue.append(tensor)
+    outputs = set()
+    for io in config.output:
+        node = nodes.get(io.name)
+        if node is None:
+            raise ConfigError(f"ensemble output '{io.name}' for ensemble {name}' is not used")
+        if not node.ready:
+            message = f"output '{io.name}' for ensemble '{name}' is not written"
+            # follow the first unready tensor back to where the flow breaks
+            last, seen, prev = io.name, set(), node.prev
+            while prev:
+                nxt = None
+                for p in prev:
+                    if not nodes[p].ready and p not in seen:
+                        seen.add(p)
+                        last, nxt = p, nodes[p].prev
+                        break
+                prev = nxt
+            if last != io.name:
+                message += (f": at least one of its depending tensors, '{last}', is not "
+                            "connected")
+            raise ConfigError(message)
+        outputs.add(io.name)
+    for tensor, node in nodes.items():
+        if tensor not in outputs and (not node.ready or not node.next):
+            raise ConfigError(f"ensemble tensor '{tensor}' is unused in ensemble '{name}'")
 
 
 def _validate_instance_groups(config: ModelConfig, gpu_ids: Sequence[int] | None) -> None:

@@ -5,11 +5,16 @@ Loading a version places its instances in workers (the WorkerPool), gives it a
 scheduler (schedulers.create_scheduler) and registers its instances with the shared
 RateLimiter. Every load of a version gets a new generation, carried in its instance
 keys, so a reload can run new instances beside the old ones until it switches.
+
+An ensemble has no instances: it loads once every model its steps name has settled
+(loaded or failed), as Triton's dependency graph orders loads, is checked against
+their configs, and is READY exactly while all of them are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -21,7 +26,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
 from scheduler import config as cfg
-from scheduler import repository
+from scheduler import ensemble, repository
 from scheduler.metrics import option_on
 from scheduler.models import ModelReadyState, ModelTable, ModelVersion
 from scheduler.rate_limiter import InstanceSlot, RateLimiter, group_resources
@@ -38,7 +43,7 @@ class ModelRepositoryManager:
     def __init__(self, args, pool: WorkerPool, rate_limiter: RateLimiter, gpus: int,
                  publish: Callable[[ModelStateUpdate], None], send_batch: SendBatch,
                  fail: Fail, on_ready: Callable[[Scheduler], None],
-                 respond: Respond | None = None):
+                 respond: Respond | None = None, host: ensemble.Host | None = None):
         self.args = args
         self.pool = pool
         self.rate_limiter = rate_limiter
@@ -48,6 +53,10 @@ class ModelRepositoryManager:
         self._fail = fail
         self._respond = respond  # relayed responses (preserve_ordering)
         self._on_ready = on_ready  # a scheduler has instances again: pump it
+        self.host = host  # runs ensembles' steps (the scheduler process)
+        # ensemble name -> the models its steps name; and every model's load, settled
+        self.ensembles: dict[str, set[str]] = {}
+        self._settled: dict[str, asyncio.Event] = {}
         self.models = ModelTable()
         self.by_instance: dict[str, Scheduler] = {}  # instance key -> its scheduler
         self.load_seconds: dict[tuple[str, int], float] = {}
@@ -65,29 +74,63 @@ class ModelRepositoryManager:
         except Exception as exc:
             log.error("%s", exc)
             return False
+        plans = {name: self._plan(source) for name, source in sources.items()}
         if self.args.model_control_mode == "explicit":
             wanted = set(self.args.load_model)
             if "*" not in wanted:
-                sources = {n: s for n, s in sources.items() if n in wanted}
-        results = await asyncio.gather(*(self.load_model(s) for s in sources.values()))
+                # loading an ensemble loads the models of its steps, as in Triton
+                todo = list(wanted)
+                while todo:
+                    plan = plans.get(todo.pop())
+                    if isinstance(plan, repository.ModelPlan):
+                        for step in _step_models(plan.config) - wanted:
+                            wanted.add(step)
+                            todo.append(step)
+                plans = {n: p for n, p in plans.items() if n in wanted}
+        for name in plans:
+            self._settled[name] = asyncio.Event()
+        results = await asyncio.gather(*(self.load_model(name, plan, plans)
+                                         for name, plan in plans.items()))
         return all(results)
 
-    async def load_model(self, source) -> bool:
+    def _plan(self, source):
+        """The model's plan, or why it cannot load (a _Refused)."""
         try:
             if self.args.strict_model_config and not (source.path / "config.pbtxt").is_file():
                 raise cfg.ConfigError(
                     f"model '{source.name}' has no config.pbtxt, which "
                     "--strict-model-config=true requires")
-            plan = repository.plan_model(source, has_gpu=self.gpus > 0,
+            return repository.plan_model(source, has_gpu=self.gpus > 0,
                                          gpu_ids=list(range(self.gpus)))
         except Exception as exc:
-            mv = ModelVersion(source.name, 0, str(source.path),
-                              state=ModelReadyState.UNAVAILABLE, reason=str(exc))
-            self.models.add(mv)
-            self.publish(mv)
-            return False
-        results = await asyncio.gather(*(self.load_version(plan, v) for v in plan.versions))
-        return all(results)
+            return _Refused(source, str(exc))
+
+    async def load_model(self, name: str, plan, plans: dict) -> bool:
+        try:
+            if isinstance(plan, _Refused):
+                mv = ModelVersion(name, 0, str(plan.source.path),
+                                  state=ModelReadyState.UNAVAILABLE, reason=plan.reason)
+                self.models.add(mv)
+                self.publish(mv)
+                return False
+            if plan.config.platform == cfg.ENSEMBLE_PLATFORM:
+                load = self._load_ensemble_version
+                await self._wait_for_steps(plan, plans)
+            else:
+                load = self.load_version
+            results = await asyncio.gather(*(load(plan, v) for v in plan.versions))
+            return all(results)
+        finally:
+            self._settled[name].set()
+
+    async def _wait_for_steps(self, plan, plans: dict) -> None:
+        """Until every model the ensemble's steps name has settled. Models of a
+        circular chain of ensembles are not waited for: the check then fails."""
+        deps = _step_models(plan.config)
+        self.ensembles[plan.name] = deps
+        waits = [self._settled[d].wait() for d in deps
+                 if d in self._settled and not _reaches(plans, d, plan.name)]
+        await asyncio.gather(*waits)
 
     def _slots(self, name: str, version: int, config) -> list[InstanceSlot]:
         """One slot per instance of every instance group, named as Triton names them
@@ -142,6 +185,74 @@ class ModelRepositoryManager:
         log.info("successfully loaded '%s' version %d", plan.name, version)
         self.publish(mv)
         return True
+
+    async def _load_ensemble_version(self, plan, version: int) -> bool:
+        mv = ModelVersion(plan.name, version, str(plan.path), config=plan.config)
+        self.models.add(mv)
+        try:
+            configs = self._step_configs(plan.config)
+            ensemble.check_steps(plan.config, configs)
+        except ensemble.EnsembleError as exc:
+            log.error("failed to load '%s' version %d: %s", plan.name, version, exc)
+            mv.state = ModelReadyState.UNAVAILABLE
+            mv.reason = str(exc)
+            self.publish(mv)
+            return False
+        # Triton marks every ensemble's transaction policy (decoupled when a step is)
+        mv.config.model_transaction_policy.SetInParent()
+        mv.scheduler = ensemble.EnsembleScheduler(plan.name, version, plan.config,
+                                                  self.host, histograms=self.histograms)
+        mv.scheduler.stats.cache_enabled = self.caches(mv.config)
+        mv.state = ModelReadyState.READY
+        log.info("successfully loaded '%s' version %d", plan.name, version)
+        self.publish(mv)
+        return True
+
+    def _step_configs(self, config) -> dict:
+        """The config each step's model runs with, or Triton's reason it cannot run."""
+        name = config.name
+        steps = config.ensemble_scheduling.step
+        missing = sorted({s.model_name for s in steps
+                          if not any(mv.name == s.model_name for mv in self.models.all())})
+        if missing:
+            raise ensemble.EnsembleError(f"ensemble {name} contains models that are not "
+                                         f"available or ambiguous: {', '.join(missing)}")
+        configs = {}
+        for step in steps:
+            model, version = step.model_name, max(int(step.model_version), 0)
+            if model == name:
+                raise ensemble.EnsembleError(f"ensemble {name} cannot contain itself")
+            mv = self.models.resolve(model, version)
+            if mv is None or mv.state is not ModelReadyState.READY:
+                failed = [m for m in self.models.all() if m.name == model and m.reason]
+                if not self.models.resolve(model, 0):
+                    why = (f" Model '{model}' loading failed with error: {failed[0].reason}"
+                           if failed else "")
+                    raise ensemble.EnsembleError(f"ensemble '{name}' depends on '{model}' "
+                                                 f"which has no loaded version.{why}")
+                raise ensemble.EnsembleError(f"ensemble '{name}' depends on '{model}' whose "
+                                             f"required version {version} is not loaded.")
+            configs.setdefault(model, mv.config)
+        return configs
+
+    def _refresh_ensembles(self, model: str) -> None:
+        """A model's state changed: every loaded ensemble using it is READY exactly
+        while all of its steps' models are."""
+        for mv in list(self.models.all()):
+            if mv.scheduler is None or model not in self.ensembles.get(mv.name, ()):
+                continue
+            if mv.state not in (ModelReadyState.READY, ModelReadyState.UNAVAILABLE):
+                continue
+            down = [s.model_name for s in mv.config.ensemble_scheduling.step
+                    if (self.models.resolve(s.model_name, max(int(s.model_version), 0))
+                        or ModelVersion("", 0, "")).state is not ModelReadyState.READY]
+            state = ModelReadyState.UNAVAILABLE if down else ModelReadyState.READY
+            reason = f"composing model '{down[0]}' is not ready" if down else ""
+            if (state, reason) != (mv.state, mv.reason):
+                mv.state, mv.reason = state, reason
+                log.info("ensemble '%s' version %d is %s%s", mv.name, mv.version,
+                         state.value, f": {reason}" if reason else "")
+                self.publish(mv)
 
     async def _start_instance(self, mv: ModelVersion, slot: InstanceSlot, config,
                               auto_complete: bool = False):
@@ -214,8 +325,11 @@ class ModelRepositoryManager:
     # -- what others see ----------------------------------------------------------------
 
     def publish(self, mv: ModelVersion) -> None:
-        """Tell every frontend about a model version's state."""
+        """Tell every frontend about a model version's state (and, through the
+        ensembles that use it, theirs)."""
         self._publish(self.state_update(mv))
+        if self.ensembles:
+            self._refresh_ensembles(mv.name)
 
     def caches(self, config) -> bool:
         """Whether responses of a model with this config are cached: it enables
@@ -257,3 +371,33 @@ class ModelRepositoryManager:
                                  "requested model version is not available for model "
                                  f"'{name}'")
         return {"model_stats": [mv.scheduler.stats.as_json() for mv in versions]}
+
+
+@dataclasses.dataclass
+class _Refused:
+    """A model whose config or directory stops it loading, and why."""
+
+    source: repository.ModelSource
+    reason: str
+
+
+def _step_models(config) -> set[str]:
+    """The models an ensemble's steps name (none for any other model)."""
+    if not config.HasField("ensemble_scheduling"):
+        return set()
+    return {s.model_name for s in config.ensemble_scheduling.step}
+
+
+def _reaches(plans: dict, start: str, target: str) -> bool:
+    """Whether ensemble `start` names `target` through its steps (a cycle)."""
+    seen, todo = set(), [start]
+    while todo:
+        name = todo.pop()
+        if name == target:
+            return True
+        plan = plans.get(name)
+        if name in seen or not isinstance(plan, repository.ModelPlan):
+            continue
+        seen.add(name)
+        todo.extend(_step_models(plan.config))
+    return False

@@ -186,6 +186,27 @@ class RateLimiter:
         self._waiting[owner] = None
         return None
 
+    def acquire_instance(self, slot: InstanceSlot) -> bool:
+        """Take this one instance if it is idle and its resources are free: a sequence
+        runs on the instance that holds its slot, never on another."""
+        idle = self._idle.get(slot.owner)
+        if not idle or slot not in idle:
+            return False
+        if self.enabled and not self._take(slot):
+            self._waiting[slot.owner] = None
+            return False
+        idle.remove(slot)
+        return True
+
+    def instance_available(self, slot: InstanceSlot) -> bool:
+        """Whether `acquire_instance(slot)` would succeed now (no side effects)."""
+        idle = self._idle.get(slot.owner)
+        if not idle or slot not in idle:
+            return False
+        used, limits = self._used, self._max
+        return not self.enabled or all(used[k] + c <= limits.get(k, 0)
+                                       for k, c in slot.resources.items())
+
     def available(self, owner: Hashable) -> bool:
         """Whether `acquire(owner)` would grant an instance now (no side effects)."""
         idle = self._idle.get(owner)

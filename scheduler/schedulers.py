@@ -86,5 +86,10 @@ def create_scheduler(name: str, version: int, config, rate_limiter: RateLimiter,
                      ) -> Scheduler:
     """The scheduler Triton would give this model config."""
     from scheduler.dynamic_scheduler import DynamicBatchScheduler
+    if config.HasField("sequence_batching"):
+        from scheduler.sequence_scheduler import SequenceBatchScheduler
+        return SequenceBatchScheduler(name, version, config, rate_limiter, send_batch,
+                                      fail, histograms=histograms, environ=environ,
+                                      respond=respond)
     return DynamicBatchScheduler(name, version, config, rate_limiter, send_batch, fail,
                                  histograms=histograms, environ=environ, respond=respond)

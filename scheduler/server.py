@@ -10,6 +10,7 @@ pool (processes), the rate limiter (instances), the region registry (client shm)
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import secrets
@@ -41,7 +42,7 @@ from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
                                    FrontendStopped, InferRequest, ServerState, StatsReply,
                                    StatsRequest)
 from shm.messages.regions import RegionGone, RegionReply, RegionRequest
-from shm.messages.results import InferResponse
+from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSettingReply,
                                    TraceSettingRequest)
@@ -77,12 +78,17 @@ class Server:
                                   on_instances_lost=self._instances_lost)
         self.frontends = FrontendPool(args, self.run_dir, self.shm_prefix, self.address,
                                       self.outbox, self.workers.restarts,
-                                      on_gone=self.workers.broadcast,
+                                      on_gone=self._frontend_gone,
                                       on_ready=self._frontend_ready)
+        # requests this process makes itself (ensemble steps): id -> who gets the
+        # answers; and blocks it hands on to clients: (segment, offset) -> their owner
+        self._internal_ids = itertools.count(1)
+        self.internal: dict[int, object] = {}
+        self.lent: dict[tuple[str, int], tuple[str, str]] = {}  # -> (owner, reader)
         self.manager = ModelRepositoryManager(
             args, self.workers, self.rate_limiter, self.gpus,
             publish=self.frontends.broadcast, send_batch=self._send_batch, fail=self._fail,
-            on_ready=self._wake, respond=self._respond)
+            on_ready=self._wake, respond=self._respond, host=self)
         self.handlers = {
             InferRequest: self.on_infer,
             CancelRequest: self.on_cancel,
@@ -92,6 +98,7 @@ class Server:
             WorkerReady: self.workers.on_worker_ready,
             InstanceLoaded: self.workers.on_instance_loaded,
             InferResponse: self.on_internal_response,
+            ReleaseBlocks: self.on_release,
             RegionRequest: self.on_region_call,
             StatsRequest: self.on_stats,
             CacheInsert: self.on_cache_insert,
@@ -261,6 +268,12 @@ class Server:
             return
         now = time.monotonic_ns()
         requests, woken = sched.batch_done(msg, now)
+        if self.internal:
+            for req in requests:
+                if req.reply_to == self.address:
+                    owner = self.internal.get(req.id)
+                    if owner is not None:
+                        owner.step_ran(req.id, msg)
         if self.trace.pending:
             for req in requests:
                 if req.trace_id:
@@ -276,10 +289,19 @@ class Server:
     def _respond(self, req: InferRequest, response: InferResponse) -> None:
         # a response its worker relayed through BatchDone (preserve_ordering); the
         # batch's client regions were released when its BatchDone came
-        self.outbox.send(req.reply_to, response)
+        self._send_response(req.reply_to, response)
+
+    def _send_response(self, reply_to: str, response: InferResponse) -> None:
+        if reply_to == self.address:
+            # to a request of this process (an ensemble step): handled on the next turn
+            # of the loop, not inside the scheduler pass that produced it
+            self.loop.call_soon(self._deliver_internal, response)
+        else:
+            self.outbox.send(reply_to, response)
 
     def _fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
-        self.outbox.send(req.reply_to, InferResponse(req.id, error=reason, error_code=int(code)))
+        self._send_response(req.reply_to, InferResponse(req.id, error=reason,
+                                                        error_code=int(code)))
         if req.trace_id:
             self.trace.complete(req.trace_id,
                                 request_timestamps(req, None, time.monotonic_ns()))
@@ -289,9 +311,84 @@ class Server:
     def _instances_lost(self, slots: list[InstanceSlot], how: str) -> None:
         self.manager.instances_lost(slots, how)
 
+    # -- requests this process makes (ensemble steps) -----------------------------------
+
     def on_internal_response(self, msg: InferResponse) -> None:
-        # The scheduler asks for nothing yet (ensembles and BLS will).
-        log.warning("unexpected response to internal request %d", msg.id)
+        """A response to a step request: its ensemble takes it on."""
+        owner = self.internal.get(msg.id)
+        if owner is None:
+            log.warning("response to unknown internal request %d", msg.id)
+            blocks = [(r.segment, r.offset) for r in msg.outputs
+                      if r.data is None and not r.region]
+            if blocks and msg.owner:
+                self.release(msg.owner, blocks)
+            return
+        owner.on_response(msg, time.monotonic_ns())
+
+    def _deliver_internal(self, msg: InferResponse) -> None:
+        self.on_internal_response(msg)
+        self._after_burst()  # pump the models of the steps it started
+
+    def submit(self, owner, req: InferRequest) -> None:
+        """Enqueue a request of this process's own (ensemble.Host)."""
+        req.id = next(self._internal_ids)
+        req.reply_to = self.address
+        if req.callers:  # a step of an ensemble that a python model called
+            bls.check_chain(req)
+        mv = self.manager.models.resolve(req.model, req.version)
+        if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
+            what = f"'{req.model}'" + (f" version {req.version}" if req.version else "")
+            raise InferError(ErrorCode.UNAVAILABLE, f"model {what} is not ready")
+        now = time.monotonic_ns()
+        req.queue_ns = now
+        mv.scheduler.enqueue(req, now)
+        self.internal[req.id] = owner
+        self._dirty.add(mv.scheduler)
+
+    def forget(self, request_id: int) -> None:
+        self.internal.pop(request_id, None)
+
+    def cancel(self, request_id: int) -> None:
+        self.on_cancel(CancelRequest(request_id, self.address))
+
+    def finish(self, req: InferRequest, response: InferResponse,
+               lent: dict[tuple[str, int], str]) -> None:
+        """An ensemble's answer to its client. Its output blocks belong to the workers
+        that wrote them; the client releases them here and they are handed on."""
+        if lent:
+            for block, owner in lent.items():
+                self.lent[block] = (owner, req.reply_to)
+            response.owner = self.address
+        self._send_response(req.reply_to, response)
+        if req.trace_id:
+            self.trace.complete(req.trace_id,
+                                request_timestamps(req, None, time.monotonic_ns()))
+        if self.regions.users:
+            self.regions.finished(req)
+
+    def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
+        if owner == self.address:  # lent by this process: to their real owners
+            self.on_release(ReleaseBlocks(self.address, blocks))
+            return
+        self.outbox.send(owner, ReleaseBlocks(self.address, blocks))
+
+    def on_release(self, msg: ReleaseBlocks) -> None:
+        """A client is done with ensemble outputs: give each block back to its owner."""
+        by_owner: dict[str, list[tuple[str, int]]] = {}
+        for segment, offset in msg.blocks:
+            owner, _ = self.lent.pop((segment, offset), (None, None))
+            if owner is not None:
+                by_owner.setdefault(owner, []).append((segment, offset))
+        for owner, blocks in by_owner.items():
+            self.release(owner, blocks)
+
+    def _frontend_gone(self, msg) -> None:
+        """A frontend died: workers forget it, and the ensemble outputs it held go back
+        to their owners (it will never release them)."""
+        self.workers.broadcast(msg)
+        held = [block for block, (_, reader) in self.lent.items() if reader == msg.address]
+        if held:
+            self.on_release(ReleaseBlocks(msg.address, held))
 
     # -- control calls ------------------------------------------------------------------
 
@@ -380,6 +477,9 @@ class Server:
             if sched.stats.execution_count:
                 log.info("%s", sched.summary())
             sched.fail_all(ErrorCode.UNAVAILABLE, "server is stopping", now)
+        if self.lent:
+            log.warning("%d ensemble output block(s) were never released by their clients",
+                        len(self.lent))
         await self.workers.stop_all()
         self.trace.close()
         if self.metrics is not None:

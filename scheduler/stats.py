@@ -146,6 +146,36 @@ class ModelStats:
         self.compute_infer_ns += infer_ns * n_ok
         self.compute_output_ns += output_ns * n_ok
 
+    def ensemble_ran(self, req, batch_size: int, end_ns: int, input_ns: int, infer_ns: int,
+                     output_ns: int) -> None:
+        """An ensemble request succeeded. Triton counts it as one execution of its batch
+        size, with no queue time of its own (its steps queue in their models) and the
+        compute phases of all its steps summed (core EnsembleContext's stats)."""
+        total = end_ns - (req.start_ns or req.queue_ns)
+        self.success_count += 1
+        self.success_ns += total
+        if req.cache_key:  # a response cache miss, its insertion still to come
+            self.cache_miss_count += 1
+            self.cache_miss_ns += req.cache_lookup_ns
+        self.inference_count += batch_size
+        self.execution_count += 1
+        self.last_inference_ms = time.time_ns() // 1_000_000
+        self.compute_input_ns += input_ns
+        self.compute_infer_ns += infer_ns
+        self.compute_output_ns += output_ns
+        bs = self.batches.get(batch_size)
+        if bs is None:
+            bs = self.batches[batch_size] = BatchStat()
+        bs.count += 1
+        bs.input_ns += input_ns
+        bs.infer_ns += infer_ns
+        bs.output_ns += output_ns
+        if self.histograms:
+            self.request_ms.observe(total / 1e6)
+            self.first_response_ms.observe(total / 1e6)
+            self.queue_ms.observe(0.0)
+            self.compute_ms.observe((input_ns + infer_ns + output_ns) / 1e6)
+
     def cache_hit(self, req, lookup_start_ns: int, lookup_end_ns: int, end_ns: int) -> None:
         """A request answered from the response cache. Its queue time runs from
         entering the scheduler (`req.queue_ns`) to the start of its lookup."""

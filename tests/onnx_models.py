@@ -211,3 +211,19 @@ def ragged_sums(model_dir, config: str | None = None) -> Path:
          helper.make_tensor_value_info("COUNT_OUT", TensorProto.INT32, ["requests", 1]),
          helper.make_tensor_value_info("DOUBLED", TensorProto.FLOAT, ["total"])])
     return _write(model_dir, graph, config)
+
+
+def accumulator(model_dir, config: str | None = None) -> Path:
+    """A stateful INT32 accumulator for the sequence batcher: OUTPUT = ACC_IN + INPUT,
+    ACC_OUT (the implicit state's output, not a config output) = OUTPUT, and
+    START_OUT = START (the control the server made); all ["batch", 1]."""
+    shape = ["batch", 1]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["ACC_IN", "INPUT"], ["OUTPUT"]),
+         helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
+         helper.make_node("Identity", ["START"], ["START_OUT"])], "accumulator",
+        [helper.make_tensor_value_info(n, TensorProto.INT32, shape)
+         for n in ("INPUT", "START", "ACC_IN")],
+        [helper.make_tensor_value_info(n, TensorProto.INT32, shape)
+         for n in ("OUTPUT", "ACC_OUT", "START_OUT")])
+    return _write(model_dir, graph, config)

@@ -249,3 +249,30 @@ def build_e2e_models(root) -> list[str]:
     string_upper(root / "torch_strings")
     return ["torch_add_sub", "torch_add_sub_by_name", "torch_dict_input", "torch_identity",
             "torch_mlp", "torch_strings"]
+
+
+class Accumulator(torch.nn.Module):
+    """A stateful accumulator for the sequence batcher: OUTPUT__0 = ACC_IN__2 +
+    INPUT__0, ACC_OUT__1 (the implicit state's output) the same, START__1 the control."""
+
+    def forward(self, x: torch.Tensor, start: torch.Tensor, acc: torch.Tensor
+                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        total = acc + x
+        return total, total, start
+
+
+def accumulator(model_dir, strategy: str = "direct { }") -> Path:
+    """The Accumulator with sequence_batching (`strategy`), a START control (int32) and
+    an INT32 state; max_batch_size 4."""
+    extra = f"""sequence_batching {{
+  max_sequence_idle_microseconds: 5000000
+  {strategy}
+  control_input [
+    {{ name: "START__1" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }}
+  ]
+  state [ {{ input_name: "ACC_IN__2" output_name: "ACC_OUT__1" data_type: TYPE_INT32
+            dims: [ 1 ] }} ]
+}}"""
+    return save_model(model_dir, Accumulator(), [("INPUT__0", "TYPE_INT32", [1])],
+                      [("OUTPUT__0", "TYPE_INT32", [1]), ("START_OUT__2", "TYPE_INT32", [1])],
+                      max_batch_size=4, extra=extra)

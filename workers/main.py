@@ -42,6 +42,7 @@ from workers import warmup
 from workers.backends import create_instance
 from workers.python_backend import pb_utils
 from workers.python_backend.bls import BlsClient
+from workers.sequence import SequenceContext
 from workers.tensors import Copies, TensorIO, targets_of
 
 log = logging.getLogger("shmserve.worker")
@@ -109,6 +110,7 @@ class Worker:
         self.bls = BlsClient(address, scheduler, self.io)
         pb_utils._bls_executor = self.bls.exec
         pb_utils._bls_async_executor = self.bls.async_exec
+        self.sequences: dict[str, SequenceContext] = {}  # stateful instances
         self.handlers = {
             LoadInstance: self.on_load,
             ExecuteBatch: self.on_execute,
@@ -158,6 +160,7 @@ class Worker:
     def on_load(self, msg: LoadInstance) -> None:
         try:
             inst, config = create_instance(msg)
+            seq = self._sequence_context(msg, inst, config)
         except Exception as exc:  # the reason goes to the model's state, not a crash
             log.exception("failed to load %s", msg.instance)
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, False,
@@ -168,6 +171,8 @@ class Worker:
         # Registered before its warmup: after a failed one, the scheduler's
         # UnloadInstance (or StopWorker) finalizes it like any other instance.
         self.instances[msg.instance] = inst
+        if seq is not None:
+            self.sequences[msg.instance] = seq
         if getattr(inst, "threaded", False):
             thread = self.threads[msg.instance] = InstanceThread(self, msg.instance, inst)
             # on the instance's own thread, as Triton does, so this loop keeps feeding
@@ -175,6 +180,18 @@ class Worker:
             thread.queue.put(functools.partial(self.warm_up, inst, msg, config))
         else:
             self.warm_up(inst, msg, config, self.outbox)
+
+    @staticmethod
+    def _sequence_context(msg: LoadInstance, inst, config: bytes) -> SequenceContext | None:
+        """A stateful model's instance gets its controls and state store."""
+        parsed = json.loads(config)
+        if not parsed.get("sequence_batching"):
+            return None
+        device_array = None
+        if getattr(inst, "stream", None) is not None:  # a GPU instance keeps state there
+            from shm.cuda import cupy
+            device_array = cupy().asarray
+        return SequenceContext(parsed, msg.model_dir, device_array)
 
     def warm_up(self, inst, msg: LoadInstance, config: bytes, outbox: Outbox) -> None:
         """Run the model's warmup samples on `inst`, then answer the load: the instance
@@ -198,6 +215,7 @@ class Worker:
         if thread is not None:
             thread.stop()
         inst = self.instances.pop(msg.instance, None)
+        self.sequences.pop(msg.instance, None)
         if inst is not None:
             inst.finalize()
 
@@ -242,7 +260,17 @@ class Worker:
                                   f"instance {msg.instance} is not loaded")] * len(msg.requests)
             input_end = output_start = start
         else:
-            results = inst.execute(msg.requests, self.io)
+            seq = self.sequences.get(msg.instance) if msg.slots else None
+            if seq is None:
+                results = inst.execute(msg.requests, self.io)
+            else:  # a stateful model: rows with controls and state (workers/sequence.py)
+                try:
+                    rows, order = seq.rows(msg)
+                    results = seq.results(msg, rows, order, inst.execute(rows, self.io))
+                except Exception as exc:
+                    log.exception("sequence batch of %s failed", msg.instance)
+                    results = [InferError(ErrorCode.INTERNAL, _reason(exc))] * len(
+                        msg.requests)
             # the instance stamps when its inputs were ready and when the model returned
             input_end = inst.input_end_ns or start
             output_start = inst.output_start_ns or input_end

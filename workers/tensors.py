@@ -57,6 +57,9 @@ class TensorIO:
     def input(self, ref: TensorRef):
         """The input as an array, without copying: numpy for host bytes, cupy for bytes
         in a client's CUDA region."""
+        local = getattr(ref, "array", None)  # workers/sequence.py LocalTensor
+        if local is not None:
+            return local
         if ref.data is not None:
             buf = ref.data
         elif ref.region <= 0:

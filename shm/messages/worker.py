@@ -58,12 +58,17 @@ class ExecuteBatch(msgspec.Struct, tag=True, array_like=True):
     """Run these requests on `instance` as one batch; answer each request's `reply_to`
     and then tell the scheduler with BatchDone. With `relay` (models with
     preserve_ordering) the responses go inside BatchDone instead, and the scheduler
-    hands them on in request order."""
+    hands them on in request order. For a stateful model (sequence batcher) the
+    worker adds the control and state tensors of each row (workers/sequence.py)."""
 
     batch_id: int
     instance: str
     requests: list[InferRequest]
     relay: bool = False
+    # sequence batcher: each request's sequence slot on the instance, and the slots
+    # whose rows are not-ready fillers (direct); rows then run in slot order
+    slots: list[int] = []
+    fillers: list[int] = []
 
 
 class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

@@ -143,6 +143,22 @@ def test_bls_to_itself_or_in_a_cycle_fails_without_deadlock(bls_server, protocol
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bls_into_an_ensemble_carries_the_call_chain(bls_server, protocol):
+    """Rule: an ensemble reached by BLS runs its steps (one of them a BLS model), and a
+    step that would call back into a waiting model closes a cycle: refused, the
+    ensemble fails naming its step, the server keeps serving."""
+    x = np.full((1, 6), 5, np.float32)
+    y = call(bls_server, protocol, "bls_relay", x, {"target": "ens_back",
+                                                    "then": "py_identity"})
+    np.testing.assert_array_equal(y, x)
+    with pytest.raises(InferenceServerException) as err:
+        call(bls_server, protocol, "bls_caller", x, {"target": "ens_back",
+                                                     "then": "py_identity"})
+    assert "bls_caller -> bls_caller" in err.value.message(), err.value.message()
+    np.testing.assert_array_equal(call(bls_server, protocol, "bls_caller", x), x)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_bls_request_that_does_not_fit_the_callee_is_refused(bls_server, protocol):
     """Rule: a BLS request gets the checks Triton runs on every request: here a batch
     larger than the callee's max_batch_size."""

@@ -29,9 +29,9 @@ def test_server_metadata(server, protocol):
     assert md["name"] == "shmserve"
     assert md["version"]
     # Rule: exactly the extensions served, spelled and ordered as Triton 2.51 lists
-    # them; "sequence" and "model_repository" are not served yet, so not claimed
+    # them; "model_repository" is not served yet, so not claimed
     assert md["extensions"] == [
-        "classification", "schedule_policy", "model_configuration", "system_shared_memory",
+        "classification", "sequence", "schedule_policy", "model_configuration", "system_shared_memory",
         "cuda_shared_memory", "binary_tensor_data", "parameters", "statistics", "trace",
         "logging"]
 

@@ -207,7 +207,7 @@ def test_health(client):
 def test_server_metadata(client):
     md = client.get_server_metadata(client_timeout=T)
     assert md.name == "shmserve" and md.version == "9.9.9"
-    assert "classification" in md.extensions and "sequence" not in md.extensions
+    assert "classification" in md.extensions and "sequence" in md.extensions
 
 
 def test_model_metadata(client):

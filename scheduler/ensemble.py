@@ -1,0 +1,490 @@
+"""Triton's ensemble scheduler: a model made of other models' steps.
+
+An ensemble has no instances and no worker. Each request runs as a data flow: a step
+is submitted to its model's own scheduler as soon as every ensemble tensor it reads
+exists, so independent steps run at the same time. The scheduler process is the
+requester of every step (its inbox gets the responses), and tensors move between
+steps as descriptors: a step's output block stays in the arena of the worker that
+wrote it and the next step's worker reads it in place, so nothing is copied on the
+way and the bytes never pass through a frontend.
+
+A block feeds any number of steps (and maybe the client), so it is reference counted
+here: it goes back to its owner (ReleaseBlocks) once every step reading it has
+answered. The ensemble's outputs go to the client as references too; the frontend
+releases them to this process, which hands each block back to its worker
+(`Host.finish` records who owns what).
+
+Load-time checks of the steps against their models' configs follow Triton's
+ValidateEnsembleConfig (core `ensemble_utils.cc`), with its messages; the config-only
+checks (data flow, unused tensors) are in scheduler/config.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+import msgspec
+from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
+
+from scheduler.stats import CANCELED, OTHER, ModelStats
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import InferRequest, RequestedOutput
+from shm.messages.results import InferResponse
+from shm.messages.worker import BatchDone
+from shm.tensor import TensorRef
+
+
+class EnsembleError(Exception):
+    """The ensemble cannot be loaded with the step models it names (Triton's reason)."""
+
+
+# -- load-time checks --------------------------------------------------------------------
+
+
+def _dims(dims, batching: bool) -> tuple:
+    return ((-1,) if batching else ()) + tuple(dims)
+
+
+def _same_dims(a, b) -> bool:
+    # -1 matches anything; a variable shape is checked when requests run
+    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
+
+
+@dataclasses.dataclass
+class _Tensor:
+    model: str
+    datatype: int
+    dims: tuple
+    full_dims: tuple
+
+
+def _consistent(ensemble: str, name: str, known: _Tensor, new: _Tensor) -> None:
+    where = f"in ensemble {ensemble}, ensemble tensor {name}: "
+    if known.datatype != new.datatype:
+        raise EnsembleError(
+            where + f"inconsistent data type: {DataType.Name(known.datatype)} is inferred "
+            f"from model {known.model} while {DataType.Name(new.datatype)} is inferred "
+            f"from model {new.model}")
+    # a tensor shared by a batching and a non-batching model may match on full dims
+    if not _same_dims(known.dims, new.dims) and not _same_dims(known.full_dims,
+                                                                   new.full_dims):
+        raise EnsembleError(
+            where + f"inconsistent shape: {_dims_text(known.full_dims)} is inferred from "
+            f"model {known.model} while {_dims_text(new.full_dims)} is inferred from "
+            f"model {new.model}")
+
+
+def _dims_text(dims) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _tensor(model: str, batching: bool, io, use_reshape: bool = False) -> _Tensor:
+    dims = tuple(io.reshape.shape) if use_reshape and io.HasField("reshape") else tuple(io.dims)
+    return _Tensor(model, io.data_type, dims, _dims(dims, batching))
+
+
+def check_steps(config: ModelConfig, steps: dict[str, ModelConfig]) -> None:
+    """Raise EnsembleError, with Triton's message, if a step does not fit its model:
+    `steps` maps each step's model name to the config of the version it will run."""
+    name = config.name
+    batching = config.max_batch_size > 0
+    tensors: dict[str, _Tensor] = {}
+    for io in config.input:
+        tensors[io.name] = _tensor(name, batching, io, True)
+    for io in config.output:
+        tensors.setdefault(io.name, _tensor(name, batching, io, True))
+    for step in config.ensemble_scheduling.step:
+        model = step.model_name
+        mc = steps[model]
+        if mc.max_batch_size != 0 and mc.max_batch_size < config.max_batch_size:
+            raise EnsembleError(
+                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but "
+                f"it contains model {model} which only allows maximum batch size to be "
+                f"{mc.max_batch_size}")
+        step_batching = mc.max_batch_size > 0
+        inputs = {io.name: io for io in mc.input}
+        for model_input, tensor in step.input_map.items():
+            if model_input not in inputs:
+                raise EnsembleError(f"in ensemble {name}, ensemble tensor {tensor} is "
+                                    f"mapping to non-existing input {model_input} in "
+                                    f"model {model}")
+        for io in mc.input:
+            tensor = step.input_map.get(io.name)
+            if tensor is None:
+                if io.optional:
+                    continue
+                raise EnsembleError(f"in ensemble {name}, input {io.name} in model {model} "
+                                    "is not mapped to any ensemble tensors")
+            _check_or_add(name, tensors, tensor, _tensor(model, step_batching, io))
+        outputs = {io.name: io for io in mc.output}
+        for model_output, tensor in step.output_map.items():
+            if model_output not in outputs:
+                raise EnsembleError(f"in ensemble {name}, ensemble tensor {tensor} is "
+                                    f"mapped from non-existing output {model_output} in "
+                                    f"model {model}")
+            _check_or_add(name, tensors, tensor,
+                          _tensor(model, step_batching, outputs[model_output]))
+        if mc.model_transaction_policy.decoupled:
+            # Triton allows these; here a step must answer once (see the README)
+            raise EnsembleError(f"in ensemble {name}, step of model '{model}' is decoupled, "
+                                "which ensembles do not support yet")
+
+
+def _check_or_add(ensemble: str, tensors: dict, name: str, new: _Tensor) -> None:
+    known = tensors.get(name)
+    if known is None:
+        tensors[name] = new
+    else:
+        _consistent(ensemble, name, known, new)
+
+
+# -- the scheduler -------------------------------------------------------------------------
+
+
+class Host(Protocol):
+    """What the ensemble needs from the scheduler process."""
+
+    address: str  # its inbox: step responses come here
+
+    def submit(self, owner: "EnsembleScheduler", req: InferRequest) -> None:
+        """Give `req` an id, route its responses (and its batch's BatchDone) to
+        `owner`, and enqueue it to its model; raises InferError if it is refused."""
+
+    def forget(self, request_id: int) -> None:
+        """`owner` expects nothing more for this step request."""
+
+    def cancel(self, request_id: int) -> None:
+        """Drop a step request if it is still queued."""
+
+    def finish(self, req: InferRequest, response: InferResponse,
+               lent: dict[tuple[str, int], str]) -> None:
+        """Answer the client; `lent` maps each output block to its owner, to which the
+        client's release is handed on."""
+
+    def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
+        """Give blocks back to their owner: this process is done reading them."""
+
+
+@dataclasses.dataclass
+class Step:
+    index: int
+    model: str
+    version: int  # 0: the latest ready version (model_version -1)
+    input_map: dict[str, str]  # model input -> ensemble tensor
+    output_map: dict[str, str]  # model output -> ensemble tensor
+
+
+class _Block:
+    """An ensemble tensor in a worker's arena, and how many readers it still has."""
+
+    __slots__ = ("ref", "owner", "readers")
+
+    def __init__(self, ref: TensorRef, owner: str, readers: int):
+        self.ref, self.owner, self.readers = ref, owner, readers
+
+
+class _Run:
+    """One ensemble request in flight."""
+
+    __slots__ = ("req", "tensors", "blocks", "missing", "running", "timing_due",
+                 "timed_early", "error", "error_code", "compute", "end_ns", "finished",
+                 "counted", "wanted")
+
+    def __init__(self, req: InferRequest, steps: int):
+        self.req = req
+        self.tensors: dict[str, TensorRef | None] = {}  # None: an absent optional input
+        self.blocks: dict[str, _Block] = {}  # tensors written by steps, in arenas
+        self.missing: list[int] = [0] * steps  # inputs each step still waits for
+        self.running: dict[int, int] = {}  # step request id -> step index
+        # step ids that answered but whose BatchDone is still to come, and those
+        # whose BatchDone came before their response (responses may be relayed)
+        self.timing_due: set[int] = set()
+        self.timed_early: set[int] = set()
+        self.error = ""
+        self.error_code = 0
+        self.compute = [0, 0, 0]  # the steps' compute_input / infer / output, summed
+        self.end_ns = 0
+        self.finished = False  # the client has its answer
+        self.counted = False  # in the statistics
+        self.wanted: dict[str, RequestedOutput] = {}  # ensemble outputs the client asked
+
+
+class EnsembleScheduler:
+    """The Scheduler of one ensemble version (see scheduler/schedulers.py)."""
+
+    def __init__(self, name: str, version: int, config: ModelConfig, host: Host, *,
+                 histograms: bool = True):
+        self.name = name
+        self.version = version
+        self.config = config
+        self.host = host
+        self.stats = ModelStats(name, version, histograms)
+        self.batching = config.max_batch_size > 0
+        self.steps = [Step(i, s.model_name, max(int(s.model_version), 0),
+                           dict(s.input_map), dict(s.output_map))
+                      for i, s in enumerate(config.ensemble_scheduling.step)]
+        self.models = sorted({s.model for s in self.steps})
+        self.optional = {io.name for io in config.input if io.optional}
+        self.outputs = [io.name for io in config.output]
+        # ensemble tensor -> the steps reading it
+        self.readers: dict[str, list[int]] = {}
+        for step in self.steps:
+            for tensor in step.input_map.values():
+                self.readers.setdefault(tensor, []).append(step.index)
+        self.runs: dict[int, _Run] = {}  # step request id -> its run
+        self.active: dict[tuple[str, int], _Run] = {}  # (reply_to, id) -> run
+        self.accepting = True
+
+    # -- requests ---------------------------------------------------------------------
+
+    def enqueue(self, req: InferRequest, now: int) -> None:
+        if not self.accepting:
+            raise InferError(ErrorCode.UNAVAILABLE, (
+                f"[request id: {req.request_id or '<id_unknown>'}] Server is stopping, "
+                "scheduler for model has stopped accepting new inference requests"))
+        req.queue_ns = now
+        run = _Run(req, len(self.steps))
+        for ref in req.inputs:
+            run.tensors[ref.name] = ref
+        for name in self.optional:
+            run.tensors.setdefault(name, None)
+        if req.outputs is None:
+            run.wanted = {name: RequestedOutput(name) for name in self.outputs}
+        else:
+            run.wanted = {o.name: o for o in req.outputs}
+        for step in self.steps:
+            run.missing[step.index] = sum(1 for t in step.input_map.values()
+                                          if t not in run.tensors)
+        self.active[(req.reply_to, req.id)] = run
+        for step in self.steps:
+            if not run.missing[step.index]:
+                self._submit(run, step, now)
+        self._maybe_finish(run, now)
+
+    def _submit(self, run: _Run, step: Step, now: int) -> None:
+        if run.error:
+            return  # a failed request starts no more steps
+        req = run.req
+        inputs = []
+        for model_input, tensor in step.input_map.items():
+            ref = run.tensors[tensor]
+            if ref is not None:  # an optional input the client left out stays out
+                inputs.append(msgspec.structs.replace(ref, name=model_input))
+        outputs = []
+        for model_output, tensor in step.output_map.items():
+            wanted = run.wanted.get(tensor)
+            # the client's region for an ensemble output: the step writes straight there
+            target = wanted.target if wanted is not None else None
+            outputs.append(RequestedOutput(model_output, target=target))
+        step_req = InferRequest(
+            0, "", step.model, step.version, inputs, outputs, request_id=req.request_id,
+            batch_size=req.batch_size, priority=req.priority, timeout_us=req.timeout_us,
+            sequence_id=req.sequence_id, sequence_start=req.sequence_start,
+            sequence_end=req.sequence_end, parameters=req.parameters, start_ns=now,
+            callers=req.callers)  # BLS: a step may not call back into a waiting model
+        try:
+            self.host.submit(self, step_req)
+        except InferError as exc:
+            self._step_failed(run, step, exc.code, exc.message)
+            self._inputs_done(run, step)
+            return
+        run.running[step_req.id] = step.index
+        self.runs[step_req.id] = run
+
+    def on_response(self, msg: InferResponse, now: int) -> None:
+        """A step's response came to this process's inbox."""
+        run = self.runs.get(msg.id)
+        if run is None:
+            return
+        index = run.running.pop(msg.id, None)
+        if index is None:
+            return
+        step = self.steps[index]
+        if msg.error or msg.cache_hit or msg.id in run.timed_early:
+            # nothing more to hear about this step (a failure is not timed; a cache
+            # hit ran no batch)
+            run.timed_early.discard(msg.id)
+            self.runs.pop(msg.id, None)
+            self.host.forget(msg.id)
+        else:
+            run.timing_due.add(msg.id)
+        if msg.error:
+            self._step_failed(run, step, ErrorCode(msg.error_code or ErrorCode.INTERNAL),
+                              msg.error)
+        else:
+            self._outputs_ready(run, step, msg, now)
+        self._inputs_done(run, step)
+        self._maybe_finish(run, now)
+
+    def step_ran(self, request_id: int, msg: BatchDone) -> None:
+        """The batch that ran a step finished: its compute phases count toward the
+        ensemble's, as Triton sums its composing models' (before or after the step's
+        response arrived, whichever came first)."""
+        run = self.runs.get(request_id)
+        if run is None:
+            return
+        run.compute[0] += msg.input_end_ns - msg.compute_start_ns
+        run.compute[1] += msg.output_start_ns - msg.input_end_ns
+        run.compute[2] += msg.compute_end_ns - msg.output_start_ns
+        if request_id in run.running:
+            run.timed_early.add(request_id)  # the response is still to come
+            return
+        run.timing_due.discard(request_id)
+        self.runs.pop(request_id, None)
+        self.host.forget(request_id)
+        self._maybe_count(run)
+
+    def _outputs_ready(self, run: _Run, step: Step, msg: InferResponse, now: int) -> None:
+        ready = []
+        for ref in msg.outputs:
+            tensor = step.output_map.get(ref.name)
+            if tensor is None or tensor in run.tensors:
+                self._release_ref(ref, msg.owner)  # not asked for: give it back
+                continue
+            run.tensors[tensor] = ref
+            readers = len(self.readers.get(tensor, ())) + (tensor in run.wanted)
+            if ref.data is None and not ref.region:
+                if readers:
+                    run.blocks[tensor] = _Block(ref, msg.owner, readers)
+                else:
+                    self.host.release(msg.owner, [(ref.segment, ref.offset)])
+            ready.append(tensor)
+        for tensor in ready:
+            for index in self.readers.get(tensor, ()):
+                run.missing[index] -= 1
+                if run.missing[index] == 0:
+                    self._submit(run, self.steps[index], now)
+
+    def _inputs_done(self, run: _Run, step: Step) -> None:
+        """A step answered: its worker has read its inputs."""
+        for tensor in step.input_map.values():
+            self._unref(run, tensor)
+
+    def _unref(self, run: _Run, tensor: str) -> None:
+        block = run.blocks.get(tensor)
+        if block is None:
+            return
+        block.readers -= 1
+        if block.readers <= 0:
+            del run.blocks[tensor]
+            self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+
+    def _release_ref(self, ref: TensorRef, owner: str) -> None:
+        if ref.data is None and not ref.region and owner:
+            self.host.release(owner, [(ref.segment, ref.offset)])
+
+    def _step_failed(self, run: _Run, step: Step, code: ErrorCode, message: str) -> None:
+        if not run.error:
+            # Triton prefixes "in ensemble '<name>', "; the step's model is named too,
+            # so a user sees which step broke
+            run.error = (f"in ensemble '{self.name}', step {step.index} (model "
+                         f"'{step.model}'): {message}")
+            run.error_code = int(code)
+
+    def _maybe_finish(self, run: _Run, now: int) -> None:
+        """Answer the client once no step runs and none can start any more."""
+        if run.finished or run.running:
+            return
+        run.finished = True
+        req = run.req
+        self.active.pop((req.reply_to, req.id), None)
+        if not run.error:
+            missing = [name for name in run.wanted if name not in run.tensors]
+            if missing:
+                run.error = (f"in ensemble '{self.name}', [request id: "
+                             f"{req.request_id or '<id_unknown>'}] unexpected deadlock, at "
+                             "least one output is not set while no more ensemble steps "
+                             "can be made")
+                run.error_code = int(ErrorCode.INVALID_ARG)
+        if run.error:
+            for tensor in list(run.blocks):
+                block = run.blocks.pop(tensor)
+                self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+            self.stats.failed(req, CANCELED if run.error_code == ErrorCode.CANCELLED
+                              else OTHER, now)
+            self.host.finish(req, InferResponse(req.id, error=run.error,
+                                                error_code=run.error_code), {})
+            for step_id in [i for i, r in self.runs.items() if r is run]:
+                self.runs.pop(step_id)
+                self.host.forget(step_id)
+            return
+        outputs, lent = [], {}
+        for name in self.outputs:
+            if name not in run.wanted:
+                continue
+            ref = run.tensors[name]
+            outputs.append(msgspec.structs.replace(ref, name=name))
+            block = run.blocks.pop(name, None)
+            if block is not None:
+                lent[(ref.segment, ref.offset)] = block.owner
+        # every step has answered: nothing else still reads a block
+        for tensor in list(run.blocks):
+            block = run.blocks.pop(tensor)
+            self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+        run.end_ns = now
+        self.host.finish(req, InferResponse(req.id, outputs=outputs,
+                                            model_version=self.version), lent)
+        self._maybe_count(run)
+
+    def _maybe_count(self, run: _Run) -> None:
+        """Count a successful request once every step's timing is in."""
+        if run.finished and not run.error and not run.timing_due and not run.counted:
+            run.counted = True
+            self.stats.ensemble_ran(run.req, run.req.batch_size if self.batching else 1,
+                                    run.end_ns, *run.compute)
+
+    # -- the rest of the Scheduler interface -------------------------------------------
+
+    def pump(self, now: int) -> None:
+        pass  # steps go to their models' schedulers as soon as they can run
+
+    def next_deadline(self) -> int | None:
+        return None
+
+    def batch_done(self, msg: BatchDone, now: int):
+        return [], []  # an ensemble runs no batches of its own
+
+    def instance_lost(self, slot, reason: str, now: int) -> int:
+        return 0
+
+    def instance_back(self, slot) -> None:
+        pass
+
+    def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
+        run = self.active.get((reply_to, request_id))
+        if run is None:
+            return False
+        if not run.error:
+            run.error = f"in ensemble '{self.name}', request was cancelled"
+            run.error_code = int(ErrorCode.CANCELLED)
+        for step_id in list(run.running):
+            self.host.cancel(step_id)
+        self._maybe_finish(run, now)
+        return True
+
+    def begin_unload(self) -> None:
+        self.accepting = False
+
+    @property
+    def drained(self) -> bool:
+        return not self.active
+
+    @property
+    def pending(self) -> int:
+        return 0  # requests wait in their steps' queues, counted there
+
+    def fail_all(self, code: ErrorCode, reason: str, now: int) -> None:
+        # the steps' own schedulers fail what they hold, which ends each run; a run
+        # still here has a step nobody will answer
+        for run in list(self.active.values()):
+            if not run.error:
+                run.error = f"in ensemble '{self.name}', {reason}"
+                run.error_code = int(code)
+            run.running.clear()
+            self._maybe_finish(run, now)
+
+    def summary(self) -> str:
+        return (f"ensemble '{self.name}' version {self.version}: "
+                f"{self.stats.success_count} requests, {self.stats.fail_count} failed; "
+                f"steps {', '.join(self.models)}")
