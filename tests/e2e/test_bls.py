@@ -257,3 +257,39 @@ def test_grpc_stream_bls(bls_server):
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
     finally:
         c.stop_stream()
+
+
+def _mode(value: str):
+    inp = grpcclient.InferInput("MODE", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([value.encode()], dtype=object))
+    return inp
+
+
+@pytest.mark.xfail(not _has_response_sender(), strict=True,
+                   reason="needs the python worker's decoupled response sender")
+def test_decoupled_async_execute_runs_requests_concurrently(bls_server):
+    """Rule: a decoupled model's `async def execute` is scheduled on the instance's
+    event loop and returns at once (Triton's python backend, decoupled async execute):
+    a request that waits for a later one on the same instance is answered, which
+    executes run one after the other could never do. An execute that raises ends its
+    requests with the error."""
+    import queue
+    results: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(bls_server.grpc_url)
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        c.async_stream_infer("py_async_gate", [_mode("wait")], request_id="wait")
+        c.async_stream_infer("py_async_gate", [_mode("open")], request_id="open")
+        got = {}
+        while len(got) < 2:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            response = result.get_response()
+            if result.as_numpy("OUT") is not None:
+                got[response.id] = int(result.as_numpy("OUT")[0])
+        assert got == {"wait": 1, "open": 1}
+        c.async_stream_infer("py_async_gate", [_mode("bad")], request_id="bad")
+        result, error = results.get(timeout=30)
+        assert error is not None and "unknown mode" in str(error)
+    finally:
+        c.stop_stream()

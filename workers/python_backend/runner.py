@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import inspect
 import json
 import logging
 import os
 import sys
+import threading
 import time
 
 from shm import datatypes
@@ -80,8 +82,12 @@ class PythonInstance:
     def finalize(self) -> None:
         if hasattr(self.model, "finalize"):
             self.model.finalize()
-        if self._loop is not None:
-            self._loop.close()
+        loop = self._loop
+        if loop is not None:
+            if loop.is_running():  # a decoupled model's background loop
+                loop.call_soon_threadsafe(loop.stop)
+            else:
+                loop.close()
 
     def execute(self, requests: list[InferRequest], io):
         """Per request: a list of (name, datatype, array), or an InferError."""
@@ -103,9 +109,41 @@ class PythonInstance:
     def _run_model(self, pb_requests):
         if not self.is_async:
             return self.model.execute(pb_requests)
+        if self.decoupled:
+            # Triton's python backend schedules a decoupled model's `async def execute`
+            # on the instance's loop and returns at once: batches run concurrently and
+            # answer through their response senders
+            future = asyncio.run_coroutine_threadsafe(self.model.execute(pb_requests),
+                                                      self._background_loop())
+            future.add_done_callback(functools.partial(self._async_done, pb_requests))
+            return None
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(self.model.execute(pb_requests))
+
+    def _background_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, daemon=True,
+                             name=f"asyncio {self.model_name}").start()
+        return self._loop
+
+    def _async_done(self, pb_requests, future) -> None:
+        """A decoupled async execute ended: if it raised, each request it left open
+        ends with the error, as a response with the final flag."""
+        exc = future.exception()
+        if exc is None:
+            return
+        log.error("execute() of model '%s' raised: %s", self.model_name, exc)
+        error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
+        for request in pb_requests:
+            try:
+                sender = request.get_response_sender()
+                if not sender._is_closed():
+                    sender.send(pb_utils.InferenceResponse(error=error),
+                                pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:
+                log.exception("could not end a request of model '%s'", self.model_name)
 
     def _execute(self, requests: list[InferRequest], io):
         self.input_end_ns = self.output_start_ns = 0
