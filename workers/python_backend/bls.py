@@ -21,7 +21,6 @@ import asyncio
 import collections
 import itertools
 import json
-import logging
 import queue
 import threading
 import weakref
@@ -31,12 +30,10 @@ import numpy as np
 from shm import datatypes
 from shm.channel import Outbox
 from shm.errors import ErrorCode
-from shm.messages.frontend import CancelRequest, InferRequest
+from shm.messages.frontend import CancelRequest, InferRequest, RequestedOutput
 from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.tensor import TensorRef
 from workers.python_backend import pb_utils
-
-log = logging.getLogger("shmserve.python")
 
 _CLOSED = InferResponse(0, error="the worker is stopping", error_code=int(ErrorCode.UNAVAILABLE))
 
@@ -139,9 +136,9 @@ class BlsClient:
             self._release_outputs(msg)
         return result
 
-    def _wait(self, call: _Call) -> InferResponse:
-        msg = call.answers.get()
-        return msg
+    @staticmethod
+    def _wait(call: _Call) -> InferResponse:
+        return call.answers.get()
 
     def _send(self, request, future: asyncio.Future | None = None) -> _Call:
         if self._closed:
@@ -173,7 +170,6 @@ class BlsClient:
             callers=[*self.callers, self.model] if self.model else list(self.callers))
         wanted = request.requested_output_names()
         if wanted:
-            from shm.messages.frontend import RequestedOutput
             msg.outputs = [RequestedOutput(name) for name in sorted(wanted)]
         self._calls[call.id] = call
         self._send_msg(self.scheduler, msg)
