@@ -4,6 +4,7 @@ request still queued, and reaches a running one inside its model, where
 `request.is_cancelled()` turns true. What the model saw is read back through a later
 request, never guessed from timing."""
 
+import inspect
 import queue
 import re
 import urllib.request
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def cancel_server(tmp_path_factory):
     srv = ServerProcess(ROOT / "tests" / "models_bls", "--model-control-mode=explicit",
-                        "--load-model=cancel_watch",
+                        "--load-model=cancel_watch", "--load-model=cancel_stream",
                         log_dir=tmp_path_factory.mktemp("cancel-logs"))
     yield from srv.serve()
 
@@ -76,3 +77,46 @@ def test_grpc_cancel_drops_queued_and_reaches_running_request(cancel_server, tmp
     # the model still serves, and a request that is not cancelled runs
     c.infer("cancel_watch", [mode_input("record")])
     assert report(c) == "cancelled records=1"
+
+
+def _has_response_sender() -> bool:
+    """Whether this tree's python worker wires get_response_sender() (the decoupled
+    part of issue 10, built on another branch)."""
+    from workers.python_backend import runner
+    return "send_response" in inspect.getsource(runner.PythonInstance)
+
+
+def _stream_report(url: str) -> str:
+    c = grpcclient.InferenceServerClient(url)
+    results: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        c.async_stream_infer("cancel_stream", [mode_input("report")])
+        while True:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            last = result.as_numpy("LAST")
+            if last is not None:
+                return last[0].decode()
+    finally:
+        c.stop_stream()
+
+
+@pytest.mark.xfail(not _has_response_sender(), strict=True,
+                   reason="needs the python worker's decoupled response sender")
+def test_cancelled_stream_reaches_a_decoupled_request_after_execute_returned(
+        cancel_server):
+    """Rule: a decoupled request keeps running after its execute returned (its batch is
+    done); a cancel of its stream still reaches the worker running it, and
+    response_sender.is_cancelled() turns true there."""
+    c = grpcclient.InferenceServerClient(cancel_server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    c.async_stream_infer("cancel_stream", [mode_input("stream")])
+    result, error = results.get(timeout=30)  # streaming: execute has returned
+    assert error is None, error
+    c.stop_stream(cancel_requests=True)
+    # poll what the model saw, up to a deadline (it notices at its next send)
+    wait_until(lambda: _stream_report(cancel_server.grpc_url) != "running", 30,
+               what="the model to end its stream")
+    assert _stream_report(cancel_server.grpc_url) == "cancelled"
