@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -22,11 +23,22 @@ log = logging.getLogger("shmserve.python")
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
 
+# A request's result when its responses go out through the instance's responder as the
+# model sends them (run_batch sends nothing more for it).
+ANSWERED = object()
+
+
 class PythonInstance:
     """One TritonPythonModel object and the glue between it and the wire."""
 
     # when the last batch's inputs were ready and when execute() returned (ns)
     input_end_ns = output_start_ns = 0
+    # responder(request, result, final, empty, parameters), callable from any thread:
+    # writes a response's outputs and sends it to the request's reply_to (set by the
+    # worker; None, e.g. during warmup, drops what the model sends)
+    responder = None
+    # is_cancelled(request) -> bool, behind request/sender.is_cancelled()
+    is_cancelled = None
 
     def __init__(self, msg: LoadInstance, config: dict):
         self.model_name = msg.model
@@ -45,6 +57,7 @@ class PythonInstance:
             if completed is not None:
                 config = completed.as_dict() if hasattr(completed, "as_dict") else completed
         self.config = config
+        self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))
         self.output_types = {o["name"]: datatypes.from_config(o["data_type"])
                              for o in config.get("output", [])}
         self.copies = Copies()
@@ -70,10 +83,14 @@ class PythonInstance:
             self.model.finalize()
 
     def execute(self, requests: list[InferRequest], io):
-        """Per request: a list of (name, datatype, array), or an InferError."""
+        """Per request: a list of (name, datatype, array), an InferError, or ANSWERED
+        when its responses went (or will go) out through `self.responder` as the model
+        sends them: every request of a decoupled model, and those a non-decoupled model
+        answered with its response sender."""
         self.input_end_ns = self.output_start_ns = 0
+        streams = [_ResponseStream(self, r) for r in requests]
         try:
-            pb_requests = [self._request(r, io) for r in requests]
+            pb_requests = [self._request(r, io, s) for r, s in zip(requests, streams)]
         except Exception as exc:
             err = InferError(ErrorCode.INVALID_ARG, f"failed to read inputs: {exc}")
             return [err] * len(requests)
@@ -84,15 +101,28 @@ class PythonInstance:
         except Exception as exc:
             log.exception("execute() of model '%s' raised", self.model_name)
             err = InferError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-            return [err] * len(requests)
+            return [s.fail(err) for s in streams]
+        if self.decoupled:
+            if responses is not None:
+                # Triton's python backend refuses this: responses of a decoupled model
+                # go through its response senders only
+                err = InferError(
+                    ErrorCode.INTERNAL,
+                    f"Python model '{self.model_name}' is using the decoupled mode and "
+                    "the execute function must return None.")
+                return [s.fail(err) for s in streams]
+            return [s.after_execute() for s in streams]
+        if responses is None and all(s.used for s in streams):
+            return [s.after_execute() for s in streams]
         if responses is None or len(responses) != len(requests):
             got = "None" if responses is None else str(len(responses))
             err = InferError(
                 ErrorCode.INTERNAL,
                 f"model '{self.model_name}' execute() returned {got} responses for "
                 f"{len(requests)} requests")
-            return [err] * len(requests)
-        return [self._outputs(req, resp) for req, resp in zip(requests, responses)]
+            return [s.fail(err) for s in streams]
+        return [s.after_execute() if s.used else self._outputs(req, resp)
+                for s, req, resp in zip(streams, requests, responses)]
 
     def _input(self, ref, io):
         if self.cpu_inputs:
@@ -103,7 +133,7 @@ class PythonInstance:
             return pb_utils.Tensor.from_dlpack(ref.name, array)
         return pb_utils.Tensor._from_server(ref.name, ref.datatype, array)
 
-    def _request(self, req: InferRequest, io):
+    def _request(self, req: InferRequest, io, stream: "_ResponseStream"):
         inputs = [self._input(ref, io) for ref in req.inputs]
         requested = ([o.name for o in req.outputs] if req.outputs is not None
                      else list(self.output_types))
@@ -122,6 +152,9 @@ class PythonInstance:
             model_name=self.model_name,
             model_version=self.version,
             timeout=req.timeout_us,
+            decoupled=self.decoupled,
+            send_response=stream.send,
+            is_cancelled=self.is_cancelled and functools.partial(self.is_cancelled, req),
         )
 
     def _outputs(self, req: InferRequest, resp):
@@ -158,6 +191,68 @@ class PythonInstance:
                     f"{datatypes.to_config(expected)}")
             out.append((name, datatype, array))
         return out
+
+
+class _ResponseStream:
+    """The responses of one request, as the model sends them through its response
+    sender (pb_utils has already applied Triton's flag and one-response rules).
+
+    Decoupled: each response goes out as it is sent, from execute() or from a thread
+    after execute() returned; send(None, FINAL) ends the request with an `empty`
+    response. Not decoupled: the one response goes out, final, once the final flag
+    comes (or when execute() returns)."""
+
+    __slots__ = ("inst", "req", "used", "held", "closed")
+
+    def __init__(self, inst: PythonInstance, req: InferRequest):
+        self.inst = inst
+        self.req = req
+        self.used = False  # the model has sent through the sender
+        self.held = None  # a non-decoupled response waiting for its final flag
+        self.closed = False  # the final response went out
+
+    def send(self, response, flags: int) -> None:
+        if self.closed:  # e.g. after execute() failed and answered with an error
+            raise pb_utils.TritonModelException(
+                "Unable to send response. Response sender has been closed.")
+        final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self.used = True
+        if not self.inst.decoupled:
+            if response is not None:
+                self.held = response
+            if not final:
+                return
+            response, self.held = self.held, None
+        if final:
+            self.closed = True
+        respond = self.inst.responder
+        if respond is None:
+            return
+        if response is None:
+            respond(self.req, None, final, True, None)
+            return
+        params = response.parameters()
+        respond(self.req, self.inst._outputs(self.req, response), final, False,
+                json.loads(params) if params and params != "{}" else None)
+
+    def after_execute(self):
+        """execute() returned: a decoupled request stays open for later sends; a
+        non-decoupled one sent without its final flag is complete now."""
+        if not self.inst.decoupled and not self.closed and self.held is not None:
+            self.send(None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return ANSWERED
+
+    def fail(self, err: InferError):
+        """execute() failed: a request not answered yet gets `err` as its final
+        response (through run_batch when nothing was sent for it yet)."""
+        if self.closed:
+            return ANSWERED
+        if not self.used or self.inst.responder is None:
+            self.closed = True
+            return err
+        self.closed = True
+        self.inst.responder(self.req, err, True, False, None)
+        return ANSWERED
 
 
 def _import_model(path: str, module_name: str):
