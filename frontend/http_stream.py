@@ -13,7 +13,8 @@
   `{"error": ...}` event, the status being the first response's.
 - `POST v2/models/{model}[/versions/{v}]/infer_stream` (shmserve's, not Triton's): the
   body of `/infer` (JSON or binary tensor extension) in, and every response of the
-  request out as it arrives, in the binary tensor format, framed (see `frame`).
+  request out as it arrives, in the binary tensor format, framed (see `frame`); the
+  body ends when the request is complete (an empty final response adds no frame).
 
 A client that disconnects while its request runs cancels it: `DisconnectWatch`.
 """
@@ -290,13 +291,12 @@ class InferStreamEndpoint:
                 request = http_codec.decode_raw_request(body, view.config, name, version)
             else:
                 request = http_codec.decode_infer_request(body, length, name, version)
-            empty_final = request.parameters.get("triton_enable_empty_final_response")
             stream = self.core.start(request)
         except InferError as e:
             return await send_error(send, e)
         watch = DisconnectWatch(receive)
         try:
-            await self._respond(request, empty_final, stream, send)
+            await self._respond(request, stream, send)
         except asyncio.CancelledError:
             if not watch.gone:
                 raise
@@ -304,7 +304,7 @@ class InferStreamEndpoint:
             watch.stop()
             stream.cancel()
 
-    async def _respond(self, request, empty_final, stream, send) -> None:
+    async def _respond(self, request, stream, send) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", INFER_STREAM_TYPE)]})
         final = False
@@ -312,16 +312,8 @@ class InferStreamEndpoint:
             result, final = await stream.next()
             tail = {"triton_final_response": final}
             if result is None:
-                if not empty_final:
-                    continue
-                head = {"id": request.id, "model_name": stream.view.name,
-                        "model_version": str(stream.view.version), "outputs": [],
-                        "parameters": tail}
-                if not request.id:
-                    del head["id"]
-                out = http_codec.json_dumps(head)
-                piece = frame(out, len(out))
-            elif isinstance(result, InferError):
+                continue  # an empty final: the body's end says the request is complete
+            if isinstance(result, InferError):
                 out = http_codec.json_dumps({"error": result.message, "parameters": tail})
                 piece = frame(out, len(out))
             else:

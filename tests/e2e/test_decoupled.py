@@ -36,7 +36,8 @@ class Stream:
     def __init__(self, server):
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
         self.responses: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda r, e: self.responses.put((r, e)))
+        self.client.start_stream(
+            callback=lambda result, error: self.responses.put((result, error)))
 
     def send(self, values, request_id="", empty_final=True, model="repeat", **params):
         x = np.array(values, dtype=np.int32)
@@ -212,20 +213,18 @@ def _infer_body(values, **params):
 def test_http_infer_stream_binary_frames(server, n):
     """Rule (shmserve's route): POST .../infer_stream answers every response of a
     decoupled model as a frame in the binary tensor format that tritonclient decodes,
-    the last carrying triton_final_response."""
+    the body ending with the request (an empty final adds no frame)."""
     values = list(range(100, 100 + n))
     status, headers, body = _post(server, "/v2/models/repeat/infer_stream",
-                                  _infer_body(values, binary_data_output=True,
-                                              triton_enable_empty_final_response=True))
+                                  _infer_body(values, binary_data_output=True))
     assert status == 200
+    assert headers["content-type"] == "application/vnd.shmserve.infer-stream"
     frames = list(read_frames(body))
-    assert len(frames) == n + 1
-    for i, (hlen, data) in enumerate(frames[:-1]):
+    assert len(frames) == n
+    for i, (hlen, data) in enumerate(frames):
         r = httpclient.InferResult.from_response_body(data, header_length=hlen)
         assert r.as_numpy("OUT").tolist() == [100 + i]
         assert r.get_response()["parameters"]["triton_final_response"] is False
-    last = json.loads(frames[-1][1])
-    assert last["parameters"]["triton_final_response"] is True and last["outputs"] == []
 
 
 def test_http_infer_stream_error_mid_stream(server):
