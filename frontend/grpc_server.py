@@ -262,9 +262,9 @@ class InferenceServicer:
                 except Exception as e:  # a bug: report it as the request's last word
                     result, final = _internal("ModelStreamInfer", e), True
                 if result is None:  # a decoupled model's send(None, FINAL)
-                    if empty_final:
-                        await write(grpc_codec.encode_stream_empty_final(request_id, name,
-                                                                         version))
+                    if empty_final:  # the version as the request spelled it, as Triton
+                        await write(grpc_codec.encode_stream_empty_final(
+                            request_id, name, request.model_version))
                     continue
                 if isinstance(result, InferError):
                     await write(grpc_codec.encode_stream_error(

@@ -185,9 +185,7 @@ class _InferEndpoint:
                 request.arena_blocks.append(block)  # the core frees it from here on
                 block = None
             if _decoupled(self.core, name, version):
-                raise InferError(ErrorCode.UNSUPPORTED,
-                                 "HTTP end point doesn't support models with decoupled "
-                                 "transaction policy")
+                raise InferError(ErrorCode.UNSUPPORTED, _DECOUPLED_REFUSAL)
             # a client that disconnects meanwhile cancels the request
             watch = DisconnectWatch(receive)
             try:
@@ -220,7 +218,8 @@ class _InferEndpoint:
                     out = http_codec.compress(out, chosen)
                     headers.append((b"content-encoding", chosen.encode()))
         except InferError as e:
-            status = HTTP_STATUS.get(e.code, 500)
+            # Triton answers 501 (Not Implemented) for this one
+            status = 501 if e.message is _DECOUPLED_REFUSAL else HTTP_STATUS.get(e.code, 500)
             out = http_codec.encode_error(e.message)
             headers = [(b"content-type", _JSON)]
             if e.code == ErrorCode.UNSUPPORTED and encoding:
@@ -254,6 +253,10 @@ async def _receive_into(receive, buffer: memoryview) -> int | None:
             pos += n
         if not message.get("more_body", False):
             return min(pos, size) if pos <= size else pos
+
+
+_DECOUPLED_REFUSAL = ("HTTP end point doesn't support models with decoupled transaction "
+                      "policy")
 
 
 def _decoupled(core: FrontendCore, name: str, version: str) -> bool:

@@ -90,6 +90,7 @@ def test_grpc_stream_zero_one_and_n_responses(stream, n):
         assert r.as_numpy("IDX").tolist() == [i]
     last = got[-1][0].get_response()
     assert last.id == f"r{n}" and last.model_name == "repeat" and not last.outputs
+    assert last.model_version == ""  # as the request spelled it (Triton's choice)
 
 
 def test_grpc_stream_without_empty_final_sends_only_responses(stream):
@@ -175,6 +176,7 @@ def test_unary_inference_on_decoupled_model_is_refused(server):
     hi.set_data_from_numpy(x)
     with pytest.raises(InferenceServerException) as exc:
         h.infer("repeat", [hi])
+    assert exc.value.status() == "501"
     assert "HTTP end point doesn't support models with decoupled transaction policy" \
         in exc.value.message()
     assert h.is_server_live() and g.is_model_ready("repeat")
