@@ -32,7 +32,8 @@ from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
-                                 LoadInstance, StopWorker, UnloadInstance, WorkerReady)
+                                 LoadInstance, ResponseStats, StopWorker, UnloadInstance,
+                                 WorkerReady)
 from workers import warmup
 from workers.backends import create_instance
 from workers.python_backend.runner import ANSWERED
@@ -156,6 +157,7 @@ class Worker:
             return
         if hasattr(inst, "responder"):
             inst.responder = functools.partial(self.respond, inst)
+            inst.report_responses = functools.partial(self.report_responses, msg.instance)
         # Registered before its warmup: after a failed one, the scheduler's
         # UnloadInstance (or StopWorker) finalizes it like any other instance.
         self.instances[msg.instance] = inst
@@ -217,6 +219,12 @@ class Worker:
                                          error_code=int(result.code), final=final)
         with self.response_lock:
             self.response_outbox.send(request.reply_to, response)
+
+    def report_responses(self, instance: str, timings: list) -> None:
+        """A decoupled request is complete: its responses' timings, for the
+        scheduler's per-response statistics (any thread)."""
+        with self.response_lock:
+            self.response_outbox.send(self.scheduler, ResponseStats(instance, timings))
 
     def on_release(self, msg: ReleaseBlocks) -> None:
         self.io.released(msg.reader, msg.blocks)

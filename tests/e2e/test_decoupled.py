@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from frontend.http_stream import read_frames
-from tests.e2e.harness import MODELS, ROOT, ServerProcess
+from tests.e2e.harness import MODELS, ROOT, ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -278,3 +278,34 @@ def test_generate_errors(server):
     status, _, out = _post(server, "/v2/models/text_echo/generate_stream",
                            json.dumps({"text_input": "a", "bad": [1, 2]}).encode())
     assert status == 400 and "invalid type" in json.loads(out)["error"]
+
+
+def _response_stats(server):
+    s = httpclient.InferenceServerClient(server.http_url).get_inference_statistics("repeat")
+    return s["model_stats"][0]["response_stats"]
+
+
+def test_response_statistics_count_each_response_by_index(server, stream):
+    """Rule (statistics extension, response_stats): a decoupled model's responses are
+    counted by their index across requests: success or fail with compute_infer and
+    compute_output, the empty final as empty_response; over gRPC too."""
+    before = _response_stats(server)
+    stream.send([1, -1, 3], request_id="stats")
+    stream.until_final()
+
+    def count(stats, index, kind):
+        return stats.get(str(index), {}).get(kind, {}).get("count", 0)
+
+    def settled():
+        now = _response_stats(server)
+        return count(now, 3, "empty_response") == count(before, 3, "empty_response") + 1
+
+    wait_until(settled, T, what="the request's response statistics")
+    after = _response_stats(server)
+    for index, kind in ((0, "success"), (1, "fail"), (2, "success"), (3, "empty_response")):
+        assert count(after, index, kind) == count(before, index, kind) + 1, (index, kind)
+    assert count(after, 0, "compute_infer") == count(before, 0, "compute_infer") + 1
+    assert after["0"]["success"]["ns"] > before.get("0", {}).get("success", {}).get("ns", 0)
+    g = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics("repeat")
+    assert g.model_stats[0].response_stats["3"].empty_response.count == \
+        after["3"]["empty_response"]["count"]

@@ -39,6 +39,9 @@ class PythonInstance:
     responder = None
     # is_cancelled(request) -> bool, behind request/sender.is_cancelled()
     is_cancelled = None
+    # report_responses(entries): a decoupled request's per-response timings, once it
+    # is complete (shm.messages.worker.ResponseStats)
+    report_responses = None
 
     def __init__(self, msg: LoadInstance, config: dict):
         self.model_name = msg.model
@@ -95,6 +98,8 @@ class PythonInstance:
             err = InferError(ErrorCode.INVALID_ARG, f"failed to read inputs: {exc}")
             return [err] * len(requests)
         self.input_end_ns = time.monotonic_ns()
+        for stream in streams:
+            stream.last_end = self.input_end_ns
         try:
             responses = self.model.execute(pb_requests)
             self.output_start_ns = time.monotonic_ns()
@@ -202,7 +207,7 @@ class _ResponseStream:
     response. Not decoupled: the one response goes out, final, once the final flag
     comes (or when execute() returns)."""
 
-    __slots__ = ("inst", "req", "used", "held", "closed")
+    __slots__ = ("inst", "req", "used", "held", "closed", "last_end", "timings")
 
     def __init__(self, inst: PythonInstance, req: InferRequest):
         self.inst = inst
@@ -210,6 +215,8 @@ class _ResponseStream:
         self.used = False  # the model has sent through the sender
         self.held = None  # a non-decoupled response waiting for its final flag
         self.closed = False  # the final response went out
+        self.last_end = 0  # when the previous response went out (ns)
+        self.timings = []  # a decoupled model's (index, kind, start, output, end)
 
     def send(self, response, flags: int) -> None:
         if self.closed:  # e.g. after execute() failed and answered with an error
@@ -228,12 +235,23 @@ class _ResponseStream:
         respond = self.inst.responder
         if respond is None:
             return
+        output_start = time.monotonic_ns()
         if response is None:
+            kind = 2
             respond(self.req, None, final, True, None)
-            return
-        params = response.parameters()
-        respond(self.req, self.inst._outputs(self.req, response), final, False,
-                json.loads(params) if params and params != "{}" else None)
+        else:
+            params = response.parameters()
+            result = self.inst._outputs(self.req, response)
+            kind = 1 if isinstance(result, InferError) else 0
+            respond(self.req, result, final, False,
+                    json.loads(params) if params and params != "{}" else None)
+        if self.inst.decoupled:
+            end = time.monotonic_ns()
+            self.timings.append((len(self.timings), kind, self.last_end or output_start,
+                                 output_start, end))
+            self.last_end = end
+            if final and self.inst.report_responses is not None:
+                self.inst.report_responses(self.timings)
 
     def after_execute(self):
         """execute() returned: a decoupled request stays open for later sends; a
