@@ -47,26 +47,40 @@ _DATA_TYPE_NAME = model_config_pb2.DataType.Name
 class DisconnectWatch:
     """Cancels the current task if the client disconnects while its request runs
     (start it once the body has been read; `stop()` it before answering). The task
-    then sees CancelledError; `gone` tells it that this is why, so it ends quietly."""
+    then sees CancelledError; `gone` tells it that this is why, so it ends quietly.
 
-    __slots__ = ("gone", "_watcher")
+    With `delay` (seconds) the watching starts only then, so a request answered sooner
+    costs a timer, not a task; a client gone meanwhile is seen at once then."""
 
-    def __init__(self, receive):
+    __slots__ = ("gone", "_task", "_receive", "_watcher", "_timer")
+
+    def __init__(self, receive, delay: float = 0.0):
         self.gone = False
-        task = asyncio.current_task()
+        self._task = asyncio.current_task()
+        self._receive = receive
+        self._watcher = self._timer = None
+        if delay:
+            self._timer = asyncio.get_running_loop().call_later(delay, self._start)
+        else:
+            self._start()
 
-        async def watch():
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    self.gone = True
-                    task.cancel()
-                    return
+    def _start(self) -> None:
+        self._timer = None
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
-        self._watcher = asyncio.get_running_loop().create_task(watch())
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.gone = True
+                self._task.cancel()
+                return
 
     def stop(self) -> None:
-        self._watcher.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
 async def read_body(receive) -> bytes | None:
