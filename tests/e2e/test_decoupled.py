@@ -121,6 +121,20 @@ def test_grpc_stream_error_mid_stream_keeps_stream_open(stream):
     assert got[0][0].as_numpy("OUT").tolist() == [4]
 
 
+@pytest.mark.parametrize("from_thread", [False, True])
+def test_responses_go_out_as_produced_not_gathered(stream, tmp_path, from_thread):
+    """Rule: each response of a decoupled model reaches the client as soon as the
+    model sends it: the model holds its second response until the client has the
+    first (a file the test creates), so gathering responses would never finish."""
+    gate = tmp_path / "got-first"
+    stream.send([1, 2, 3], request_id="gate", gate=str(gate), from_thread=from_thread)
+    r, e = stream.responses.get(timeout=T)
+    assert e is None and r.as_numpy("OUT").tolist() == [1]
+    gate.touch()
+    rest = stream.until_final()
+    assert [x.as_numpy("OUT").tolist() for x, _ in rest[:-1]] == [[2], [3]]
+
+
 def test_grpc_stream_responses_from_a_thread_after_execute(stream):
     """Rule: a decoupled model may send its responses from a thread of its own after
     execute() returned; they reach the client as it sends them."""

@@ -1,6 +1,7 @@
 """Decoupled repeater (see config.pbtxt)."""
 
 import json
+import os
 import threading
 import time
 
@@ -35,9 +36,15 @@ class TritonPythonModel:
 
     def respond(self, sender, values, params):
         delay = params.get("delay_ms", 0) / 1000.0
+        gate = params.get("gate")
         for i, v in enumerate(values):
             if delay:
                 time.sleep(delay)
+            if gate and i == 1:
+                # after the first response, hold the rest until the client has it
+                deadline = time.monotonic() + 30
+                while not os.path.exists(gate) and time.monotonic() < deadline:
+                    time.sleep(0.005)
             if v == -1:
                 sender.send(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(f"element {i} is -1")))
