@@ -36,8 +36,7 @@ from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, Instance
                                  WorkerReady)
 from workers import warmup
 from workers.backends import create_instance
-from workers.python_backend.runner import ANSWERED
-from workers.tensors import Copies, TensorIO, targets_of
+from workers.tensors import ANSWERED, ANSWERED_FAILED, Copies, TensorIO, targets_of
 
 log = logging.getLogger("shmserve.worker")
 
@@ -271,7 +270,10 @@ class Worker:
             output_start = inst.output_start_ns or input_end
         responses = []
         for i, (request, result) in enumerate(zip(msg.requests, results)):
-            if result is ANSWERED:  # its responses went out as the model sent them
+            if result is ANSWERED or result is ANSWERED_FAILED:
+                # its responses went out as the model sent them
+                if result is ANSWERED_FAILED:
+                    failed.append(i)
                 responses.append(None)
                 continue
             if not isinstance(result, InferError):

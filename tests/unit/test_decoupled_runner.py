@@ -11,7 +11,8 @@ from shm.errors import InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.worker import LoadInstance
 from shm.tensor import TensorRef
-from workers.python_backend.runner import ANSWERED, PythonInstance
+from workers.python_backend.runner import PythonInstance
+from workers.tensors import ANSWERED, ANSWERED_FAILED
 
 MODEL = textwrap.dedent('''
     import json, threading
@@ -127,7 +128,7 @@ def test_execute_failure_answers_requests_not_answered_yet(tmp_path):
     # a response already out: the error goes out as the final response
     (result,) = inst.execute([request(2, [1], sent_first=True, **{"raise": True})],
                              HostIO())
-    assert result is ANSWERED
+    assert result is ANSWERED_FAILED
     assert [(rid, final) for rid, _, final, _ in sent] == [(2, False), (2, True)]
     assert isinstance(sent[-1][1], InferError)
 
@@ -148,7 +149,7 @@ def test_non_decoupled_second_response_is_refused(tmp_path):
     inst, sent, _ = instance(tmp_path, decoupled=False)
     (result,) = inst.execute([request(1, [1, 2])], HostIO())
     # the second send raised Triton's error out of execute(): the request fails with it
-    assert result is ANSWERED
+    assert result is ANSWERED_FAILED
     ((rid, error, final, _),) = sent
     assert rid == 1 and final and isinstance(error, InferError)
     assert "Non-decoupled model cannot send more than one response" in error.message

@@ -15,17 +15,13 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.worker import LoadInstance
 from workers.python_backend import pb_utils
-from workers.tensors import Copies, is_device_array
+from workers.tensors import ANSWERED, ANSWERED_FAILED, Copies, is_device_array
 
 log = logging.getLogger("shmserve.python")
 
 # Model files import this name; make it resolve to our implementation.
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
-
-# A request's result when its responses go out through the instance's responder as the
-# model sends them (run_batch sends nothing more for it).
-ANSWERED = object()
 
 
 class PythonInstance:
@@ -270,7 +266,7 @@ class _ResponseStream:
             return err
         self.closed = True
         self.inst.responder(self.req, err, True, False, None)
-        return ANSWERED
+        return ANSWERED_FAILED
 
 
 def _import_model(path: str, module_name: str):
