@@ -6,11 +6,11 @@
   shaped as Triton does from the model's metadata), any other key (and every key of
   the optional "parameters" object) a request parameter. Each response becomes one
   JSON object: id, model_name, model_version, the response's parameters and every
-  output by name (one element: the value itself). `generate` sends them in one body
-  (one object for a model with one response); `generate_stream` sends each as a
-  server-sent event (`data: <json>\\n\\n`) as soon as it arrives. An error before the
-  model runs is an ordinary JSON error with its status; one after (in the stream) is an
-  `{"error": ...}` event, the status being the first response's.
+  output by name (one element: the value itself). `generate` answers the one response
+  (a model that sends none or several gets Triton 2.51's error); `generate_stream`
+  sends each as a server-sent event (`data: <json>\\n\\n`) as soon as it arrives.
+  An error before the model runs is an ordinary JSON error with its status; one after
+  (in the stream) is an `{"error": ...}` event, the status being the first response's.
 - `POST v2/models/{model}[/versions/{v}]/infer_stream` (shmserve's, not Triton's): the
   body of `/infer` (JSON or binary tensor extension) in, and every response of the
   request out as it arrives, in the binary tensor format, framed (see `frame`); the
@@ -228,7 +228,7 @@ class GenerateEndpoint:
 
     async def _respond(self, stream, send) -> None:
         started = False
-        pieces = []  # generate: every response in one body
+        pieces = []  # generate: the responses, to answer the one
         final = False
         while not final:
             result, final = await stream.next()
@@ -263,12 +263,19 @@ class GenerateEndpoint:
                             "headers": [(b"content-type", _SSE)]})
             await send({"type": "http.response.body", "body": b""})
             return
-        out = b"".join(pieces)
+        if len(pieces) == 1:
+            out = pieces[0]
+        else:  # Triton 2.51's answer; the status stays the first response's
+            out = http_codec.encode_error(_NOT_ONE_RESPONSE)
         await send({"type": "http.response.start",
                     "status": first_status if pieces else 200,
                     "headers": [(b"content-type", _JSON),
                                 (b"content-length", b"%d" % len(out))]})
         await send({"type": "http.response.body", "body": out})
+
+
+_NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate "
+                     "stream for model that generates various number of responses")
 
 
 # ------------------------------------------------------------------- infer_stream

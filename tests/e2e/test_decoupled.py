@@ -281,6 +281,25 @@ def test_generate_stream_sends_server_sent_events(server):
                                "index": 0, "text_output": "solo"}
 
 
+def test_generate_wants_exactly_one_response(server):
+    """Rule (Triton 2.51): /generate answers a model's one response (data or error,
+    with its status; the empty final does not count) and refuses none or several with
+    its error text (status of the first response); generate_stream sends them all."""
+    one = _post(server, "/v2/models/repeat/generate", b'{"IN": [5]}')
+    assert one[0] == 200 and json.loads(one[2]) == {
+        "model_name": "repeat", "model_version": "1", "OUT": 5, "IDX": 0}
+    err = _post(server, "/v2/models/repeat/generate", b'{"IN": [-1]}')
+    # the status is the error code's (how pb_utils.TritonError codes map is BLS work's)
+    assert err[0] >= 400 and json.loads(err[2]) == {"error": "element 0 is -1"}
+    text = ("generate expects model to produce exactly 1 response, use generate stream "
+            "for model that generates various number of responses")
+    for body in (b'{"IN": []}', b'{"IN": [1, 2]}'):
+        status, _, out = _post(server, "/v2/models/repeat/generate", body)
+        assert status == 200 and json.loads(out) == {"error": text}
+    status, _, out = _post(server, "/v2/models/repeat/generate_stream", b'{"IN": []}')
+    assert status == 200 and out == b""
+
+
 def test_generate_errors(server):
     """Rule: a generate request refused before it runs is a JSON error with an error
     status; a missing input is the core's error."""
