@@ -199,3 +199,27 @@ def test_disconnected_http_client_drops_its_queued_request(server, route):
     r = httpclient.InferenceServerClient(server.http_url).infer(
         "slow_identity", [_int_input(httpclient, "INPUT0", [5])])
     assert r.as_numpy("OUTPUT0").tolist() == [5]
+
+
+def test_stream_cancelled_mid_response_leaves_the_server_serving(server):
+    """Rule (Triton's qa L0_grpc_state_cleanup): a stream cancelled while a decoupled
+    model is still sending drops what still comes for it (released unread) and the
+    server serves the next stream; no handler error is logged."""
+    c, q = _stream(server)
+    c.async_stream_infer("repeat", [_int_input(grpcclient, "IN", list(range(8)))],
+                         parameters={"delay_ms": 30, "from_thread": True},
+                         request_id="cut")
+    r, e = q.get(timeout=T)
+    assert e is None
+    c.stop_stream(cancel_requests=True)
+    c.close()
+    c, q = _stream(server)
+    try:
+        c.async_stream_infer("repeat", [_int_input(grpcclient, "IN", [42])],
+                             enable_empty_final_response=True)
+        r, e = q.get(timeout=T)
+        assert e is None and r.as_numpy("OUT").tolist() == [42]
+    finally:
+        c.stop_stream()
+        c.close()
+    assert "handler failed" not in server.log() and "Traceback" not in server.log()
