@@ -218,11 +218,6 @@ class Worker:
                                          error_code=int(result.code), final=final)
         with self.response_lock:
             self.response_outbox.send(request.reply_to, response)
-        # Let the frontend we just woke run now if it waits for this CPU: the kernel
-        # does not preempt a sender for the task it wakes, so a model sending a burst
-        # would otherwise hold back its first responses until its time slice ended
-        # (measured: time to first response of a 100-response burst 1.2 -> 0.7 ms).
-        os.sched_yield()
 
     def report_responses(self, instance: str, timings: list) -> None:
         """A decoupled request is complete: its responses' timings, for the

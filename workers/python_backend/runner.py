@@ -243,6 +243,15 @@ class _ResponseStream:
                     json.loads(params) if params and params != "{}" else None)
         if self.inst.decoupled:
             end = time.monotonic_ns()
+            if not final:
+                # Let the frontend just woken run now if it waits for this CPU: the
+                # kernel does not preempt a sender for the task it wakes, so a model
+                # sending a burst would hold its responses back until its time slice
+                # ended. Measured with 100 responses per request on 2 busy cores: time
+                # to first response over gRPC 1.3 -> 0.7 ms; yielding for the first few
+                # only does not help (the frontend's write needs CPU through the burst);
+                # the price is more frontend wake-ups (HTTP streams: +20% server CPU).
+                os.sched_yield()
             self.timings.append((len(self.timings), kind, self.last_end or output_start,
                                  output_start, end))
             self.last_end = end
