@@ -223,3 +223,30 @@ def test_stream_cancelled_mid_response_leaves_the_server_serving(server):
         c.stop_stream()
         c.close()
     assert "handler failed" not in server.log() and "Traceback" not in server.log()
+
+
+def test_cancelled_unary_grpc_call_drops_its_queued_request(server):
+    """Rule: a gRPC ModelInfer call the client cancels cancels its request: queued, it
+    is dropped and never executes."""
+    before = _counts(server, "slow_identity")
+    running = _raw_post(server, "/v2/models/slow_identity/infer",
+                        _slow_body([1], 1500, "run-unary"))
+    try:
+        wait_until(lambda: (server.markers / "started-run-unary").exists(), T,
+                   what="the first request to run")
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        got = queue.Queue()
+        call = c.async_infer("slow_identity", [_int_input(grpcclient, "INPUT0", [2])],
+                             callback=lambda result, error: got.put((result, error)))
+        wait_until(lambda: _metric(server, "nv_inference_pending_request_count",
+                                   "slow_identity") == 1, T, what="second to queue")
+        call.cancel()
+        result, error = got.get(timeout=T)
+        assert result is None and "CANCELLED" in str(error.status())
+        assert running.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        running.close()
+    wait_until(lambda: _counts(server, "slow_identity")[1] == before[1] + 1, T,
+               what="the queued request to be dropped")
+    after = _counts(server, "slow_identity")
+    assert after[0] == before[0] + 1 and after[2] == before[2] + 1
