@@ -406,7 +406,8 @@ class SchedulerCore:
                 fut.set_exception(InferError(ErrorCode.UNAVAILABLE, "Server is stopping"))
         held = self.arena.used_bytes()
         if held and not self.pending:  # every request ended: its input blocks are free
-            log.warning("%s: %d bytes of arena blocks still in use at exit", self.role, held)
+            log.warning("%s: %d bytes of arena blocks still in use at exit", self.role,
+                        held)
         self.segments.close()
         self.arena.close()
         self.inbox.close()

@@ -435,7 +435,8 @@ def encode_stream_error(message: str, request_id: str = "", *, model_name: str =
     return msg.SerializeToString()
 
 
-def encode_stream_empty_final(request_id: str, model_name: str, model_version: str) -> bytes:
+def encode_stream_empty_final(request_id: str, model_name: str,
+                              model_version: str) -> bytes:
     """The response Triton sends for a decoupled model's send(None, FINAL) when the
     request set `triton_enable_empty_final_response`: no outputs, just the flag."""
     msg = service_pb2.ModelStreamInferResponse()

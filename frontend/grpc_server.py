@@ -240,9 +240,10 @@ class InferenceServicer:
             request_id = request.id
             empty_final = request.parameters.get("triton_enable_empty_final_response")
             if empty_final is not None and not isinstance(empty_final, bool):
-                raise InferError(ErrorCode.INVALID_ARG,
-                                 "invalid value type for 'triton_enable_empty_final_response'"
-                                 " parameter, expected bool_param.")
+                raise InferError(
+                    ErrorCode.INVALID_ARG,
+                    "invalid value type for 'triton_enable_empty_final_response' "
+                    "parameter, expected bool_param.")
             stream = self.core.start(request)
         except InferError as e:
             await write(grpc_codec.encode_stream_error(

@@ -166,8 +166,8 @@ def _generate_shape(name: str, count: int, dims: list[int]) -> list[int]:
 
 
 def _no_shape(name: str) -> InferError:
-    return InferError(ErrorCode.INVALID_ARG,
-                      f"The schema can not convert input '{name}' to tensor with proper shape")
+    return InferError(ErrorCode.INVALID_ARG, f"The schema can not convert input '{name}' "
+                      "to tensor with proper shape")
 
 
 def generate_response(result: InferResult) -> bytes:
@@ -376,5 +376,6 @@ def check_version(version: str) -> str:
 async def send_error(send, err: InferError) -> None:
     out = http_codec.encode_error(err.message)
     await send({"type": "http.response.start", "status": HTTP_STATUS.get(err.code, 500),
-                "headers": [(b"content-type", _JSON), (b"content-length", b"%d" % len(out))]})
+                "headers": [(b"content-type", _JSON),
+                            (b"content-length", b"%d" % len(out))]})
     await send({"type": "http.response.body", "body": out})

@@ -91,7 +91,8 @@ def http_worker(port: int, route: str, stop: threading.Event, out: list) -> None
         body = json.dumps({"IN": list(range(RESPONSES))}).encode()
     else:
         body = json.dumps({"inputs": [{"name": "IN", "datatype": "INT32",
-                                       "shape": [RESPONSES], "data": list(range(RESPONSES))}],
+                                       "shape": [RESPONSES],
+                                       "data": list(range(RESPONSES))}],
                            "parameters": {"binary_data_output": True}}).encode()
     path = f"/v2/models/repeat/{route}"
     while not stop.is_set():

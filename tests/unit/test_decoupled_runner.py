@@ -61,7 +61,8 @@ def instance(tmp_path, decoupled: bool):
     config = {"name": "m", "output": [{"name": "OUT", "data_type": "TYPE_INT32"}]}
     if decoupled:
         config["model_transaction_policy"] = {"decoupled": True}
-    msg = LoadInstance(f"m{decoupled}", "m_0", "m", 1, str(tmp_path), json.dumps(config).encode())
+    msg = LoadInstance(f"m{decoupled}", "m_0", "m", 1, str(tmp_path),
+                       json.dumps(config).encode())
     inst = PythonInstance(msg, config)
     sent, reports = [], []
     inst.responder = lambda req, result, final, empty, params: sent.append(

@@ -124,7 +124,8 @@ def core_with_stream(rid=1, blocks=(("seg", 64),)):
     view = ModelView("m", 1, "READY", "", mc.ModelConfig(name="m"))
     from frontend.types import DecodedRequest
     request = DecodedRequest("m", "", "id", [], None, {})
-    stream = core.pending[rid] = ResponseStream(core, rid, view, request, list(blocks), None)
+    stream = ResponseStream(core, rid, view, request, list(blocks), None)
+    core.pending[rid] = stream
     return core, stream
 
 
@@ -188,7 +189,8 @@ def test_relayed_placeholder_is_ignored():
 
 def test_response_stats_count_by_index():
     stats = ModelStats("m", 1, histograms=False)
-    stats.responses_sent([(0, 0, 100, 150, 170), (1, 1, 170, 200, 230), (2, 2, 230, 260, 261)])
+    stats.responses_sent([(0, 0, 100, 150, 170), (1, 1, 170, 200, 230),
+                          (2, 2, 230, 260, 261)])
     stats.responses_sent([(0, 0, 10, 20, 30), (1, 2, 30, 35, 36)])
     rs = stats.as_json()["response_stats"]
     assert set(rs) == {"0", "1", "2"}

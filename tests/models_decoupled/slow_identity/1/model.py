@@ -12,7 +12,8 @@ class TritonPythonModel:
             # tests see that a request is running (not queued) by its marker file
             marker_dir = os.environ.get("SHMSERVE_TEST_MARKER_DIR")
             if marker_dir and request.request_id():
-                open(os.path.join(marker_dir, "started-" + request.request_id()), "w").close()
+                path = os.path.join(marker_dir, "started-" + request.request_id())
+                open(path, "w").close()
             delay = json.loads(request.parameters()).get("delay_ms", 0)
             time.sleep(delay / 1000.0)
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
