@@ -2,13 +2,15 @@
 
 It keeps the model table the scheduler pushes, validates requests against it, puts
 large inputs into this process's arena (the one copy of a request's input on the way
-to the model), sends one InferRequest, and resolves the waiting call when the worker's
-InferResponse arrives.
+to the model), sends one InferRequest, and hands the worker's InferResponses to the
+request's ResponseStream as they arrive (one for most models, zero to many for a
+decoupled one; the last carries `final`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import logging
@@ -35,12 +37,73 @@ from shm.tensor import INLINE_MAX, TensorRef
 log = logging.getLogger("shmserve.frontend")
 
 
-class _Pending:
-    __slots__ = ("future", "blocks")
+class ResponseStream:
+    """The responses of one request, in the order the worker sent them.
 
-    def __init__(self, future, blocks):
-        self.future = future
+    `next()` waits for the next one: (InferResult, final), (InferError, final) for an
+    error response, or (None, True) for a decoupled model's empty final
+    (send(None, FINAL)). The request's input blocks are freed when its final response
+    arrives, whoever reads it. `cancel()` (or cancelling a task waiting in `next()`)
+    sends CancelRequest and drops what still comes."""
+
+    __slots__ = ("core", "rid", "view", "request", "blocks", "key", "items", "waiter",
+                 "done", "closed")
+
+    def __init__(self, core: "SchedulerCore", rid: int, view: ModelView,
+                 request: DecodedRequest, blocks: list, key: bytes | None):
+        self.core = core
+        self.rid = rid
+        self.view = view
+        self.request = request
         self.blocks = blocks
+        self.key = key
+        self.items: collections.deque = collections.deque()
+        self.waiter: asyncio.Future | None = None
+        self.done = False  # the final response was read
+        self.closed = False  # cancelled: responses still coming are released unread
+
+    async def next(self):
+        while not self.items:
+            if self.done:
+                raise InferError(ErrorCode.INTERNAL, "the request has no more responses")
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            except asyncio.CancelledError:
+                self.cancel()  # the client went away
+                raise
+            finally:
+                self.waiter = None
+        msg: InferResponse = self.items.popleft()
+        if msg.final:
+            self.done = True
+        if msg.error:
+            return InferError(ErrorCode(msg.error_code or ErrorCode.INTERNAL),
+                              msg.error), msg.final
+        if msg.empty:
+            return None, msg.final
+        return self.core._result(self.view, self.request, msg), msg.final
+
+    def cancel(self) -> None:
+        """Stop reading: the scheduler drops the request if it has not run, and the
+        responses that still arrive are released unread."""
+        if self.done or self.closed:
+            return
+        self.closed = True
+        core = self.core
+        while self.items:
+            core._release_unclaimed(self.items.popleft())
+        if self.rid in core.pending:
+            core.outbox.send(core.scheduler, CancelRequest(self.rid, core.address))
+
+    def _deliver(self, msg: InferResponse) -> None:
+        if self.closed:
+            self.core._release_unclaimed(msg)
+            return
+        self.items.append(msg)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 class SchedulerCore:
@@ -56,7 +119,7 @@ class SchedulerCore:
         self.arena = Arena(segment_prefix, chunk_size=arena_bytes)
         self.segments = SegmentCache()
         self.models: dict[str, dict[int, ModelView]] = {}
-        self.pending: dict[int, _Pending] = {}
+        self.pending: dict[int, ResponseStream] = {}
         self.calls: dict[int, asyncio.Future] = {}  # shared-memory calls to the scheduler
         self._ids = itertools.count(1)
         self.ready = False
@@ -121,6 +184,25 @@ class SchedulerCore:
             self.arena.free(segment, offset)
 
     async def infer(self, request: DecodedRequest) -> InferResult:
+        """One request, one response (the models the unary RPCs serve)."""
+        stream = self.start(request)
+        result, final = await stream.next()
+        while not final:  # not for unary calls: the servers refuse decoupled models
+            if isinstance(result, InferResult):
+                result.release()
+            result, final = await stream.next()
+        if isinstance(result, InferError):
+            raise result
+        if result is None:
+            raise InferError(ErrorCode.INTERNAL,
+                             f"model '{stream.view.name}' sent no response")
+        if stream.key and not result.cache_hit:
+            self._cache_insert(stream.key, stream.view, result)
+        return result
+
+    def start(self, request: DecodedRequest) -> ResponseStream:
+        """Validate `request` and send it to the scheduler; its responses come through
+        the returned stream. Raises InferError for a request refused before it ran."""
         try:
             view, batch_size = self._admit(request)
             refs, blocks = put_inputs(self.arena, request.inputs)
@@ -140,8 +222,7 @@ class SchedulerCore:
             wanted = request.outputs if request.outputs is not None else view.cache_outputs
             key = cache_key(view.name, view.version, request.inputs, wanted)
         rid = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
-        self.pending[rid] = _Pending(fut, blocks)
+        stream = self.pending[rid] = ResponseStream(self, rid, view, request, blocks, key)
         self.idle.clear()
         self.outbox.send(self.scheduler, InferRequest(
             rid, self.address, view.name, view.version, refs, outputs,
@@ -156,18 +237,7 @@ class SchedulerCore:
             start_ns=time.monotonic_ns(),  # Triton's request start: parsed and valid
             cache_key=key or b"",
         ))
-        try:
-            resp: InferResponse = await fut
-        except asyncio.CancelledError:
-            # the client went away: the scheduler drops it if it has not run yet
-            self.outbox.send(self.scheduler, CancelRequest(rid, self.address))
-            raise
-        if resp.error:
-            raise InferError(ErrorCode(resp.error_code or ErrorCode.INTERNAL), resp.error)
-        result = self._result(view, request, resp)
-        if key and not resp.cache_hit:
-            self._cache_insert(key, view, result)
-        return result
+        return stream
 
     def _cache_insert(self, key: bytes, view: ModelView, result: InferResult) -> None:
         """A miss ran: hand its outputs to the scheduler's cache, once. Outputs in the
@@ -207,7 +277,8 @@ class SchedulerCore:
                 data = self.segments.view(ref.segment, ref.offset, ref.nbytes)
                 held.append((ref.segment, ref.offset))
             outputs.append(OutputTensor(ref.name, ref.datatype, ref.shape, data))
-        result = InferResult(view.name, str(view.version), request.id, outputs)
+        result = InferResult(view.name, str(view.version), request.id, outputs,
+                             parameters=resp.parameters, cache_hit=resp.cache_hit)
         if held:
             owner, outbox, reader = resp.owner, self.outbox, self.address
             result.release = lambda: outbox.send(owner, ReleaseBlocks(reader, held))
@@ -267,19 +338,19 @@ class SchedulerCore:
     # -- messages from the scheduler and workers -------------------------------------
 
     def on_response(self, msg: InferResponse) -> None:
-        if not msg.final:
-            return  # decoupled responses arrive with a later issue
-        pending = self.pending.pop(msg.id, None)
-        if pending is None:
+        stream = self.pending.get(msg.id)
+        if stream is None:
             self._release_unclaimed(msg)
             return
-        self.free_blocks(pending.blocks)
-        if pending.future.done():  # cancelled while waiting
-            self._release_unclaimed(msg)
-        else:
-            pending.future.set_result(msg)
-        if not self.pending:
-            self.idle.set()
+        if msg.final:
+            # the request has ended: the worker reads its inputs no more
+            del self.pending[msg.id]
+            self.free_blocks(stream.blocks)
+            if not self.pending:
+                self.idle.set()
+        elif msg.empty:
+            return  # a placeholder the scheduler relayed for preserve_ordering
+        stream._deliver(msg)
 
     def _release_unclaimed(self, msg: InferResponse) -> None:
         blocks = [(r.segment, r.offset) for r in msg.outputs if r.data is None]
@@ -327,13 +398,16 @@ class SchedulerCore:
             self.arena.free(segment, offset)
 
     def close(self) -> None:
-        for pending in self.pending.values():
-            if not pending.future.done():
-                pending.future.set_exception(
-                    InferError(ErrorCode.UNAVAILABLE, "Server is stopping"))
+        for stream in self.pending.values():
+            stream._deliver(InferResponse(stream.rid, error="Server is stopping",
+                                          error_code=int(ErrorCode.UNAVAILABLE)))
         for fut in self.calls.values():
             if not fut.done():
                 fut.set_exception(InferError(ErrorCode.UNAVAILABLE, "Server is stopping"))
+        held = self.arena.used_bytes()
+        if held and not self.pending:  # every request ended: its input blocks are free
+            log.warning("%s: %d bytes of arena blocks still in use at exit", self.role,
+                        held)
         self.segments.close()
         self.arena.close()
         self.inbox.close()
@@ -391,7 +465,9 @@ def _output_target(out) -> TensorRef | None:
 
 
 _CONTROL_PARAMETERS = {"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
-                       "binary_data_output", "headers"}
+                       "binary_data_output", "headers",
+                       # Triton's own: read by the stream handlers, not the model's
+                       "triton_enable_empty_final_response"}
 
 
 def _user_parameters(params: dict) -> dict:

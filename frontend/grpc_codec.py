@@ -352,11 +352,14 @@ def set_parameters(target, params: dict) -> None:
             p.string_param = str(value)
 
 
-def _response_parts(result: InferResult, request_id: str | None) -> tuple[list, int]:
+def _response_parts(result: InferResult, request_id: str | None,
+                    params: dict | None = None) -> tuple[list, int]:
     """The serialized ModelInferResponse as a list of buffers, and its total size."""
     msg = ModelInferResponse(model_name=result.model_name,
                              model_version=result.model_version,
                              id=result.id or request_id or "")
+    if params:
+        set_parameters(msg.parameters, params)
     add = msg.outputs.add
     datas = []
     for out in result.outputs:
@@ -400,23 +403,46 @@ def encode_infer_response(result: InferResult, request_id: str | None = None) ->
     """An InferResult -> serialized ModelInferResponse (outputs as raw_output_contents).
 
     `request_id` is echoed when the result carries no id. Does not release `result`."""
-    parts, _ = _response_parts(result, request_id)
+    parts, _ = _response_parts(result, request_id, result.parameters)
     return b"".join(parts)
 
 
-def encode_stream_response(result: InferResult, request_id: str | None = None) -> bytes:
-    """An InferResult -> serialized ModelStreamInferResponse carrying it."""
-    parts, total = _response_parts(result, request_id)
+def encode_stream_response(result: InferResult, request_id: str | None = None,
+                           final: bool | None = None) -> bytes:
+    """An InferResult -> serialized ModelStreamInferResponse carrying it, with the
+    response's parameters and, when `final` is given, Triton's `triton_final_response`
+    (set on every response a stream carries once the request has run)."""
+    params = result.parameters
+    if final is not None:
+        params = {**params, "triton_final_response": final}
+    parts, total = _response_parts(result, request_id, params)
     parts.insert(0, _STREAM_RESPONSE_KEY + _varint_bytes(total))
     return b"".join(parts)
 
 
-def encode_stream_error(message: str, request_id: str = "") -> bytes:
+def encode_stream_error(message: str, request_id: str = "", *, model_name: str = "",
+                        model_version: str = "", final: bool | None = None) -> bytes:
     """A ModelStreamInferResponse reporting an error; the request id is kept so the
-    client knows which request failed (as Triton does)."""
+    client knows which request failed (as Triton does). An error response of a request
+    that ran also names the model and carries `triton_final_response` (`final`)."""
     msg = service_pb2.ModelStreamInferResponse(error_message=message)
     if request_id:
         msg.infer_response.id = request_id
+    if final is not None:
+        msg.infer_response.model_name = model_name
+        msg.infer_response.model_version = model_version
+        msg.infer_response.parameters["triton_final_response"].bool_param = final
+    return msg.SerializeToString()
+
+
+def encode_stream_empty_final(request_id: str, model_name: str,
+                              model_version: str) -> bytes:
+    """The response Triton sends for a decoupled model's send(None, FINAL) when the
+    request set `triton_enable_empty_final_response`: no outputs, just the flag."""
+    msg = service_pb2.ModelStreamInferResponse()
+    r = msg.infer_response
+    r.id, r.model_name, r.model_version = request_id, model_name, model_version
+    r.parameters["triton_final_response"].bool_param = True
     return msg.SerializeToString()
 
 

@@ -180,6 +180,10 @@ class InferenceServicer:
     async def model_infer(self, data: bytes, context) -> bytes:
         try:
             request = grpc_codec.decode_infer_request(data)
+            if _decoupled(self.core, request):
+                raise InferError(ErrorCode.UNSUPPORTED,
+                                 "ModelInfer RPC doesn't support models with decoupled "
+                                 "transaction policy")
             result = await self.core.infer(request)
         except InferError as e:
             error = e
@@ -199,21 +203,22 @@ class InferenceServicer:
         await _abort(context, error)
 
     async def model_stream_infer(self, request_iterator, context) -> None:
-        """Bidirectional stream: every request runs as its own task and its response is
-        written as soon as it is ready, so responses may come out of request order
+        """Bidirectional stream, for every model: each request runs as its own task
+        and each of its responses is written as soon as it arrives (a decoupled model's
+        as the model sends them), so responses of different requests may interleave
         (clients match them by id, as with Triton). Errors travel in-band, in
-        `error_message`; the stream itself stays open."""
+        `error_message`; the stream itself stays open. A stream the client cancels or
+        drops cancels its requests still running."""
         lock = asyncio.Lock()  # one write in flight per call (grpc's rule)
         tasks: set[asyncio.Task] = set()
 
-        async def one(data: bytes) -> None:
-            reply = await self._stream_one(data)
+        async def write(reply: bytes) -> None:
             async with lock:
                 await context.write(reply)
 
         try:
             async for data in request_iterator:
-                task = asyncio.ensure_future(one(data))
+                task = asyncio.ensure_future(self._stream_one(data, write))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -227,33 +232,76 @@ class InferenceServicer:
         classification.apply(result, request.outputs, view.config.max_batch_size > 0,
                              view.labels)
 
-    async def _stream_one(self, data: bytes) -> bytes:
+    async def _stream_one(self, data: bytes, write) -> None:
+        """Run one request of a stream and write each of its responses."""
         request_id = ""
         try:
             request = grpc_codec.decode_infer_request(data)
             request_id = request.id
-            result = await self.core.infer(request)
+            empty_final = request.parameters.get("triton_enable_empty_final_response")
+            if empty_final is not None and not isinstance(empty_final, bool):
+                raise InferError(
+                    ErrorCode.INVALID_ARG,
+                    "invalid value type for 'triton_enable_empty_final_response' "
+                    "parameter, expected bool_param.")
+            stream = self.core.start(request)
         except InferError as e:
-            error = e
+            await write(grpc_codec.encode_stream_error(
+                e.message, request_id or grpc_codec.request_id_of(data)))
+            return
         except Exception as e:
-            error = _internal("ModelStreamInfer", e)
-        else:
-            try:
-                if classification.wanted(request.outputs):
-                    self._classify(result, request)
-                return grpc_codec.encode_stream_response(result, request_id)
-            except InferError as e:
-                error = e
-            except Exception as e:
-                error = _internal("ModelStreamInfer", e)
-            finally:
-                result.release()
-        if not request_id:
-            request_id = grpc_codec.request_id_of(data)
-        return grpc_codec.encode_stream_error(error.message, request_id)
+            await write(grpc_codec.encode_stream_error(
+                _internal("ModelStreamInfer", e).message,
+                request_id or grpc_codec.request_id_of(data)))
+            return
+        name, version = stream.view.name, str(stream.view.version)
+        try:
+            final = False
+            while not final:
+                try:
+                    result, final = await stream.next()
+                except Exception as e:  # a bug: report it as the request's last word
+                    result, final = _internal("ModelStreamInfer", e), True
+                if result is None:  # a decoupled model's send(None, FINAL)
+                    if empty_final:  # the version as the request spelled it, as Triton
+                        await write(grpc_codec.encode_stream_empty_final(
+                            request_id, name, request.model_version))
+                    continue
+                if isinstance(result, InferError):
+                    await write(grpc_codec.encode_stream_error(
+                        result.message, request_id, model_name=name, model_version=version,
+                        final=final))
+                    continue
+                try:
+                    if classification.wanted(request.outputs):
+                        self._classify(result, request)
+                    reply = grpc_codec.encode_stream_response(result, request_id, final)
+                except InferError as e:
+                    reply = grpc_codec.encode_stream_error(
+                        e.message, request_id, model_name=name, model_version=version,
+                        final=final)
+                except Exception as e:
+                    reply = grpc_codec.encode_stream_error(
+                        _internal("ModelStreamInfer", e).message, request_id,
+                        model_name=name, model_version=version, final=final)
+                finally:
+                    result.release()
+                await write(reply)
+        finally:
+            stream.cancel()  # no-op once the final response was read
 
 
 # ---------------------------------------------------------------------------- helpers
+
+
+def _decoupled(core: FrontendCore, request) -> bool:
+    """Whether the request's model has the decoupled transaction policy (False when
+    it is unknown: the core reports that)."""
+    try:
+        view = core.get_model(request.model_name, request.model_version)
+    except InferError:
+        return False
+    return _config_message(view.config).model_transaction_policy.decoupled
 
 
 def _serialize(message) -> bytes:

@@ -427,6 +427,8 @@ def encode_infer_response(result: InferResult, request: DecodedRequest, *,
         response["id"] = response_id
     response["model_name"] = result.model_name
     response["model_version"] = str(result.model_version)
+    if result.parameters:  # the model's response parameters
+        response["parameters"] = result.parameters
     response["outputs"] = outputs
     header = json_dumps(response)
     if not buffers:

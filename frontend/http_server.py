@@ -9,6 +9,7 @@ status that shm.errors.HTTP_STATUS gives the error's code.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Iterable, Sequence
 
@@ -21,6 +22,7 @@ from shm.datatypes import from_config
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
 from . import EXTENSIONS, http_codec, settings_endpoints, shm_endpoints
+from .http_stream import DisconnectWatch, GenerateEndpoint, InferStreamEndpoint
 from .types import FrontendCore, ModelView
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,12 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
         # the hot route first: starlette tries routes in order
         Route(model + "/infer", infer, methods=["POST"]),
         Route(versioned + "/infer", infer, methods=["POST"]),
+        *(Route(path + suffix, endpoint, methods=["POST"])
+          for path in (model, versioned)
+          for suffix, endpoint in (
+              ("/generate", GenerateEndpoint(core, streaming=False)),
+              ("/generate_stream", GenerateEndpoint(core, streaming=True)),
+              ("/infer_stream", InferStreamEndpoint(core)))),
         # before the model routes: "stats" is not a model name here, as in Triton
         Route("/v2/models/stats", handlers.statistics),
         Route(model + "/stats", handlers.statistics),
@@ -155,9 +163,11 @@ class _InferEndpoint:
                 body = b"".join(chunks)
             elif message["type"] != "http.request":
                 return
-        await self._answer(scope, send, body, block, header_length, encoding, accept)
+        await self._answer(scope, receive, send, body, block, header_length, encoding,
+                           accept)
 
-    async def _answer(self, scope, send, body, block, header_length, encoding, accept):
+    async def _answer(self, scope, receive, send, body, block, header_length, encoding,
+                      accept):
         params = scope["path_params"]
         name = params["model_name"]
         headers = None
@@ -174,7 +184,19 @@ class _InferEndpoint:
             if block is not None:
                 request.arena_blocks.append(block)  # the core frees it from here on
                 block = None
-            result = await self.core.infer(request)
+            if _decoupled(self.core, name, version):
+                raise InferError(ErrorCode.UNSUPPORTED, _DECOUPLED_REFUSAL)
+            # a client that disconnects meanwhile cancels the request (watched from
+            # 20 ms on: most requests are answered before, at the cost of a timer)
+            watch = DisconnectWatch(receive, delay=0.02)
+            try:
+                result = await self.core.infer(request)
+            except asyncio.CancelledError:
+                if watch.gone:
+                    return
+                raise
+            finally:
+                watch.stop()
             try:
                 batching, labels = False, None
                 if request.outputs and any(o.class_count for o in request.outputs):
@@ -197,7 +219,9 @@ class _InferEndpoint:
                     out = http_codec.compress(out, chosen)
                     headers.append((b"content-encoding", chosen.encode()))
         except InferError as e:
-            status = HTTP_STATUS.get(e.code, 500)
+            # Triton answers 501 (Not Implemented) for this one
+            status = (501 if e.message is _DECOUPLED_REFUSAL
+                      else HTTP_STATUS.get(e.code, 500))
             out = http_codec.encode_error(e.message)
             headers = [(b"content-type", _JSON)]
             if e.code == ErrorCode.UNSUPPORTED and encoding:
@@ -231,6 +255,20 @@ async def _receive_into(receive, buffer: memoryview) -> int | None:
             pos += n
         if not message.get("more_body", False):
             return min(pos, size) if pos <= size else pos
+
+
+_DECOUPLED_REFUSAL = ("HTTP end point doesn't support models with decoupled transaction "
+                      "policy")
+
+
+def _decoupled(core: FrontendCore, name: str, version: str) -> bool:
+    """Whether the model has the decoupled transaction policy (False when it is
+    unknown: the core reports that)."""
+    try:
+        view = core.get_model(name, version)
+    except InferError:
+        return False
+    return view.config.model_transaction_policy.decoupled
 
 
 class _Handlers:

@@ -61,6 +61,8 @@ class InferResult:
     id: str
     outputs: list[OutputTensor]
     release: Callable[[], None] = lambda: None
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)  # response's
+    cache_hit: bool = False
 
 
 @dataclasses.dataclass(slots=True)
@@ -100,6 +102,13 @@ class FrontendCore(Protocol):
         (shared_memory_region / shared_memory_offset / shared_memory_byte_size), and
         so may requested outputs. An output written into a region comes back with
         `data` None (Triton says nothing more about it in the response)."""
+
+    def start(self, request: DecodedRequest):
+        """Validate and issue one request; its responses (zero to many for a decoupled
+        model) come through the returned stream: `await stream.next()` gives
+        (InferResult | InferError | None, final), `stream.view` is the model version,
+        `stream.cancel()` cancels it. Raises InferError for a request refused before
+        it ran."""
 
     async def model_statistics(self, name: str = "", version: str = "") -> bytes:
         """The statistics extension's JSON (Triton's HTTP form) for every ready model

@@ -221,9 +221,14 @@ class DynamicBatchScheduler:
                     return slot.worker.address if slot.worker is not None else None
         return self.lingering.get((reply_to, request_id))
 
+    def request_complete(self, reply_to: str, request_id: int) -> None:
+        """A decoupled request sent its final response: cancels cannot matter now."""
+        self.lingering.pop((reply_to, request_id), None)
+
     def _linger(self, requests, address: str) -> None:
-        # bounded: a request still streaming after this many newer ones is out of
-        # reach of a cancel (its worker ignores cancels of requests it finished)
+        # forgotten when the request completes (ResponseStats); the bound is for
+        # requests whose worker died: a request still streaming after this many newer
+        # ones is out of reach of a cancel
         lingering = self.lingering
         for req in requests:
             lingering[(req.reply_to, req.id)] = address

@@ -46,7 +46,8 @@ from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSettingReply,
                                    TraceSettingRequest)
-from shm.messages.worker import BatchDone, ExecuteBatch, InstanceLoaded, WorkerReady
+from shm.messages.worker import (BatchDone, ExecuteBatch, InstanceLoaded, ResponseStats,
+                                 WorkerReady)
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -93,6 +94,7 @@ class Server:
             InferRequest: self.on_infer,
             CancelRequest: self.on_cancel,
             BatchDone: self.on_batch_done,
+            ResponseStats: self.on_response_stats,
             FrontendReady: self.frontends.on_frontend_ready,
             FrontendStopped: self.frontends.on_frontend_stopped,
             WorkerReady: self.workers.on_worker_ready,
@@ -261,6 +263,12 @@ class Server:
             if address:
                 self.outbox.send(address, msg)
                 return
+
+    def on_response_stats(self, msg: ResponseStats) -> None:
+        sched = self.manager.by_instance.get(msg.instance)
+        if sched is not None:
+            sched.stats.responses_sent(msg.responses)
+            sched.request_complete(msg.reply_to, msg.id)
 
     def on_batch_done(self, msg: BatchDone) -> None:
         sched = self.manager.by_instance.get(msg.instance)

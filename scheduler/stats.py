@@ -71,6 +71,27 @@ class BatchStat:
         self.count = self.input_ns = self.infer_ns = self.output_ns = 0
 
 
+class ResponseStat:
+    """Triton's InferResponseStatistics for one response index."""
+
+    __slots__ = ("infer_count", "infer_ns", "output_count", "output_ns", "success_count",
+                 "success_ns", "fail_count", "fail_ns", "empty_count", "empty_ns")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_json(self) -> dict:
+        return {
+            "compute_infer": {"count": self.infer_count, "ns": self.infer_ns},
+            "compute_output": {"count": self.output_count, "ns": self.output_ns},
+            "success": {"count": self.success_count, "ns": self.success_ns},
+            "fail": {"count": self.fail_count, "ns": self.fail_ns},
+            "empty_response": {"count": self.empty_count, "ns": self.empty_ns},
+            "cancel": {"count": 0, "ns": 0},
+        }
+
+
 class ModelStats:
     """One model version's statistics."""
 
@@ -93,6 +114,7 @@ class ModelStats:
         self.cache_miss_count = self.cache_miss_ns = 0
         self.cache_enabled = False  # set by the manager: shows the cache metrics
         self.batches: dict[int, BatchStat] = {}
+        self.responses: dict[int, ResponseStat] = {}  # by response index
         self.histograms = histograms
         # Triton's name for the first one; request, queue and compute are shmserve's
         self.first_response_ms = Histogram()
@@ -204,6 +226,31 @@ class ModelStats:
         self.fail_ns += end_ns - (req.start_ns or req.queue_ns or end_ns)
         self.failures[reason] += 1
 
+    def responses_sent(self, entries) -> None:
+        """A decoupled request's responses (ResponseStats entries), counted by their
+        index as Triton does: compute_infer from the response's start (the previous
+        one's end) to its output, compute_output from there to its end; success and
+        fail take both, an empty response its infer time only."""
+        for index, kind, start, output_start, end in entries:
+            stat = self.responses.get(index)
+            if stat is None:
+                stat = self.responses[index] = ResponseStat()
+            infer_ns = output_start - start
+            if kind == 2:
+                stat.empty_count += 1
+                stat.empty_ns += infer_ns
+                continue
+            stat.infer_count += 1
+            stat.infer_ns += infer_ns
+            stat.output_count += 1
+            stat.output_ns += end - output_start
+            if kind == 1:
+                stat.fail_count += 1
+                stat.fail_ns += end - start
+            else:
+                stat.success_count += 1
+                stat.success_ns += end - start
+
     # -- reading ----------------------------------------------------------------------
 
     def as_json(self) -> dict:
@@ -228,7 +275,8 @@ class ModelStats:
                 "cache_hit": duration(self.cache_hit_count, self.cache_hit_ns),
                 "cache_miss": duration(self.cache_miss_count, self.cache_miss_ns),
             },
-            "response_stats": {},
+            "response_stats": {str(i): r.as_json()
+                               for i, r in sorted(self.responses.items())},
             "batch_stats": [
                 {"batch_size": size,
                  "compute_input": duration(b.count, b.input_ns),

@@ -37,13 +37,14 @@ from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
-                                 LoadInstance, StopWorker, UnloadInstance, WorkerReady)
+                                 LoadInstance, ResponseStats, StopWorker, UnloadInstance,
+                                 WorkerReady)
 from workers import warmup
 from workers.backends import create_instance
 from workers.python_backend import pb_utils
 from workers.python_backend.bls import BlsClient
 from workers.sequence import SequenceContext
-from workers.tensors import Copies, TensorIO, targets_of
+from workers.tensors import ANSWERED, ANSWERED_FAILED, Copies, TensorIO, targets_of
 
 log = logging.getLogger("shmserve.worker")
 
@@ -111,6 +112,11 @@ class Worker:
         pb_utils._bls_executor = self.bls.exec
         pb_utils._bls_async_executor = self.bls.async_exec
         self.sequences: dict[str, SequenceContext] = {}  # stateful instances
+        # responses a python model sends through its response sender, from any thread
+        # (decoupled models send from their own threads after execute returned): an
+        # Outbox of their own, one sender at a time
+        self.response_outbox = Outbox()
+        self.response_lock = threading.Lock()
         self.handlers = {
             LoadInstance: self.on_load,
             ExecuteBatch: self.on_execute,
@@ -154,6 +160,8 @@ class Worker:
         self.arena.close()
         self.inbox.close()
         self.outbox.close()
+        with self.response_lock:
+            self.response_outbox.close()
 
     # -- handlers ---------------------------------------------------------------------
 
@@ -168,6 +176,9 @@ class Worker:
             return
         if hasattr(inst, "bls"):
             inst.bls = self.bls
+        if hasattr(inst, "responder"):
+            inst.responder = functools.partial(self.respond, inst)
+            inst.report_responses = functools.partial(self.report_responses, msg.instance)
         # Registered before its warmup: after a failed one, the scheduler's
         # UnloadInstance (or StopWorker) finalizes it like any other instance.
         self.instances[msg.instance] = inst
@@ -219,11 +230,46 @@ class Worker:
         if inst is not None:
             inst.finalize()
 
+    def respond(self, inst, request, result, final: bool, empty: bool = False,
+                parameters: dict | None = None) -> None:
+        """Send one response of `request` now, from whichever thread the model sent it:
+        `result` is (name, datatype, array) outputs, an InferError, or None with `empty`
+        (send(None, FINAL): the request is complete, no response goes with it)."""
+        if result is None:
+            response = InferResponse(request.id, final=final, empty=empty)
+        else:
+            if not isinstance(result, InferError):
+                try:
+                    refs = self.io.write(result, targets_of(request), request.reply_to,
+                                         inst.copies)
+                    response = InferResponse(request.id, outputs=refs, owner=self.address,
+                                             final=final, parameters=parameters or {})
+                except InferError as exc:
+                    result = exc
+                except Exception as exc:
+                    log.exception("failed to return outputs of %s", request.model)
+                    result = InferError(ErrorCode.INTERNAL,
+                                        f"failed to return outputs: {_reason(exc)}")
+            if isinstance(result, InferError):
+                response = InferResponse(request.id, error=result.message,
+                                         error_code=int(result.code), final=final)
+        with self.response_lock:
+            self.response_outbox.send(request.reply_to, response)
+
+    def report_responses(self, instance: str, request, timings: list) -> None:
+        """A decoupled request is complete: its responses' timings, for the
+        scheduler's per-response statistics (any thread)."""
+        with self.response_lock:
+            self.response_outbox.send(self.scheduler, ResponseStats(
+                instance, timings, request.reply_to, request.id))
+
     def on_release(self, msg: ReleaseBlocks) -> None:
         self.io.released(msg.reader, msg.blocks)
 
     def on_peer_gone(self, msg: PeerGone) -> None:
         self.outbox.drop(msg.address)
+        with self.response_lock:
+            self.response_outbox.drop(msg.address)
         for t in self.threads.values():
             t.queue.put(msg.address)
         self.io.segments.forget(msg.segment_prefix)
@@ -276,6 +322,12 @@ class Worker:
             output_start = inst.output_start_ns or input_end
         responses = []
         for i, (request, result) in enumerate(zip(msg.requests, results)):
+            if result is ANSWERED or result is ANSWERED_FAILED:
+                # its responses went out as the model sent them
+                if result is ANSWERED_FAILED:
+                    failed.append(i)
+                responses.append(None)
+                continue
             if not isinstance(result, InferError):
                 try:
                     refs = self.io.write(result, targets_of(request), request.reply_to,
@@ -295,12 +347,16 @@ class Worker:
         done = BatchDone(msg.batch_id, msg.instance, start, input_end, output_start,
                          time.monotonic_ns(), failed, copies.as_list())
         if msg.relay:
-            # preserve_ordering: the scheduler releases them in request order
-            done.responses = responses
+            # preserve_ordering: the scheduler releases them in request order; a request
+            # answered as the model sent gets a placeholder that frontends ignore
+            done.responses = [r if r is not None else InferResponse(q.id, final=False,
+                                                                    empty=True)
+                              for q, r in zip(msg.requests, responses)]
             outbox.send(self.scheduler, done)
             return
         outbox.send_many([*((request.reply_to, response)
-                            for request, response in zip(msg.requests, responses)),
+                            for request, response in zip(msg.requests, responses)
+                            if response is not None),
                           (self.scheduler, done)])
 
 

@@ -24,6 +24,13 @@ from shm.regions import RegionMaps
 from shm.tensor import INLINE_MAX, TensorRef
 
 
+# A request's result when the model answered it itself, response by response, as it
+# sent them (a python model's response sender): the batch sends nothing more for it.
+# ANSWERED_FAILED: the same, its last response an error (counted as a failure).
+ANSWERED = object()
+ANSWERED_FAILED = object()
+
+
 class Copies:
     """Bytes copied, by kind: host (host to host), h2d, d2h, d2d."""
 

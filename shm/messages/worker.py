@@ -89,6 +89,19 @@ class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     responses: list[InferResponse] = []
 
 
+class ResponseStats(msgspec.Struct, tag=True, array_like=True):
+    """The responses of one finished request of a decoupled model on `instance`, for
+    Triton's per-response statistics: (index, kind, start_ns, output_start_ns, end_ns)
+    each, kind 0 success, 1 fail, 2 empty (send(None, FINAL)); a response starts when
+    the previous one ended (the first when the batch's inputs were ready)."""
+
+    instance: str
+    responses: list[tuple[int, int, int, int, int]]
+    # the request (its requester's inbox and id): the scheduler stops routing cancels
+    reply_to: str = ""
+    id: int = 0
+
+
 class UnloadInstance(msgspec.Struct, tag=True, array_like=True):
     instance: str
 
@@ -99,7 +112,7 @@ class StopWorker(msgspec.Struct, tag=True, array_like=True):
 
 # InferRequest / CancelRequest: a python model's BLS calls (reply_to: the worker's inbox)
 TO_SCHEDULER_FROM_WORKER = (WorkerReady, InstanceLoaded, BatchDone, InferRequest,
-                            CancelRequest)
+                            CancelRequest, ResponseStats)
 # CancelRequest: the scheduler forwards a client's cancel for a request that is running;
 # InferResponse: answers to the worker's own BLS calls
 WORKER_INBOX = (LoadInstance, ExecuteBatch, UnloadInstance, StopWorker, ReleaseBlocks,

@@ -122,6 +122,25 @@ class FakeCore:
 
         return InferResult(view.name, str(view.version), request.id, outputs, release)
 
+    def start(self, request):
+        """The stream RPC's entry: one response, from infer()."""
+        return _OneResponse(self, request)
+
+
+class _OneResponse:
+    def __init__(self, core, request):
+        self.core, self.request = core, request
+        self.view = core.get_model(request.model_name, request.model_version)
+
+    async def next(self):
+        try:
+            return await self.core.infer(self.request), True
+        except InferError as e:
+            return e, True
+
+    def cancel(self):
+        pass
+
 
 class ServerThread:
     """make_grpc_server on its own loop in a daemon thread."""
