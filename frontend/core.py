@@ -78,8 +78,8 @@ class ResponseStream:
         if msg.final:
             self.done = True
         if msg.error:
-            return InferError(ErrorCode(msg.error_code or ErrorCode.INTERNAL),
-                              msg.error), msg.final
+            # every sender sets the code: 0 is Triton's UNKNOWN, not "unset"
+            return InferError(ErrorCode(msg.error_code), msg.error), msg.final
         if msg.empty:
             return None, msg.final
         return self.core._result(self.view, self.request, msg), msg.final

@@ -219,9 +219,7 @@ class _InferEndpoint:
                     out = http_codec.compress(out, chosen)
                     headers.append((b"content-encoding", chosen.encode()))
         except InferError as e:
-            # Triton answers 501 (Not Implemented) for this one
-            status = (501 if e.message is _DECOUPLED_REFUSAL
-                      else HTTP_STATUS.get(e.code, 500))
+            status = HTTP_STATUS.get(e.code, 500)
             out = http_codec.encode_error(e.message)
             headers = [(b"content-type", _JSON)]
             if e.code == ErrorCode.UNSUPPORTED and encoding:

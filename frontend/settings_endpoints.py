@@ -36,7 +36,10 @@ def _json(body: bytes, status: int = 200) -> Response:
 
 
 def _error(err: InferError) -> Response:
-    return _json(encode_error(err.message), HTTP_STATUS.get(err.code, 500))
+    # Triton's logging and trace endpoints answer a setting they refuse with 400, where
+    # its inference routes map UNSUPPORTED to 501
+    status = 400 if err.code == ErrorCode.UNSUPPORTED else HTTP_STATUS.get(err.code, 500)
+    return _json(encode_error(err.message), status)
 
 
 def parse_settings_body(body: bytes, what: str) -> dict:

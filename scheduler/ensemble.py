@@ -310,7 +310,7 @@ class EnsembleScheduler:
         else:
             run.timing_due.add(msg.id)
         if msg.error:
-            self._step_failed(run, step, ErrorCode(msg.error_code or ErrorCode.INTERNAL),
+            self._step_failed(run, step, ErrorCode(msg.error_code),
                               msg.error)
         else:
             self._outputs_ready(run, step, msg, now)

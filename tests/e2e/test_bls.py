@@ -182,15 +182,7 @@ TRITON_STATUS = {
     ErrorCode.ALREADY_EXISTS: (400, "ALREADY_EXISTS"),
     ErrorCode.CANCELLED: (400, "CANCELLED"),
 }
-# Where shmserve answers otherwise today: the HTTP statuses of shm.errors.HTTP_STATUS
-# (shared with the control endpoints, where Triton answers 400 for every error), and
-# UNKNOWN, code 0, which the wire leaves unset and frontends read as INTERNAL.
-_DIFFERS = {("http", ErrorCode.UNKNOWN), ("grpc", ErrorCode.UNKNOWN),
-            ("http", ErrorCode.UNSUPPORTED), ("http", ErrorCode.ALREADY_EXISTS),
-            ("http", ErrorCode.CANCELLED)}
-CASES = [pytest.param(protocol, code, id=f"{code.name}-{protocol}",
-                      marks=[pytest.mark.xfail(strict=True, reason="differs from Triton")]
-                      if (protocol, code) in _DIFFERS else [])
+CASES = [pytest.param(protocol, code, id=f"{code.name}-{protocol}")
          for code in ErrorCode for protocol in PROTOCOLS]
 
 
