@@ -3,7 +3,6 @@
 errors a model raises reaching the client with the status its TritonError code maps to
 (Triton's python backend README: "Business Logic Scripting", "Error Handling")."""
 
-import inspect
 import re
 
 import numpy as np
@@ -86,15 +85,7 @@ def test_async_execute_gathers_async_exec_calls(bls_server, protocol):
     np.testing.assert_array_equal(y, 2 * x)
 
 
-def _has_response_sender() -> bool:
-    """Whether this tree's python worker wires get_response_sender() (the decoupled
-    part of issue 10, built on another branch)."""
-    from workers.python_backend import runner
-    return "send_response" in inspect.getsource(runner.PythonInstance)
 
-
-@pytest.mark.xfail(not _has_response_sender(), strict=True,
-                   reason="the callee needs the python worker's decoupled response sender")
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_bls_to_a_decoupled_model_iterates_its_responses(bls_server, protocol):
     """Rule: exec(decoupled=True) returns an iterator of the decoupled model's responses
@@ -257,8 +248,6 @@ def _mode(value: str):
     return inp
 
 
-@pytest.mark.xfail(not _has_response_sender(), strict=True,
-                   reason="needs the python worker's decoupled response sender")
 def test_decoupled_async_execute_runs_requests_concurrently(bls_server):
     """Rule: a decoupled model's `async def execute` is scheduled on the instance's
     event loop and returns at once (Triton's python backend, decoupled async execute):

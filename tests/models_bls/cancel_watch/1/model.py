@@ -17,6 +17,8 @@ class TritonPythonModel:
         mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0].decode()
         if mode == "record":
             self.records += 1
+        elif mode == "reset":  # forget what the last waiting request saw
+            self.last_wait = "none"
         elif mode == "wait":
             marker = json.loads(request.parameters())["marker"]
             open(marker, "w").close()  # the test cancels once it sees this
