@@ -10,6 +10,7 @@ the pending-request count or on a response, never on sleeps.
 """
 
 import concurrent.futures as cf
+import queue
 
 import numpy as np
 import pytest
@@ -138,6 +139,32 @@ def test_ensemble_passes_sequences_to_its_stateful_step(server, protocol):
     with cf.ThreadPoolExecutor(3) as pool:
         assert list(pool.map(one, range(3))) == [
             sum((i + 1) * 10 + k for k in range(4)) for i in range(3)]
+
+
+def test_sequences_over_one_grpc_stream(server):
+    """Rule: the gRPC stream carries sequence_id/start/end per request, as Triton's
+    clients send sequences; two interleaved sequences on one stream keep their own
+    sums, and responses come back in order."""
+    import tritonclient.grpc as grpcclient
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        want = {80_001: 0, 80_002: 0}
+        for k in range(4):
+            for corrid in want:
+                value = corrid % 10 * 100 + k
+                want[corrid] += value
+                x = np.array([[value]], dtype=np.int32)
+                c.async_stream_infer("seq_acc", [infer_input("grpc", "INPUT", x, "INT32")],
+                                     sequence_id=corrid, sequence_start=k == 0,
+                                     sequence_end=k == 3, request_id=f"{corrid}-{k}")
+                result, error = results.get(timeout=30)
+                assert error is None, error
+                assert result.get_response().id == f"{corrid}-{k}"
+                assert total({"OUTPUT": result.as_numpy("OUTPUT")}) == want[corrid]
+    finally:
+        c.stop_stream()
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
