@@ -128,6 +128,12 @@ class Server:
         client_pids: list[int] = []
 
         def sample(client) -> dict[str, float]:
+            if client.poll() is not None:
+                # run_bench's window assumes ~1 s of client start-up; a short
+                # --duration on a quick machine can outlast the client
+                print("benchkit: scripts/bench ended before this CPU sample; the CPU "
+                      "columns of this row are not valid (use a longer --duration)",
+                      file=sys.stderr, flush=True)
             if not pids:
                 pids.extend(process_tree(self.proc.pid))
                 client_pids.extend(process_tree(client.pid))
