@@ -73,10 +73,8 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 
 def write_repo(repo: Path) -> None:
     for name, config in CONFIGS.items():
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "config.pbtxt").write_text(config)
         code = benchkit.IDENTITY_PY if name == "identity_fp32" else MODEL_PY
-        (repo / name / "1" / "model.py").write_text(code)
+        benchkit.write_model(repo, name, config, code)
 
 
 def model_stats(http: int, model: str) -> tuple[int, int]:

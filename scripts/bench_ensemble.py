@@ -34,14 +34,6 @@ import numpy as np
 
 import benchkit
 
-IDENTITY_CONFIG = """name: "{name}"
-backend: "python"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
-
 ENSEMBLE_CONFIG = """name: "ens_identity"
 platform: "ensemble"
 max_batch_size: 8
@@ -62,11 +54,9 @@ SIZES = {"small": 16, "1mib": 262_144}
 
 def write_repo(repo: Path) -> None:
     for name in ("identity_a", "identity_b"):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "config.pbtxt").write_text(IDENTITY_CONFIG.format(name=name))
-        (repo / name / "1" / "model.py").write_text(benchkit.IDENTITY_PY)
-    (repo / "ens_identity" / "1").mkdir(parents=True)
-    (repo / "ens_identity" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+        benchkit.write_model(repo, name, benchkit.IDENTITY_CONFIG.format(name=name),
+                             benchkit.IDENTITY_PY)
+    benchkit.write_model(repo, "ens_identity", ENSEMBLE_CONFIG)
 
 
 class Client:

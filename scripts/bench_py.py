@@ -23,14 +23,6 @@ from pathlib import Path
 import benchkit
 from bench_mlp import run_bench
 
-CONFIG = """name: "{name}"
-backend: "python"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
-
 BLS_PY = '''
 import triton_python_backend_utils as pb_utils
 
@@ -53,10 +45,9 @@ class TritonPythonModel:
 
 
 def write_repo(repo: Path) -> None:
+    # bls_identity takes and gives what identity does: the same config
     for name, code in (("identity", benchkit.IDENTITY_PY), ("bls_identity", BLS_PY)):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
-        (repo / name / "1" / "model.py").write_text(code)
+        benchkit.write_model(repo, name, benchkit.IDENTITY_CONFIG.format(name=name), code)
 
 
 def measure(kind: str, repo: Path, points, args) -> list[dict]:

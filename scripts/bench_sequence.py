@@ -98,9 +98,7 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 def write_repo(repo: Path, with_state: bool) -> None:
     models = {"acc": False, **({"acc_state": True} if with_state else {})}
     for name, state in models.items():
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "config.pbtxt").write_text(config(name, state))
-        (repo / name / "1" / "model.py").write_text(MODEL_PY)
+        benchkit.write_model(repo, name, config(name, state), MODEL_PY)
 
 
 async def drive(url: str, model: str, sequences: int, steps: int, base: int):

@@ -28,6 +28,15 @@ from bench_mlp import cpu_by_role, process_tree, wait_ready  # noqa: E402
 
 TRITON = "/tmp/anchors/bin/run_triton_anchor"  # ../shared/anchor/setup.sh makes it
 
+# a python identity model: INPUT0 -> OUTPUT0, FP32 [-1], max_batch_size 8, one instance
+IDENTITY_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
 IDENTITY_PY = '''
 import triton_python_backend_utils as pb_utils
 
@@ -38,6 +47,15 @@ class TritonPythonModel:
             "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
             for r in requests]
 '''
+
+
+def write_model(repo: Path, name: str, config: str, code: str | None = None) -> None:
+    """Model `name` in `repo`: its config.pbtxt and, for the python backend, version
+    1's model.py."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(config)
+    if code is not None:
+        (repo / name / "1" / "model.py").write_text(code)
 
 
 # --------------------------------------------------------------------- servers
