@@ -22,7 +22,8 @@ from shm.datatypes import from_config
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
 from . import EXTENSIONS, http_codec, settings_endpoints, shm_endpoints
-from .http_stream import DisconnectWatch, GenerateEndpoint, InferStreamEndpoint
+from .http_stream import (DisconnectWatch, GenerateEndpoint, InferStreamEndpoint,
+                          check_version)
 from .types import FrontendCore, ModelView
 
 logger = logging.getLogger(__name__)
@@ -108,15 +109,6 @@ def error_response(err: InferError) -> Response:
                     media_type="application/json")
 
 
-def _check_version(version: str) -> str:
-    if version and not version.isdigit():
-        raise InferError(
-            ErrorCode.INVALID_ARG,
-            f"failed to get model version from specified version string '{version}', "
-            "version should be an integral value > 0")
-    return version
-
-
 class _InferEndpoint:
     """POST /v2/models/{model}[/versions/{version}]/infer as a raw ASGI app."""
 
@@ -172,7 +164,7 @@ class _InferEndpoint:
         name = params["model_name"]
         headers = None
         try:
-            version = _check_version(params.get("version", ""))
+            version = check_version(params.get("version", ""))
             if encoding:
                 body = http_codec.decompress(body, encoding)
             length = http_codec.parse_header_length(header_length, len(body))
@@ -287,7 +279,7 @@ class _Handlers:
 
     def _ready_model(self, request: Request) -> ModelView:
         name = request.path_params["model_name"]
-        version = _check_version(request.path_params.get("version", ""))
+        version = check_version(request.path_params.get("version", ""))
         view = self.core.get_model(name, version)
         if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
             if not version:
@@ -329,7 +321,7 @@ class _Handlers:
 
     async def statistics(self, request: Request) -> Response:
         try:
-            version = _check_version(request.path_params.get("version", ""))
+            version = check_version(request.path_params.get("version", ""))
             body = await self.core.model_statistics(
                 request.path_params.get("model_name", ""), version)
         except InferError as e:

@@ -191,34 +191,28 @@ def generate_response(result: InferResult) -> bytes:
     return http_codec.json_dumps(out)
 
 
-class GenerateEndpoint:
-    """POST .../generate (`streaming` False) or .../generate_stream, as raw ASGI."""
+class StreamEndpoint:
+    """What the routes of this module share, as raw ASGI: read the body, decode it into
+    a request (`decode`, per route) and start it, then send its responses (`respond`,
+    per route) while watching the client; an error before the start is a JSON error."""
 
-    def __init__(self, core: FrontendCore, streaming: bool):
+    def __init__(self, core: FrontendCore):
         self.core = core
-        self.streaming = streaming
 
     async def __call__(self, scope, receive, send) -> None:
         body = await read_body(receive)
         if body is None:
             return
         params = scope["path_params"]
-        name, version = params["model_name"], params.get("version", "")
         try:
-            for key, value in scope["headers"]:
-                if key == b"content-encoding" and value.strip().lower() not in (
-                        b"", b"identity"):
-                    raise InferError(ErrorCode.INVALID_ARG,
-                                     "Unsupported content-encoding, only 'identity' is "
-                                     "supported.")
-            view = self.core.get_model(name, check_version(version))
-            request = generate_request(body, view.config, name, version)
+            request = self.decode(scope, body, params["model_name"],
+                                  params.get("version", ""))
             stream = self.core.start(request)
         except InferError as e:
             return await send_error(send, e)
         watch = DisconnectWatch(receive)
         try:
-            await self._respond(stream, send)
+            await self.respond(request, stream, send)
         except asyncio.CancelledError:
             if not watch.gone:
                 raise
@@ -226,7 +220,31 @@ class GenerateEndpoint:
             watch.stop()
             stream.cancel()  # a no-op once the final response was read
 
-    async def _respond(self, stream, send) -> None:
+    def decode(self, scope, body: bytes, name: str, version: str) -> DecodedRequest:
+        raise NotImplementedError
+
+    async def respond(self, request: DecodedRequest, stream, send) -> None:
+        raise NotImplementedError
+
+
+class GenerateEndpoint(StreamEndpoint):
+    """POST .../generate (`streaming` False) or .../generate_stream."""
+
+    def __init__(self, core: FrontendCore, streaming: bool):
+        super().__init__(core)
+        self.streaming = streaming
+
+    def decode(self, scope, body: bytes, name: str, version: str) -> DecodedRequest:
+        for key, value in scope["headers"]:
+            if key == b"content-encoding" and value.strip().lower() not in (
+                    b"", b"identity"):
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 "Unsupported content-encoding, only 'identity' is "
+                                 "supported.")
+        view = self.core.get_model(name, check_version(version))
+        return generate_request(body, view.config, name, version)
+
+    async def respond(self, request, stream, send) -> None:
         started = False
         pieces = []  # generate: the responses, to answer the one
         final = False
@@ -288,44 +306,22 @@ def frame(body: bytes, header_length: int) -> bytes:
     return _FRAME_HEAD.pack(len(body), header_length) + body
 
 
-class InferStreamEndpoint:
+class InferStreamEndpoint(StreamEndpoint):
     """POST .../infer_stream: any model's responses, decoupled or not, as they come."""
 
-    def __init__(self, core: FrontendCore):
-        self.core = core
-
-    async def __call__(self, scope, receive, send) -> None:
-        body = await read_body(receive)
-        if body is None:
-            return
-        params = scope["path_params"]
-        name, version = params["model_name"], params.get("version", "")
+    def decode(self, scope, body: bytes, name: str, version: str) -> DecodedRequest:
         header_length = None
         for key, value in scope["headers"]:
             if key == b"inference-header-content-length":
                 header_length = value.decode("latin-1")
-        try:
-            check_version(version)
-            length = http_codec.parse_header_length(header_length, len(body))
-            if length == 0:
-                view = self.core.get_model(name, version)
-                request = http_codec.decode_raw_request(body, view.config, name, version)
-            else:
-                request = http_codec.decode_infer_request(body, length, name, version)
-            stream = self.core.start(request)
-        except InferError as e:
-            return await send_error(send, e)
-        watch = DisconnectWatch(receive)
-        try:
-            await self._respond(request, stream, send)
-        except asyncio.CancelledError:
-            if not watch.gone:
-                raise
-        finally:
-            watch.stop()
-            stream.cancel()
+        check_version(version)
+        length = http_codec.parse_header_length(header_length, len(body))
+        if length == 0:
+            view = self.core.get_model(name, version)
+            return http_codec.decode_raw_request(body, view.config, name, version)
+        return http_codec.decode_infer_request(body, length, name, version)
 
-    async def _respond(self, request, stream, send) -> None:
+    async def respond(self, request, stream, send) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", INFER_STREAM_TYPE)]})
         final = False

@@ -133,13 +133,7 @@ class ModelStats:
         output_ns = end_ns - output_start_ns
         self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
-        bs = self.batches.get(total_size)
-        if bs is None:
-            bs = self.batches[total_size] = BatchStat()
-        bs.count += 1
-        bs.input_ns += input_ns
-        bs.infer_ns += infer_ns
-        bs.output_ns += output_ns
+        self._count_batch(total_size, input_ns, infer_ns, output_ns)
         histograms = self.histograms
         if histograms:
             self.compute_ms.observe((end_ns - start_ns) / 1e6)
@@ -168,6 +162,17 @@ class ModelStats:
         self.compute_infer_ns += infer_ns * n_ok
         self.compute_output_ns += output_ns * n_ok
 
+    def _count_batch(self, size: int, input_ns: int, infer_ns: int,
+                     output_ns: int) -> None:
+        """One execution of batch size `size` in batch_stats, with its compute phases."""
+        bs = self.batches.get(size)
+        if bs is None:
+            bs = self.batches[size] = BatchStat()
+        bs.count += 1
+        bs.input_ns += input_ns
+        bs.infer_ns += infer_ns
+        bs.output_ns += output_ns
+
     def ensemble_ran(self, req, batch_size: int, end_ns: int, input_ns: int, infer_ns: int,
                      output_ns: int) -> None:
         """An ensemble request succeeded. Triton counts it as one execution of its batch
@@ -185,13 +190,7 @@ class ModelStats:
         self.compute_input_ns += input_ns
         self.compute_infer_ns += infer_ns
         self.compute_output_ns += output_ns
-        bs = self.batches.get(batch_size)
-        if bs is None:
-            bs = self.batches[batch_size] = BatchStat()
-        bs.count += 1
-        bs.input_ns += input_ns
-        bs.infer_ns += infer_ns
-        bs.output_ns += output_ns
+        self._count_batch(batch_size, input_ns, infer_ns, output_ns)
         if self.histograms:
             self.request_ms.observe(total / 1e6)
             self.first_response_ms.observe(total / 1e6)

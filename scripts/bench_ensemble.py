@@ -22,13 +22,8 @@ server process by role per request (from /proc) and the ratio ensemble / two cal
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -37,29 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_mlp import cpu_by_role, process_tree, wait_ready  # noqa: E402
-
-IDENTITY_PY = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests]
-'''
-
-IDENTITY_CONFIG = """name: "{name}"
-backend: "python"
-max_batch_size: 8
-input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
+import benchkit
 
 ENSEMBLE_CONFIG = """name: "ens_identity"
 platform: "ensemble"
@@ -81,11 +54,9 @@ SIZES = {"small": 16, "1mib": 262_144}
 
 def write_repo(repo: Path) -> None:
     for name in ("identity_a", "identity_b"):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "config.pbtxt").write_text(IDENTITY_CONFIG.format(name=name))
-        (repo / name / "1" / "model.py").write_text(IDENTITY_PY)
-    (repo / "ens_identity" / "1").mkdir(parents=True)
-    (repo / "ens_identity" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+        benchkit.write_model(repo, name, benchkit.IDENTITY_CONFIG.format(name=name),
+                             benchkit.IDENTITY_PY)
+    benchkit.write_model(repo, "ens_identity", ENSEMBLE_CONFIG)
 
 
 class Client:
@@ -193,85 +164,48 @@ def run_loop(clients: list[Client], way: str, warmup: float, duration: float,
         t.join()
     all_lat = sorted(x for part in lat for x in part)
     n = len(all_lat)
-    cpu_us = {role: round(1e6 * (cpu1[role] - cpu0.get(role, 0.0)) / n, 1)
-              for role in cpu1} if n else {}
     return {"way": way, "infer_per_s": round(n / (t1 - t0), 1),
             "p50_ms": round(statistics.median(all_lat) * 1e3, 3) if n else 0.0,
             "p99_ms": round(all_lat[int(0.99 * (n - 1))] * 1e3, 3) if n else 0.0,
-            "cpu_us_per_request": cpu_us,
-            "server_cpu_us_per_request": round(sum(v for k, v in cpu_us.items()
-                                                   if k != "client"), 1)}
+            **benchkit.cpu_columns(cpu0, cpu1, n)}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--duration", type=float, default=5.0)
-    p.add_argument("--warmup", type=float, default=1.0)
-    p.add_argument("--concurrency", type=int, default=1)
+    p = benchkit.parser(__doc__)
+    benchkit.add_common_args(p, [28500, 28501, 28502], duration=5.0, warmup=1.0,
+                             concurrency=1)
     p.add_argument("--sizes", default="small,1mib")
-    p.add_argument("--ports", type=lambda t: [int(x) for x in t.split(",")],
-                   default=[28500, 28501, 28502])
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    http, grpc, metrics = args.ports
+    args = benchkit.parse(p, "bench-ensemble-")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="ensemble-repo-") as tmp:
-        repo = Path(tmp)
-        write_repo(repo)
-        log_path = Path(tempfile.mkdtemp(prefix="bench-ensemble-")) / "shmserve.log"
-        log = open(log_path, "wb")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "scheduler.main", "--model-repository", str(repo),
-             "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port",
-             str(metrics), "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-             "--metrics-address", "127.0.0.1", "--allow-client-shm=true"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_ready(http, proc, 180)
-            pids = process_tree(proc.pid)
+    log = Path(tempfile.mkdtemp(prefix="bench-ensemble-")) / "shmserve.log"
+    with benchkit.repository("ensemble-repo-", write_repo) as repo, \
+            benchkit.Server("shmserve", repo, args.ports, log,
+                            extra=["--allow-client-shm=true"]) as server:
 
-            def sample():
-                out = cpu_by_role(pids)
-                out.pop("client", None)
-                out["client"] = sum(cpu_by_role([os.getpid()]).values())
-                return out
+        def sample():
+            out = server.cpu()
+            out["client"] = benchkit.own_cpu()
+            return out
 
-            for size in args.sizes.split(","):
-                clients = [Client(f"127.0.0.1:{grpc}", size)
-                           for _ in range(args.concurrency)]
-                try:
-                    clients[0].check()
-                    ways = ["ensemble", "two_calls"]
-                    for r in range(args.rounds):
-                        for way in (ways if r % 2 == 0 else ways[::-1]):
-                            row = run_loop(clients, way, args.warmup, args.duration,
-                                           sample)
-                            row.update(size=size, round=r + 1,
-                                       concurrency=args.concurrency)
-                            rows.append(row)
-                            print(json.dumps(row), flush=True)
-                finally:
-                    for c in clients:
-                        c.close()
-                got = {w: statistics.mean(x["infer_per_s"] for x in rows
-                                          if x["size"] == size and x["way"] == w)
-                       for w in ("ensemble", "two_calls")}
-                print(json.dumps({"size": size, "ensemble_over_two_calls":
-                                  round(got["ensemble"] / got["two_calls"], 2)}),
-                      flush=True)
-        finally:
-            os.killpg(proc.pid, signal.SIGINT)
+        for size in args.sizes.split(","):
+            clients = [Client(server.grpc_url, size) for _ in range(args.concurrency)]
             try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-    print(f"server log: {log_path}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+                clients[0].check()
+                for r, order in benchkit.alternating(args.rounds,
+                                                     ["ensemble", "two_calls"]):
+                    for way in order:
+                        row = run_loop(clients, way, args.warmup, args.duration, sample)
+                        row.update(size=size, round=r, concurrency=args.concurrency)
+                        benchkit.record(rows, row)
+            finally:
+                for c in clients:
+                    c.close()
+            got = benchkit.means([x for x in rows if x["size"] == size],
+                                 "infer_per_s", "way")
+            print(json.dumps({"size": size, "ensemble_over_two_calls":
+                              round(got["ensemble",] / got["two_calls",], 2)}),
+                  flush=True)
+    benchkit.finish(args, rows, f"server log: {log}")
 
 
 if __name__ == "__main__":

@@ -22,27 +22,14 @@ server process by role (and the client's) per request over the measured pass.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
-import resource
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_batching import TRITON, roles, server_command  # noqa: E402
-from bench_mlp import process_tree, wait_ready  # noqa: E402
+import benchkit
 
 MODEL_PY = '''
 import numpy as np
@@ -111,9 +98,7 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 def write_repo(repo: Path, with_state: bool) -> None:
     models = {"acc": False, **({"acc_state": True} if with_state else {})}
     for name, state in models.items():
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "config.pbtxt").write_text(config(name, state))
-        (repo / name / "1" / "model.py").write_text(MODEL_PY)
+        benchkit.write_model(repo, name, config(name, state), MODEL_PY)
 
 
 async def drive(url: str, model: str, sequences: int, steps: int, base: int):
@@ -147,94 +132,50 @@ async def drive(url: str, model: str, sequences: int, steps: int, base: int):
 
 
 def measure(kind: str, model: str, repo: Path, args, round_: int) -> dict:
-    ports = args.ports
-    for port in ports:  # another server there would answer in this one's place
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                raise SystemExit(f"port {port} is taken: pass other --ports")
-    log = open(Path(args.log_dir) / f"{kind}-{model}.log", "ab")
-    # not from the repository root for Triton: its python stub would import our
-    # triton_python_backend_utils.py from there instead of its own
-    cwd = ROOT if kind.startswith("shmserve") else repo
-    proc = subprocess.Popen(server_command(kind, repo, ports), cwd=cwd, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"127.0.0.1:{ports[1]}"
-    try:
-        wait_ready(ports[0], proc, 180)
+    log = Path(args.log_dir) / f"{kind}-{model}.log"
+    with benchkit.Server(kind, repo, args.ports, log, check_ports=True) as server:
         base = 1_000_000 * round_
-        asyncio.run(drive(url, model, args.sequences, 10, base))  # warm up
-        pids = process_tree(proc.pid)
-        cpu0, self0, t0 = roles(pids), resource.getrusage(resource.RUSAGE_SELF), \
-            time.perf_counter()
-        lat = asyncio.run(drive(url, model, args.sequences, args.steps, base + 10_000))
+        asyncio.run(drive(server.grpc_url, model, args.sequences, 10, base))  # warm up
+        cpu0, t0 = server.cpu(), time.perf_counter()
+        cpu0["client"] = benchkit.own_cpu()
+        lat = asyncio.run(drive(server.grpc_url, model, args.sequences, args.steps,
+                                base + 10_000))
         seconds = time.perf_counter() - t0
-        cpu1, self1 = roles(pids), resource.getrusage(resource.RUSAGE_SELF)
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+        cpu1 = server.cpu()
+        cpu1["client"] = benchkit.own_cpu()
     n = len(lat)
-    cpu_us = {role: round(1e6 * (cpu1[role] - cpu0.get(role, 0.0)) / n, 1) for role in cpu1}
-    cpu_us["client"] = round(1e6 * ((self1.ru_utime + self1.ru_stime)
-                                    - (self0.ru_utime + self0.ru_stime)) / n, 1)
     lat.sort()
     return {"server": kind, "model": model, "round": round_,
             "sequences": args.sequences, "steps": args.steps,
             "steps_per_s": round(n / seconds, 1),
             "p50_ms": round(1e3 * statistics.median(lat), 2),
             "p99_ms": round(1e3 * lat[int(0.99 * (n - 1))], 2),
-            "cpu_us_per_request": cpu_us,
-            "server_cpu_us_per_request": round(sum(v for k, v in cpu_us.items()
-                                                   if k != "client"), 1)}
+            **benchkit.cpu_columns(cpu0, cpu1, n)}
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=2)
+    p = benchkit.parser(__doc__)
+    benchkit.add_common_args(p, [28730, 28731, 28732],
+                             servers="triton,shmserve,shmserve-state")
     p.add_argument("--sequences", type=int, default=64)
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--servers", default="triton,shmserve,shmserve-state")
-    p.add_argument("--skip", action="append", default=[])
-    p.add_argument("--ports", type=lambda t: [int(x) for x in t.split(",")],
-                   default=[28730, 28731, 28732])
-    p.add_argument("--log-dir", default=None)
-    p.add_argument("--json", default=None)
-    args = p.parse_args()
-    servers = [s for s in args.servers.split(",") if s not in args.skip]
-    if "triton" in servers and not os.path.exists(TRITON):
-        sys.exit(f"{TRITON} not found: run ../shared/anchor/setup.sh, or --skip triton")
-    args.log_dir = args.log_dir or tempfile.mkdtemp(prefix="bench-sequence-")
+    args = benchkit.parse(p, "bench-sequence-")
+    servers = benchkit.servers(args)
     rows = []
-    with tempfile.TemporaryDirectory(prefix="sequence-repo-") as tmp:
-        repo = Path(tmp)
-        write_repo(repo, with_state="shmserve-state" in servers)
-        for r in range(args.rounds):
-            # alternate the order every round so the machine's drift spreads over all
-            order = servers if r % 2 == 0 else servers[::-1]
+    with benchkit.repository("sequence-repo-", write_repo,
+                             "shmserve-state" in servers) as repo:
+        for r, order in benchkit.alternating(args.rounds, servers):
             for kind in order:
                 # shmserve-state: shmserve on the implicit-state model
                 model = "acc_state" if kind == "shmserve-state" else "acc"
                 row = measure("shmserve" if kind == "shmserve-state" else kind, model,
-                              repo, args, r + 1)
-                row["server"] = kind
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    by = {}
-    for row in rows:
-        by.setdefault(row["server"], []).append(row["steps_per_s"])
-    if "triton" in by:
-        base = statistics.mean(by["triton"])
-        for kind, values in by.items():
-            print(f"{kind}: {statistics.mean(values):.0f} steps/s "
-                  f"({statistics.mean(values) / base:.2f}x triton)")
-    print(f"logs in {args.log_dir}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+                              repo, args, r)
+                benchkit.record(rows, {**row, "server": kind})
+    rate = benchkit.means(rows, "steps_per_s", "server")
+    if ("triton",) in rate:
+        for (kind,), value in rate.items():
+            print(f"{kind}: {value:.0f} steps/s ({value / rate['triton',]:.2f}x triton)")
+    benchkit.finish(args, rows)
 
 
 if __name__ == "__main__":

@@ -240,21 +240,29 @@ class Worker:
         else:
             if not isinstance(result, InferError):
                 try:
-                    refs = self.io.write(result, targets_of(request), request.reply_to,
-                                         inst.copies)
+                    refs = self._write_outputs(request, result, inst.copies, request.model)
                     response = InferResponse(request.id, outputs=refs, owner=self.address,
                                              final=final, parameters=parameters or {})
                 except InferError as exc:
                     result = exc
-                except Exception as exc:
-                    log.exception("failed to return outputs of %s", request.model)
-                    result = InferError(ErrorCode.INTERNAL,
-                                        f"failed to return outputs: {_reason(exc)}")
             if isinstance(result, InferError):
                 response = InferResponse(request.id, error=result.message,
                                          error_code=int(result.code), final=final)
         with self.response_lock:
             self.response_outbox.send(request.reply_to, response)
+
+    def _write_outputs(self, request, result, copies, what: str) -> list:
+        """Write `result`'s outputs where `request` wants them; their refs. Any failure
+        comes out as an InferError (a bug here is logged and becomes INTERNAL), for the
+        caller to answer the request with."""
+        try:
+            return self.io.write(result, targets_of(request), request.reply_to, copies)
+        except InferError:
+            raise
+        except Exception as exc:
+            log.exception("failed to return outputs of %s", what)
+            raise InferError(ErrorCode.INTERNAL,
+                             f"failed to return outputs: {_reason(exc)}") from exc
 
     def report_responses(self, instance: str, request, timings: list) -> None:
         """A decoupled request is complete: its responses' timings, for the
@@ -330,17 +338,12 @@ class Worker:
                 continue
             if not isinstance(result, InferError):
                 try:
-                    refs = self.io.write(result, targets_of(request), request.reply_to,
-                                         copies)
+                    refs = self._write_outputs(request, result, copies, msg.instance)
                     responses.append(InferResponse(request.id, outputs=refs,
                                                    owner=self.address))
                     continue
                 except InferError as exc:
                     result = exc
-                except Exception as exc:
-                    log.exception("failed to return outputs of %s", msg.instance)
-                    result = InferError(ErrorCode.INTERNAL,
-                                        f"failed to return outputs: {_reason(exc)}")
             failed.append(i)
             responses.append(InferResponse(request.id, error=result.message,
                                            error_code=int(result.code)))
