@@ -742,9 +742,12 @@ class SetupError(Exception):
 class ClientPool:
     """`n` spawned client processes, kept across points so each point starts at once."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, window_file: str | None = None):
         self.n = n
         self.workers = []
+        # where to announce each point's measured window (CLOCK_MONOTONIC seconds), so
+        # a caller sampling CPU times can sample inside it
+        self.window_file = window_file
         self._start()
 
     def _start(self):
@@ -779,6 +782,12 @@ class ClientPool:
         t0 = time.perf_counter() + 0.05  # CLOCK_MONOTONIC: the same clock in every process
         for _, conn in used:
             conn.send(("go", t0))
+        if self.window_file:
+            start = t0 + specs[0].warmup
+            tmp = self.window_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"start": start, "end": start + specs[0].duration}, f)
+            os.replace(tmp, self.window_file)  # readers never see half a file
         # streams stop issuing at the deadline; the last request may take `timeout`
         wait = specs[0].warmup + specs[0].duration + specs[0].timeout + 60
         return [self._recv(w, "result", wait) for w in used]
@@ -937,6 +946,9 @@ def build_parser() -> argparse.ArgumentParser:
                    + ", ".join(f"{k}: {v}" for k, v in DEFAULT_IMPL.items()) + ")")
     p.add_argument("--json", default=None, metavar="PATH", help="write all rows as JSON")
     p.add_argument("--server-name", default="", help="label for the rows")
+    p.add_argument("--window-file", default=None, metavar="PATH",
+                   help="write each point's measured window (start and end, "
+                        "CLOCK_MONOTONIC seconds) here, for tools sampling CPU time")
     return p
 
 
@@ -1031,7 +1043,7 @@ def main(argv=None) -> int:
           f"duration={cfg.duration}s warmup={cfg.warmup}s", flush=True)
     print(format_header(), flush=True)
     try:
-        with ClientPool(cfg.client_processes) as pool:
+        with ClientPool(cfg.client_processes, args.window_file) as pool:
             for shape, c in itertools.product(cfg.shapes, cfg.concurrency):
                 row = measure_point(pool, cfg, shape, c)
                 rows.append(row)

@@ -117,16 +117,25 @@ def run_bench(bench_args: list[str], warmup: float, duration: float, sample):
     of the measured window, which the client reaches after starting its processes and
     warming up and leaves before tearing down. Returns (bench's row, seconds between the
     two samples, first sample, second sample)."""
-    out = Path(tempfile.mkdtemp(prefix="bench-")) / "bench.json"
+    folder = Path(tempfile.mkdtemp(prefix="bench-"))
+    out, window_file = folder / "bench.json", folder / "window.json"
     client = subprocess.Popen(
         [sys.executable, str(ROOT / "scripts" / "bench.py"), *bench_args, "--duration",
-         str(duration), "--warmup", str(warmup), "--json", str(out)],
+         str(duration), "--warmup", str(warmup), "--json", str(out),
+         "--window-file", str(window_file)],
         cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
+        # the client says when its measured window opens and closes (its processes
+        # may take seconds to start on a busy machine): sample inside it
+        while not window_file.exists():
+            if client.poll() is not None:
+                raise RuntimeError(f"scripts/bench exited with {client.returncode}")
+            time.sleep(0.05)
+        window = json.loads(window_file.read_text())
         margin = min(1.0, duration / 4)
-        time.sleep(warmup + 1.0 + margin)
+        time.sleep(max(window["start"] + margin - time.monotonic(), 0.0))
         t0, first = time.monotonic(), sample(client)
-        time.sleep(max(duration - 2 * margin, 0.5))
+        time.sleep(max(window["end"] - margin - time.monotonic(), 0.0))
         t1, second = time.monotonic(), sample(client)
     finally:
         if client.wait() != 0:

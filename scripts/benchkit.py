@@ -147,10 +147,10 @@ class Server:
 
         def sample(client) -> dict[str, float]:
             if client.poll() is not None:
-                # run_bench's window assumes ~1 s of client start-up; a short
-                # --duration on a quick machine can outlast the client
+                # run_bench samples inside the window scripts/bench announces, so
+                # this means the client failed or the machine stalled for seconds
                 print("benchkit: scripts/bench ended before this CPU sample; the CPU "
-                      "columns of this row are not valid (use a longer --duration)",
+                      "columns of this row are not valid",
                       file=sys.stderr, flush=True)
             if not pids:
                 pids.extend(process_tree(self.proc.pid))
