@@ -14,6 +14,12 @@ answered. The ensemble's outputs go to the client as references too; the fronten
 releases them to this process, which hands each block back to its worker
 (`Host.finish` records who owns what).
 
+A decoupled step answers any number of times: each response is a new set of tensors
+(an iteration) that runs the steps downstream of it once more, and the client gets one
+response per iteration that sets all its outputs. Such an ensemble is decoupled (served
+over streams only); its request is complete, with the final flag, once every step
+request it started has sent its final response, which may leave zero responses.
+
 Load-time checks of the steps against their models' configs follow Triton's
 ValidateEnsembleConfig (core `ensemble_utils.cc`), with its messages; the config-only
 checks (data flow, unused tensors) are in scheduler/config.py.
@@ -84,9 +90,10 @@ def _tensor(model: str, batching: bool, io, use_reshape: bool = False) -> _Tenso
     return _Tensor(model, io.data_type, dims, _dims(dims, batching))
 
 
-def check_steps(config: ModelConfig, steps: dict[str, ModelConfig]) -> None:
+def check_steps(config: ModelConfig, steps: dict[str, ModelConfig]) -> bool:
     """Raise EnsembleError, with Triton's message, if a step does not fit its model:
-    `steps` maps each step's model name to the config of the version it will run."""
+    `steps` maps each step's model name to the config of the version it will run.
+    Returns whether the ensemble is decoupled (a decoupled step is on its data flow)."""
     name = config.name
     batching = config.max_batch_size > 0
     tensors: dict[str, _Tensor] = {}
@@ -125,10 +132,36 @@ def check_steps(config: ModelConfig, steps: dict[str, ModelConfig]) -> None:
                                     f"model {model}")
             _check_or_add(name, tensors, tensor,
                           _tensor(model, step_batching, outputs[model_output]))
-        if mc.model_transaction_policy.decoupled:
-            # Triton allows these; here a step must answer once (see the README)
-            raise EnsembleError(f"in ensemble {name}, step of model '{model}' is decoupled, "
-                                "which ensembles do not support yet")
+    return _decoupled_flow(config, steps)
+
+
+def _decoupled_flow(config: ModelConfig, steps: dict[str, ModelConfig]) -> bool:
+    """Label every ensemble tensor with the decoupled step its values descend from (0:
+    the request itself), as Triton's ValidateEnsembleConfig does. Each response of a
+    decoupled step is a new set of tensors, so a step reading tensors of two labels
+    could never pair them: refused. The ensemble is decoupled, whatever its config
+    says, exactly when some decoupled step is reached (Triton overwrites the policy)."""
+    labels = {io.name: 0 for io in config.input}
+    pending = list(config.ensemble_scheduling.step)
+    fresh = 0
+    while pending:
+        ready = [s for s in pending if all(t in labels for t in s.input_map.values())]
+        if not ready:
+            break  # the rest never runs (config.py reports the broken data flow)
+        for step in ready:
+            pending.remove(step)
+            found = {labels[t] for t in step.input_map.values()}
+            if len(found) > 1:
+                raise EnsembleError(f"in ensemble {config.name}, step of model "
+                                    f"'{step.model_name}' receives inputs originated from "
+                                    "different decoupled models")
+            label = found.pop() if found else 0
+            if steps[step.model_name].model_transaction_policy.decoupled:
+                fresh += 1
+                label = fresh
+            for tensor in step.output_map.values():
+                labels.setdefault(tensor, label)
+    return fresh > 0
 
 
 def _check_or_add(ensemble: str, tensors: dict, name: str, new: _Tensor) -> None:
@@ -159,8 +192,9 @@ class Host(Protocol):
 
     def finish(self, req: InferRequest, response: InferResponse,
                lent: dict[tuple[str, int], str]) -> None:
-        """Answer the client; `lent` maps each output block to its owner, to which the
-        client's release is handed on."""
+        """Answer the client (a decoupled ensemble answers several times, the last
+        response carries `final`); `lent` maps each output block to its owner, to
+        which the client's release is handed on."""
 
     def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
         """Give blocks back to their owner: this process is done reading them."""
@@ -175,6 +209,16 @@ class Step:
     output_map: dict[str, str]  # model output -> ensemble tensor
 
 
+# An ensemble tensor's value in one iteration: (tensor name, iteration). The request's
+# own tensors are iteration 0; each response of a decoupled step opens a new iteration
+# and a step that answers once keeps the iteration it ran in. Every step reads tensors
+# of one iteration (check_steps refuses mixing labels), so a step runs once per
+# iteration of its inputs, and the client gets one response per iteration that sets
+# all its outputs. Triton numbers each tensor's values separately instead; an explicit
+# lineage stays right when steps answer out of order.
+Key = tuple[str, int]
+
+
 class _Block:
     """An ensemble tensor in a worker's arena, and how many readers it still has."""
 
@@ -187,44 +231,55 @@ class _Block:
 class _Run:
     """One ensemble request in flight."""
 
-    __slots__ = ("req", "tensors", "blocks", "missing", "running", "timing_due",
-                 "timed_early", "error", "error_code", "compute", "end_ns", "finished",
-                 "counted", "wanted")
+    __slots__ = ("req", "tensors", "blocks", "started", "running", "iterations",
+                 "waiting", "answered", "timing_due", "timed_early", "error",
+                 "error_code", "compute", "end_ns", "finished", "counted", "wanted")
 
-    def __init__(self, req: InferRequest, steps: int):
+    def __init__(self, req: InferRequest):
         self.req = req
-        self.tensors: dict[str, TensorRef | None] = {}  # None: an absent optional input
-        self.blocks: dict[str, _Block] = {}  # tensors written by steps, in arenas
-        self.missing: list[int] = [0] * steps  # inputs each step still waits for
-        self.running: dict[int, int] = {}  # step request id -> step index
+        self.tensors: dict[Key, TensorRef | None] = {}  # None: an absent optional input
+        self.blocks: dict[Key, _Block] = {}  # tensors written by steps, in arenas
+        self.started: set[tuple[int, int]] = set()  # (step, iteration) submitted
+        self.running: dict[int, tuple[int, int]] = {}  # step request id -> (step, it.)
+        self.iterations = 0  # the last iteration opened
+        self.waiting: list[int] = []  # iterations with every output set, to answer
+        self.answered = 0  # responses the client got
         # step ids that answered but whose BatchDone is still to come, and those
-        # whose BatchDone came before their response (responses may be relayed)
+        # whose BatchDone came before their final response (responses may be relayed)
         self.timing_due: set[int] = set()
         self.timed_early: set[int] = set()
         self.error = ""
         self.error_code = 0
         self.compute = [0, 0, 0]  # the steps' compute_input / infer / output, summed
         self.end_ns = 0
-        self.finished = False  # the client has its answer
+        self.finished = False  # the client has its final answer
         self.counted = False  # in the statistics
         self.wanted: dict[str, RequestedOutput] = {}  # ensemble outputs the client asked
 
 
 class EnsembleScheduler:
-    """The Scheduler of one ensemble version (see scheduler/schedulers.py)."""
+    """The Scheduler of one ensemble version (see scheduler/schedulers.py).
+
+    `decoupled_models` names the step models that are decoupled: each of their
+    responses runs the steps downstream once more. The ensemble itself is decoupled
+    when its config says so (the model manager sets it from check_steps): it then
+    answers once per iteration that sets its outputs, as those come, and ends with
+    the final flag once every step request it started is complete."""
 
     def __init__(self, name: str, version: int, config: ModelConfig, host: Host, *,
-                 histograms: bool = True):
+                 histograms: bool = True, decoupled_models: frozenset[str] = frozenset()):
         self.name = name
         self.version = version
         self.config = config
         self.host = host
         self.stats = ModelStats(name, version, histograms)
         self.batching = config.max_batch_size > 0
+        self.decoupled = config.model_transaction_policy.decoupled
         self.steps = [Step(i, s.model_name, max(int(s.model_version), 0),
                            dict(s.input_map), dict(s.output_map))
                       for i, s in enumerate(config.ensemble_scheduling.step)]
         self.models = sorted({s.model for s in self.steps})
+        self.decoupled_steps = {s.index for s in self.steps if s.model in decoupled_models}
         self.optional = {io.name for io in config.input if io.optional}
         self.outputs = [io.name for io in config.output]
         # ensemble tensor -> the steps reading it
@@ -244,31 +299,33 @@ class EnsembleScheduler:
                 f"[request id: {req.request_id or '<id_unknown>'}] Server is stopping, "
                 "scheduler for model has stopped accepting new inference requests"))
         req.queue_ns = now
-        run = _Run(req, len(self.steps))
+        run = _Run(req)
         for ref in req.inputs:
-            run.tensors[ref.name] = ref
+            run.tensors[(ref.name, 0)] = ref
         for name in self.optional:
-            run.tensors.setdefault(name, None)
+            run.tensors.setdefault((name, 0), None)
         if req.outputs is None:
             run.wanted = {name: RequestedOutput(name) for name in self.outputs}
         else:
             run.wanted = {o.name: o for o in req.outputs}
-        for step in self.steps:
-            run.missing[step.index] = sum(1 for t in step.input_map.values()
-                                          if t not in run.tensors)
         self.active[(req.reply_to, req.id)] = run
         for step in self.steps:
-            if not run.missing[step.index]:
-                self._submit(run, step, now)
+            if self._ready(run, step, 0):
+                self._submit(run, step, 0, now)
         self._maybe_finish(run, now)
 
-    def _submit(self, run: _Run, step: Step, now: int) -> None:
+    def _ready(self, run: _Run, step: Step, it: int) -> bool:
+        return ((step.index, it) not in run.started
+                and all((t, it) in run.tensors for t in step.input_map.values()))
+
+    def _submit(self, run: _Run, step: Step, it: int, now: int) -> None:
+        run.started.add((step.index, it))
         if run.error:
             return  # a failed request starts no more steps
         req = run.req
         inputs = []
         for model_input, tensor in step.input_map.items():
-            ref = run.tensors[tensor]
+            ref = run.tensors[(tensor, it)]
             if ref is not None:  # an optional input the client left out stays out
                 inputs.append(msgspec.structs.replace(ref, name=model_input))
         outputs = []
@@ -287,40 +344,51 @@ class EnsembleScheduler:
             self.host.submit(self, step_req)
         except InferError as exc:
             self._step_failed(run, step, exc.code, exc.message)
-            self._inputs_done(run, step)
+            self._inputs_done(run, step, it)
             return
-        run.running[step_req.id] = step.index
+        run.running[step_req.id] = (step.index, it)
         self.runs[step_req.id] = run
 
     def on_response(self, msg: InferResponse, now: int) -> None:
-        """A step's response came to this process's inbox."""
+        """A step's response came to this process's inbox (a decoupled step sends any
+        number; the last carries `final`)."""
         run = self.runs.get(msg.id)
         if run is None:
             return
-        index = run.running.pop(msg.id, None)
-        if index is None:
+        where = run.running.get(msg.id)
+        if where is None:
             return
+        index, it = where
         step = self.steps[index]
-        if msg.error or msg.cache_hit or msg.id in run.timed_early:
-            # nothing more to hear about this step (a failure is not timed; a cache
-            # hit ran no batch)
-            run.timed_early.discard(msg.id)
-            self.runs.pop(msg.id, None)
-            self.host.forget(msg.id)
-        else:
-            run.timing_due.add(msg.id)
+        if msg.final:
+            del run.running[msg.id]
+            if msg.error or msg.cache_hit or msg.id in run.timed_early:
+                # nothing more to hear about this step (a failure is not timed; a
+                # cache hit ran no batch)
+                run.timed_early.discard(msg.id)
+                self.runs.pop(msg.id, None)
+                self.host.forget(msg.id)
+            else:
+                run.timing_due.add(msg.id)
         if msg.error:
-            self._step_failed(run, step, ErrorCode(msg.error_code),
-                              msg.error)
-        else:
-            self._outputs_ready(run, step, msg, now)
-        self._inputs_done(run, step)
+            # an error response of a decoupled step fails the request too, as in Triton
+            self._step_failed(run, step, ErrorCode(msg.error_code), msg.error)
+        elif not msg.empty:
+            if index in self.decoupled_steps:
+                run.iterations += 1
+                it_out = run.iterations
+            else:
+                it_out = it
+            self._outputs_ready(run, step, msg, it_out, now)
+        if msg.final:
+            self._inputs_done(run, step, it)  # its worker has read its inputs
+        self._answer_waiting(run)
         self._maybe_finish(run, now)
 
     def step_ran(self, request_id: int, msg: BatchDone) -> None:
         """The batch that ran a step finished: its compute phases count toward the
         ensemble's, as Triton sums its composing models' (before or after the step's
-        response arrived, whichever came first)."""
+        final response arrived, whichever came first)."""
         run = self.runs.get(request_id)
         if run is None:
             return
@@ -328,46 +396,48 @@ class EnsembleScheduler:
         run.compute[1] += msg.output_start_ns - msg.input_end_ns
         run.compute[2] += msg.compute_end_ns - msg.output_start_ns
         if request_id in run.running:
-            run.timed_early.add(request_id)  # the response is still to come
+            run.timed_early.add(request_id)  # the final response is still to come
             return
         run.timing_due.discard(request_id)
         self.runs.pop(request_id, None)
         self.host.forget(request_id)
         self._maybe_count(run)
 
-    def _outputs_ready(self, run: _Run, step: Step, msg: InferResponse, now: int) -> None:
+    def _outputs_ready(self, run: _Run, step: Step, msg: InferResponse, it: int,
+                       now: int) -> None:
         ready = []
         for ref in msg.outputs:
             tensor = step.output_map.get(ref.name)
-            if tensor is None or tensor in run.tensors:
-                self._release_ref(ref, msg.owner)  # not asked for: give it back
+            if tensor is None or (tensor, it) in run.tensors or run.error:
+                self._release_ref(ref, msg.owner)  # not asked for, or too late
                 continue
-            run.tensors[tensor] = ref
+            run.tensors[(tensor, it)] = ref
             readers = len(self.readers.get(tensor, ())) + (tensor in run.wanted)
             if ref.data is None and not ref.region:
                 if readers:
-                    run.blocks[tensor] = _Block(ref, msg.owner, readers)
+                    run.blocks[(tensor, it)] = _Block(ref, msg.owner, readers)
                 else:
                     self.host.release(msg.owner, [(ref.segment, ref.offset)])
             ready.append(tensor)
         for tensor in ready:
             for index in self.readers.get(tensor, ()):
-                run.missing[index] -= 1
-                if run.missing[index] == 0:
-                    self._submit(run, self.steps[index], now)
+                if self._ready(run, self.steps[index], it):
+                    self._submit(run, self.steps[index], it, now)
+        if (any(t in run.wanted for t in ready)
+                and all((t, it) in run.tensors for t in run.wanted)):
+            run.waiting.append(it)  # this iteration set every output the client asked
 
-    def _inputs_done(self, run: _Run, step: Step) -> None:
-        """A step answered: its worker has read its inputs."""
+    def _inputs_done(self, run: _Run, step: Step, it: int) -> None:
         for tensor in step.input_map.values():
-            self._unref(run, tensor)
+            self._unref(run, (tensor, it))
 
-    def _unref(self, run: _Run, tensor: str) -> None:
-        block = run.blocks.get(tensor)
+    def _unref(self, run: _Run, key: Key) -> None:
+        block = run.blocks.get(key)
         if block is None:
             return
         block.readers -= 1
         if block.readers <= 0:
-            del run.blocks[tensor]
+            del run.blocks[key]
             self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
 
     def _release_ref(self, ref: TensorRef, owner: str) -> None:
@@ -382,25 +452,54 @@ class EnsembleScheduler:
                          f"'{step.model}'): {message}")
             run.error_code = int(code)
 
+    # -- answers --------------------------------------------------------------------------
+
+    def _answer_waiting(self, run: _Run) -> None:
+        """A decoupled ensemble answers each complete iteration while steps still run,
+        in the order the iterations completed. An output block still read by a step
+        of its iteration waits for that step: the client's release hands a block
+        straight back to its owner, so the client must be its last reader. What is
+        complete once nothing runs goes out from _maybe_finish, the last one final."""
+        if not self.decoupled or run.error or run.finished:
+            return
+        while run.waiting and run.running and self._client_only(run, run.waiting[0]):
+            self._send(run, run.waiting.pop(0), final=False)
+
+    def _client_only(self, run: _Run, it: int) -> bool:
+        return all(block.readers <= 1 for block in
+                   (run.blocks.get((name, it)) for name in run.wanted) if block is not None)
+
+    def _send(self, run: _Run, it: int, final: bool) -> None:
+        req = run.req
+        outputs, lent = [], {}
+        for name in self.outputs:
+            if name not in run.wanted:
+                continue
+            ref = run.tensors[(name, it)]
+            outputs.append(msgspec.structs.replace(ref, name=name))
+            block = run.blocks.pop((name, it), None)
+            if block is not None:
+                lent[(ref.segment, ref.offset)] = block.owner
+        run.answered += 1
+        self.host.finish(req, InferResponse(req.id, outputs=outputs, final=final,
+                                            model_version=self.version), lent)
+
     def _maybe_finish(self, run: _Run, now: int) -> None:
-        """Answer the client once no step runs and none can start any more."""
+        """Answer the client for the last time once no step runs and none can start."""
         if run.finished or run.running:
             return
         run.finished = True
         req = run.req
         self.active.pop((req.reply_to, req.id), None)
-        if not run.error:
-            missing = [name for name in run.wanted if name not in run.tensors]
-            if missing:
-                run.error = (f"in ensemble '{self.name}', [request id: "
-                             f"{req.request_id or '<id_unknown>'}] unexpected deadlock, at "
-                             "least one output is not set while no more ensemble steps "
-                             "can be made")
-                run.error_code = int(ErrorCode.INVALID_ARG)
+        if not run.error and not self.decoupled and not run.waiting and run.wanted:
+            # a decoupled ensemble may answer nothing, as a decoupled model may
+            run.error = (f"in ensemble '{self.name}', [request id: "
+                         f"{req.request_id or '<id_unknown>'}] unexpected deadlock, at "
+                         "least one output is not set while no more ensemble steps "
+                         "can be made")
+            run.error_code = int(ErrorCode.INVALID_ARG)
         if run.error:
-            for tensor in list(run.blocks):
-                block = run.blocks.pop(tensor)
-                self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+            self._release_all(run)
             self.stats.failed(req, CANCELED if run.error_code == ErrorCode.CANCELLED
                               else OTHER, now)
             self.host.finish(req, InferResponse(req.id, error=run.error,
@@ -409,23 +508,24 @@ class EnsembleScheduler:
                 self.runs.pop(step_id)
                 self.host.forget(step_id)
             return
-        outputs, lent = [], {}
-        for name in self.outputs:
-            if name not in run.wanted:
-                continue
-            ref = run.tensors[name]
-            outputs.append(msgspec.structs.replace(ref, name=name))
-            block = run.blocks.pop(name, None)
-            if block is not None:
-                lent[(ref.segment, ref.offset)] = block.owner
-        # every step has answered: nothing else still reads a block
-        for tensor in list(run.blocks):
-            block = run.blocks.pop(tensor)
-            self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+        # every step has answered: the client is the last reader of what it gets
+        if not self.decoupled and not run.waiting:
+            run.waiting.append(0)  # the client asked for no outputs: an empty answer
+        if run.waiting:
+            while run.waiting:
+                it = run.waiting.pop(0)
+                self._send(run, it, final=not run.waiting)
+        else:  # a decoupled ensemble with nothing more to say: the final flag alone
+            self.host.finish(req, InferResponse(req.id, empty=True,
+                                                model_version=self.version), {})
+        self._release_all(run)
         run.end_ns = now
-        self.host.finish(req, InferResponse(req.id, outputs=outputs,
-                                            model_version=self.version), lent)
         self._maybe_count(run)
+
+    def _release_all(self, run: _Run) -> None:
+        for key in list(run.blocks):
+            block = run.blocks.pop(key)
+            self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
 
     def _maybe_count(self, run: _Run) -> None:
         """Count a successful request once every step's timing is in."""
