@@ -132,10 +132,11 @@ def check_steps(config: ModelConfig, steps: dict[str, ModelConfig]) -> bool:
                                     f"model {model}")
             _check_or_add(name, tensors, tensor,
                           _tensor(model, step_batching, outputs[model_output]))
-    return _decoupled_flow(config, steps)
+    return _decoupled_flow(config, steps, tensors)
 
 
-def _decoupled_flow(config: ModelConfig, steps: dict[str, ModelConfig]) -> bool:
+def _decoupled_flow(config: ModelConfig, steps: dict[str, ModelConfig],
+                    tensors: dict[str, _Tensor]) -> bool:
     """Label every ensemble tensor with the decoupled step its values descend from (0:
     the request itself), as Triton's ValidateEnsembleConfig does. Each response of a
     decoupled step is a new set of tensors, so a step reading tensors of two labels
@@ -152,9 +153,12 @@ def _decoupled_flow(config: ModelConfig, steps: dict[str, ModelConfig]) -> bool:
             pending.remove(step)
             found = {labels[t] for t in step.input_map.values()}
             if len(found) > 1:
+                # Triton names the model its output tensor was first inferred from
+                # (the ensemble itself for an ensemble output), as the real one does
+                named = [tensors[t].model for t in step.output_map.values() if t in tensors]
                 raise EnsembleError(f"in ensemble {config.name}, step of model "
-                                    f"'{step.model_name}' receives inputs originated from "
-                                    "different decoupled models")
+                                    f"'{named[0] if named else step.model_name}' receives "
+                                    "inputs originated from different decoupled models")
             label = found.pop() if found else 0
             if steps[step.model_name].model_transaction_policy.decoupled:
                 fresh += 1

@@ -367,7 +367,8 @@ def final_flag(sched, req):
 def test_the_decoupled_policy_is_inferred_from_the_steps():
     """Rule (Triton's ValidateEnsembleConfig): an ensemble is decoupled exactly when a
     decoupled step is on its data flow, whatever its own config says; a step reading
-    tensors that descend from two different decoupled responses' lines is refused."""
+    tensors that descend from two different decoupled lines is refused, in Triton's
+    words."""
     d = model("d", outputs=("OUTPUT0", "OUTPUT1"), mbs=0, extra=DECOUPLED)
     assert check_steps(STREAMING, {"d": d, "b": model("b", mbs=0)}) is True
     plain = model("d", outputs=("OUTPUT0", "OUTPUT1"), mbs=0)
@@ -380,7 +381,8 @@ def test_the_decoupled_policy_is_inferred_from_the_steps():
     with pytest.raises(EnsembleError) as e:
         check_steps(mixed, {"d": model("d", mbs=0, extra=DECOUPLED),
                             "b": model("b", inputs=("INPUT0", "INPUT1"), mbs=0)})
-    assert str(e.value) == ("in ensemble ens, step of model 'b' receives inputs "
+    # Triton names the model OUT was first inferred from: the ensemble (checked on 2.51)
+    assert str(e.value) == ("in ensemble ens, step of model 'ens' receives inputs "
                             "originated from different decoupled models")
 
 
