@@ -221,6 +221,29 @@ class Step:
 # all its outputs. Triton numbers each tensor's values separately instead; an explicit
 # lineage stays right when steps answer out of order.
 Key = tuple[str, int]
+Seq = tuple  # (sequence_id, sequence_start, sequence_end)
+
+
+def _sequence(params: dict, seq: Seq) -> Seq:
+    """The sequence fields a step's outputs carry to the steps reading them: those the
+    step ran with, unless its response set any of the parameters sequence_id,
+    sequence_start, sequence_end (Triton's ensemble scheduler reads them so that a
+    decoupled step can drive a stateful one; a flag not set is then false)."""
+    if not params or not any(k in params for k in ("sequence_id", "sequence_start",
+                                                    "sequence_end")):
+        return seq
+    sid = params.get("sequence_id", seq[0])
+    if isinstance(sid, bool) or not isinstance(sid, (int, str)):
+        raise InferError(ErrorCode.INVALID_ARG, "expected parameter 'sequence_id' to be "
+                         "TRITONSERVER_PARAMETER_INT or TRITONSERVER_PARAMETER_STRING")
+    flags = []
+    for name in ("sequence_start", "sequence_end"):
+        value = params.get(name, False)
+        if not isinstance(value, bool):
+            raise InferError(ErrorCode.INVALID_ARG, f"expect parameter '{name}' to be "
+                             "TRITONSERVER_PARAMETER_BOOL")
+        flags.append(value)
+    return (sid, *flags)
 
 
 class _Block:
@@ -235,16 +258,20 @@ class _Block:
 class _Run:
     """One ensemble request in flight."""
 
-    __slots__ = ("req", "tensors", "blocks", "started", "running", "iterations",
+    __slots__ = ("req", "tensors", "seq", "blocks", "started", "running", "iterations",
                  "waiting", "answered", "timing_due", "timed_early", "error",
                  "error_code", "compute", "end_ns", "finished", "counted", "wanted")
 
     def __init__(self, req: InferRequest):
         self.req = req
         self.tensors: dict[Key, TensorRef | None] = {}  # None: an absent optional input
+        # the sequence fields (id, start, end) that came with each step output: a
+        # step reading one runs with them instead of the request's (see _sequence)
+        self.seq: dict[Key, Seq] = {}
         self.blocks: dict[Key, _Block] = {}  # tensors written by steps, in arenas
         self.started: set[tuple[int, int]] = set()  # (step, iteration) submitted
-        self.running: dict[int, tuple[int, int]] = {}  # step request id -> (step, it.)
+        # step request id -> (step, iteration, the sequence fields it ran with)
+        self.running: dict[int, tuple[int, int, Seq]] = {}
         self.iterations = 0  # the last iteration opened
         self.waiting: list[int] = []  # iterations with every output set, to answer
         self.answered = 0  # responses the client got
@@ -327,11 +354,14 @@ class EnsembleScheduler:
         if run.error:
             return  # a failed request starts no more steps
         req = run.req
+        seq = None  # the first step output read decides, as in Triton
         inputs = []
         for model_input, tensor in step.input_map.items():
+            seq = seq or run.seq.get((tensor, it))
             ref = run.tensors[(tensor, it)]
             if ref is not None:  # an optional input the client left out stays out
                 inputs.append(msgspec.structs.replace(ref, name=model_input))
+        seq = seq or (req.sequence_id, req.sequence_start, req.sequence_end)
         outputs = []
         for model_output, tensor in step.output_map.items():
             wanted = run.wanted.get(tensor)
@@ -341,8 +371,8 @@ class EnsembleScheduler:
         step_req = InferRequest(
             0, "", step.model, step.version, inputs, outputs, request_id=req.request_id,
             batch_size=req.batch_size, priority=req.priority, timeout_us=req.timeout_us,
-            sequence_id=req.sequence_id, sequence_start=req.sequence_start,
-            sequence_end=req.sequence_end, parameters=req.parameters, start_ns=now,
+            sequence_id=seq[0], sequence_start=seq[1], sequence_end=seq[2],
+            parameters=req.parameters, start_ns=now,
             callers=req.callers)  # BLS: a step may not call back into a waiting model
         try:
             self.host.submit(self, step_req)
@@ -350,7 +380,7 @@ class EnsembleScheduler:
             self._step_failed(run, step, exc.code, exc.message)
             self._inputs_done(run, step, it)
             return
-        run.running[step_req.id] = (step.index, it)
+        run.running[step_req.id] = (step.index, it, seq)
         self.runs[step_req.id] = run
 
     def on_response(self, msg: InferResponse, now: int) -> None:
@@ -362,7 +392,7 @@ class EnsembleScheduler:
         where = run.running.get(msg.id)
         if where is None:
             return
-        index, it = where
+        index, it, seq = where
         step = self.steps[index]
         if msg.final:
             del run.running[msg.id]
@@ -374,16 +404,23 @@ class EnsembleScheduler:
                 self.host.forget(msg.id)
             else:
                 run.timing_due.add(msg.id)
-        if msg.error:
+        error = (msg.error, ErrorCode(msg.error_code)) if msg.error else None
+        if error is None and not msg.empty:
+            try:
+                seq = _sequence(msg.parameters, seq)
+            except InferError as exc:
+                error = (exc.message, exc.code)
+        if error is not None:
             # an error response of a decoupled step fails the request too, as in Triton
-            self._step_failed(run, step, ErrorCode(msg.error_code), msg.error)
+            self._step_failed(run, step, error[1], error[0])
+            self._release_outputs(msg)
         elif not msg.empty:
             if index in self.decoupled_steps:
                 run.iterations += 1
                 it_out = run.iterations
             else:
                 it_out = it
-            self._outputs_ready(run, step, msg, it_out, now)
+            self._outputs_ready(run, step, msg, it_out, seq, now)
         if msg.final:
             self._inputs_done(run, step, it)  # its worker has read its inputs
         self._answer_waiting(run)
@@ -408,7 +445,7 @@ class EnsembleScheduler:
         self._maybe_count(run)
 
     def _outputs_ready(self, run: _Run, step: Step, msg: InferResponse, it: int,
-                       now: int) -> None:
+                       seq: Seq, now: int) -> None:
         ready = []
         for ref in msg.outputs:
             tensor = step.output_map.get(ref.name)
@@ -416,6 +453,7 @@ class EnsembleScheduler:
                 self._release_ref(ref, msg.owner)  # not asked for, or too late
                 continue
             run.tensors[(tensor, it)] = ref
+            run.seq[(tensor, it)] = seq
             readers = len(self.readers.get(tensor, ())) + (tensor in run.wanted)
             if ref.data is None and not ref.region:
                 if readers:
@@ -443,6 +481,10 @@ class EnsembleScheduler:
         if block.readers <= 0:
             del run.blocks[key]
             self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+
+    def _release_outputs(self, msg: InferResponse) -> None:
+        for ref in msg.outputs:
+            self._release_ref(ref, msg.owner)
 
     def _release_ref(self, ref: TensorRef, owner: str) -> None:
         if ref.data is None and not ref.region and owner:

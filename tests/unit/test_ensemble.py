@@ -516,3 +516,34 @@ def test_a_client_output_still_read_by_a_step_waits_for_that_step():
     assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 0)) not in host.released
     final_flag(sched, d)
     assert host.finished[-1][1].final and host.finished[-1][1].empty
+
+
+def test_a_response_can_set_the_sequence_fields_of_the_steps_after_it():
+    """Rule (Triton's ensemble scheduler): a step response's parameters sequence_id,
+    sequence_start and sequence_end become the sequence fields of the steps reading
+    its outputs (a flag not given is false), so a decoupled step can drive a stateful
+    one; a response without them passes on the request's; a wrong type fails the
+    request with Triton's message."""
+    host = FakeHost()
+    sched = streaming(host)
+    sched.enqueue(client_request(sequence_id=7, sequence_start=True), 5)
+    (d,) = host.submitted
+    assert (d.sequence_id, d.sequence_start, d.sequence_end) == (7, True, False)
+    params = [{"sequence_id": "s-1", "sequence_start": True}, {}, {"sequence_end": True}]
+    for k, p in enumerate(params):
+        outs = [TensorRef(o.name, "FP32", [16], segment="seg", offset=10 * k
+                          + int(o.name[-1]), nbytes=64) for o in d.outputs]
+        sched.on_response(InferResponse(d.id, outputs=outs, owner="w", final=False,
+                                        parameters=p), 10)
+    b0, b1, b2 = host.running("b")
+    assert (b0.sequence_id, b0.sequence_start, b0.sequence_end) == ("s-1", True, False)
+    assert (b1.sequence_id, b1.sequence_start, b1.sequence_end) == (7, True, False)
+    assert (b2.sequence_id, b2.sequence_start, b2.sequence_end) == (7, False, True)
+    sched.on_response(InferResponse(d.id, outputs=[], final=True,
+                                    parameters={"sequence_start": 1}), 10)
+    for b in (b0, b1, b2):
+        answer(sched, b, owner="ipc:///run/worker-b")
+    (_, last, _) = host.finished[-1]
+    assert last.final and last.error == ("in ensemble 'ens', step 0 (model 'd'): expect "
+                                         "parameter 'sequence_start' to be "
+                                         "TRITONSERVER_PARAMETER_BOOL")
