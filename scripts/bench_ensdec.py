@@ -133,7 +133,8 @@ def summary(rows: list[dict], servers: list[str]) -> dict:
     mean = {}
     for s in servers:
         for m in MODELS:
-            vals = [r["responses_per_s"] for r in rows if r["server"] == s and r["model"] == m]
+            vals = [r["responses_per_s"] for r in rows
+                    if r["server"] == s and r["model"] == m]
             if vals:
                 mean[(s, m)] = sum(vals) / len(vals)
     out = {"responses_per_s": {f"{s}/{m}": round(v, 1) for (s, m), v in mean.items()}}
