@@ -70,6 +70,7 @@ def build_repository(root: Path) -> Path:
     """tests/models_ensemble plus the ONNX (and TorchScript) steps the tests build."""
     shutil.copytree(MODELS_ENSEMBLE, root, dirs_exist_ok=True)
     shutil.copytree(DECOUPLED / "repeat", root / "repeat")  # ens_repeat's first step
+    shutil.copytree(ROOT / "tests" / "models_bls" / "cancel_stream", root / "cancel_stream")
     onnx_models.identity(root / "onnx_identity", dims=("n",), config=ONNX_IDENTITY)
     if torch_models is not None:
         torch_models.identity(root / "torch_identity")
@@ -479,3 +480,38 @@ def test_an_ensemble_with_a_decoupled_step_is_decoupled(dec_server):
     assert "doesn't support models with decoupled transaction policy" in \
         exc.value.message()
     assert h.is_model_ready("ens_repeat") and g.is_server_live()
+
+
+def _mode(mode: str):
+    inp = grpcclient.InferInput("MODE", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([mode.encode()], dtype=object))
+    return inp
+
+
+def _stream_report(server) -> str:
+    """How cancel_stream's last stream ended, asked of the model itself."""
+    s = Stream(server)
+    try:
+        s.client.async_stream_infer("cancel_stream", [_mode("report")])
+        result, error = s.responses.get(timeout=T)
+        assert error is None, error
+        return result.as_numpy("LAST")[0].decode()
+    finally:
+        s.close()
+
+
+def test_a_cancelled_stream_reaches_the_running_decoupled_step(dec_server):
+    """Rule: cancelling an ensemble request (the client closes its stream with
+    cancel_requests) cancels the step requests it started: the decoupled step that
+    streams until cancelled sees response_sender.is_cancelled() and ends, and the
+    server keeps serving (the fixture checks that every block came back)."""
+    s = Stream(dec_server)
+    s.client.async_stream_infer("ens_cancel_stream", [_mode("stream")])
+    result, error = s.responses.get(timeout=T)
+    assert error is None, error
+    assert result.as_numpy("OUT").tolist() == [0]  # streaming through the echo step
+    s.client.stop_stream(cancel_requests=True)
+    s.client.close()
+    wait_until(lambda: _stream_report(dec_server) != "running", T,
+               what="the decoupled step to end its stream")
+    assert _stream_report(dec_server) == "cancelled"

@@ -547,3 +547,28 @@ def test_a_response_can_set_the_sequence_fields_of_the_steps_after_it():
     assert last.final and last.error == ("in ensemble 'ens', step 0 (model 'd'): expect "
                                          "parameter 'sequence_start' to be "
                                          "TRITONSERVER_PARAMETER_BOOL")
+
+
+def test_cancel_reaches_the_decoupled_step_and_ends_when_it_is_complete():
+    """Rule: cancelling the ensemble request cancels every step request in flight (the
+    decoupled step too); its later responses start nothing and their blocks go back;
+    the request ends CANCELLED once its step requests are complete."""
+    host = FakeHost()
+    sched = streaming(host)
+    sched.enqueue(client_request(), 5)
+    (d,) = host.submitted
+    stream_answer(sched, d, 0)
+    (b0,) = host.running("b")
+    assert sched.cancel("ipc:///run/frontend0", 7, 20)
+    assert sorted(host.cancelled) == sorted([d.id, b0.id])
+    stream_answer(sched, d, 1)  # the model had not seen the cancel yet
+    assert len(host.running("b")) == 1
+    assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 10)) in host.released
+    final_flag(sched, d)
+    assert host.finished == []  # b0 still runs
+    sched.on_response(InferResponse(b0.id, error="request was cancelled",
+                                    error_code=int(ErrorCode.CANCELLED)), 30)
+    (_, resp, _), = host.finished
+    assert resp.final and resp.error_code == int(ErrorCode.CANCELLED)
+    assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 0)) in host.released
+    assert not sched.active and not host.routes and sched.stats.fail_count == 1
