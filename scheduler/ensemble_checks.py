@@ -100,7 +100,14 @@ def check_steps(config: ModelConfig, steps: dict[str, ModelConfig]) -> bool:
                                     f"model {model}")
             _check_or_add(name, tensors, tensor,
                           _tensor(model, step_batching, outputs[model_output]))
-    return _decoupled_flow(config, steps, tensors)
+    decoupled = _decoupled_flow(config, steps, tensors)
+    if decoupled and config.response_cache.enable:
+        # Triton checks this before it infers the policy, then caches each response
+        # of the stream as if it were the answer; refused here, in its words
+        raise EnsembleError(f"Response Cache does not currently support model {name} with "
+                            "'decoupled' transaction policy. Please disable the response "
+                            "cache.")
+    return decoupled
 
 
 def _decoupled_flow(config: ModelConfig, steps: dict[str, ModelConfig],

@@ -368,11 +368,17 @@ def test_the_decoupled_policy_is_inferred_from_the_steps():
     """Rule (Triton's ValidateEnsembleConfig): an ensemble is decoupled exactly when a
     decoupled step is on its data flow, whatever its own config says; a step reading
     tensors that descend from two different decoupled lines is refused, in Triton's
-    words."""
+    words; so is the response cache on a decoupled ensemble (shmserve's choice)."""
     d = model("d", outputs=("OUTPUT0", "OUTPUT1"), mbs=0, extra=DECOUPLED)
     assert check_steps(STREAMING, {"d": d, "b": model("b", mbs=0)}) is True
     plain = model("d", outputs=("OUTPUT0", "OUTPUT1"), mbs=0)
     assert check_steps(STREAMING, {"d": plain, "b": model("b", mbs=0)}) is False
+    cached = ModelConfig()
+    cached.CopyFrom(STREAMING)
+    cached.response_cache.enable = True
+    with pytest.raises(EnsembleError, match="Response Cache does not currently support "
+                       "model ens with 'decoupled' transaction policy"):
+        check_steps(cached, {"d": d, "b": model("b", mbs=0)})
     # b reads T (from d's responses) and IN (the request's own): never paired
     mixed = ensemble([
         step("d", {"INPUT0": "IN"}, {"OUTPUT0": "T"}),
