@@ -14,9 +14,14 @@ answered. The ensemble's outputs go to the client as references too; the fronten
 releases them to this process, which hands each block back to its worker
 (`Host.finish` records who owns what).
 
-Load-time checks of the steps against their models' configs follow Triton's
-ValidateEnsembleConfig (core `ensemble_utils.cc`), with its messages; the config-only
-checks (data flow, unused tensors) are in scheduler/config.py.
+A decoupled step answers any number of times: each response is a new set of tensors
+(an iteration) that runs the steps downstream of it once more, and the client gets one
+response per iteration that sets all its outputs. Such an ensemble is decoupled (served
+over streams only); its request is complete, with the final flag, once every step
+request it started has sent its final response, which may leave zero responses.
+
+Load-time checks of the steps against their models' configs are in
+scheduler/ensemble_checks.py (re-exported here).
 """
 
 from __future__ import annotations
@@ -25,121 +30,15 @@ import dataclasses
 from typing import Protocol
 
 import msgspec
-from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
+from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+from scheduler.ensemble_checks import EnsembleError, check_steps  # noqa: F401
 from scheduler.stats import CANCELED, OTHER, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest, RequestedOutput
 from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
-
-
-class EnsembleError(Exception):
-    """The ensemble cannot be loaded with the step models it names (Triton's reason)."""
-
-
-# -- load-time checks --------------------------------------------------------------------
-
-
-def _dims(dims, batching: bool) -> tuple:
-    return ((-1,) if batching else ()) + tuple(dims)
-
-
-def _same_dims(a, b) -> bool:
-    # -1 matches anything; a variable shape is checked when requests run
-    return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
-
-
-@dataclasses.dataclass
-class _Tensor:
-    model: str
-    datatype: int
-    dims: tuple
-    full_dims: tuple
-
-
-def _consistent(ensemble: str, name: str, known: _Tensor, new: _Tensor) -> None:
-    where = f"in ensemble {ensemble}, ensemble tensor {name}: "
-    if known.datatype != new.datatype:
-        raise EnsembleError(
-            where + f"inconsistent data type: {DataType.Name(known.datatype)} is inferred "
-            f"from model {known.model} while {DataType.Name(new.datatype)} is inferred "
-            f"from model {new.model}")
-    # a tensor shared by a batching and a non-batching model may match on full dims
-    if not _same_dims(known.dims, new.dims) and not _same_dims(known.full_dims,
-                                                                   new.full_dims):
-        raise EnsembleError(
-            where + f"inconsistent shape: {_dims_text(known.full_dims)} is inferred from "
-            f"model {known.model} while {_dims_text(new.full_dims)} is inferred from "
-            f"model {new.model}")
-
-
-def _dims_text(dims) -> str:
-    return "[" + ",".join(str(d) for d in dims) + "]"
-
-
-def _tensor(model: str, batching: bool, io, use_reshape: bool = False) -> _Tensor:
-    dims = tuple(io.reshape.shape) if use_reshape and io.HasField("reshape") else tuple(io.dims)
-    return _Tensor(model, io.data_type, dims, _dims(dims, batching))
-
-
-def check_steps(config: ModelConfig, steps: dict[str, ModelConfig]) -> None:
-    """Raise EnsembleError, with Triton's message, if a step does not fit its model:
-    `steps` maps each step's model name to the config of the version it will run."""
-    name = config.name
-    batching = config.max_batch_size > 0
-    tensors: dict[str, _Tensor] = {}
-    for io in config.input:
-        tensors[io.name] = _tensor(name, batching, io, True)
-    for io in config.output:
-        tensors.setdefault(io.name, _tensor(name, batching, io, True))
-    for step in config.ensemble_scheduling.step:
-        model = step.model_name
-        mc = steps[model]
-        if mc.max_batch_size != 0 and mc.max_batch_size < config.max_batch_size:
-            raise EnsembleError(
-                f"ensemble {name} allows maximum batch size {config.max_batch_size}, but "
-                f"it contains model {model} which only allows maximum batch size to be "
-                f"{mc.max_batch_size}")
-        step_batching = mc.max_batch_size > 0
-        inputs = {io.name: io for io in mc.input}
-        for model_input, tensor in step.input_map.items():
-            if model_input not in inputs:
-                raise EnsembleError(f"in ensemble {name}, ensemble tensor {tensor} is "
-                                    f"mapping to non-existing input {model_input} in "
-                                    f"model {model}")
-        for io in mc.input:
-            tensor = step.input_map.get(io.name)
-            if tensor is None:
-                if io.optional:
-                    continue
-                raise EnsembleError(f"in ensemble {name}, input {io.name} in model {model} "
-                                    "is not mapped to any ensemble tensors")
-            _check_or_add(name, tensors, tensor, _tensor(model, step_batching, io))
-        outputs = {io.name: io for io in mc.output}
-        for model_output, tensor in step.output_map.items():
-            if model_output not in outputs:
-                raise EnsembleError(f"in ensemble {name}, ensemble tensor {tensor} is "
-                                    f"mapped from non-existing output {model_output} in "
-                                    f"model {model}")
-            _check_or_add(name, tensors, tensor,
-                          _tensor(model, step_batching, outputs[model_output]))
-        if mc.model_transaction_policy.decoupled:
-            # Triton allows these; here a step must answer once (see the README)
-            raise EnsembleError(f"in ensemble {name}, step of model '{model}' is decoupled, "
-                                "which ensembles do not support yet")
-
-
-def _check_or_add(ensemble: str, tensors: dict, name: str, new: _Tensor) -> None:
-    known = tensors.get(name)
-    if known is None:
-        tensors[name] = new
-    else:
-        _consistent(ensemble, name, known, new)
-
-
-# -- the scheduler -------------------------------------------------------------------------
 
 
 class Host(Protocol):
@@ -159,8 +58,9 @@ class Host(Protocol):
 
     def finish(self, req: InferRequest, response: InferResponse,
                lent: dict[tuple[str, int], str]) -> None:
-        """Answer the client; `lent` maps each output block to its owner, to which the
-        client's release is handed on."""
+        """Answer the client (a decoupled ensemble answers several times, the last
+        response carries `final`); `lent` maps each output block to its owner, to
+        which the client's release is handed on."""
 
     def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
         """Give blocks back to their owner: this process is done reading them."""
@@ -175,6 +75,39 @@ class Step:
     output_map: dict[str, str]  # model output -> ensemble tensor
 
 
+# An ensemble tensor's value in one iteration: (tensor name, iteration). The request's
+# own tensors are iteration 0; each response of a decoupled step opens a new iteration
+# and a step that answers once keeps the iteration it ran in. Every step reads tensors
+# of one iteration (check_steps refuses mixing labels), so a step runs once per
+# iteration of its inputs, and the client gets one response per iteration that sets
+# all its outputs. Triton numbers each tensor's values separately instead; an explicit
+# lineage stays right when steps answer out of order.
+Key = tuple[str, int]
+Seq = tuple  # (sequence_id, sequence_start, sequence_end)
+
+
+def _sequence(params: dict, seq: Seq) -> Seq:
+    """The sequence fields a step's outputs carry to the steps reading them: those the
+    step ran with, unless its response set any of the parameters sequence_id,
+    sequence_start, sequence_end (Triton's ensemble scheduler reads them so that a
+    decoupled step can drive a stateful one; a flag not set is then false)."""
+    if not params or not any(k in params for k in ("sequence_id", "sequence_start",
+                                                    "sequence_end")):
+        return seq
+    sid = params.get("sequence_id", seq[0])
+    if isinstance(sid, bool) or not isinstance(sid, (int, str)):
+        raise InferError(ErrorCode.INVALID_ARG, "expected parameter 'sequence_id' to be "
+                         "TRITONSERVER_PARAMETER_INT or TRITONSERVER_PARAMETER_STRING")
+    flags = []
+    for name in ("sequence_start", "sequence_end"):
+        value = params.get(name, False)
+        if not isinstance(value, bool):
+            raise InferError(ErrorCode.INVALID_ARG, f"expect parameter '{name}' to be "
+                             "TRITONSERVER_PARAMETER_BOOL")
+        flags.append(value)
+    return (sid, *flags)
+
+
 class _Block:
     """An ensemble tensor in a worker's arena, and how many readers it still has."""
 
@@ -187,44 +120,59 @@ class _Block:
 class _Run:
     """One ensemble request in flight."""
 
-    __slots__ = ("req", "tensors", "blocks", "missing", "running", "timing_due",
-                 "timed_early", "error", "error_code", "compute", "end_ns", "finished",
-                 "counted", "wanted")
+    __slots__ = ("req", "tensors", "seq", "blocks", "started", "running", "iterations",
+                 "waiting", "answered", "timing_due", "timed_early", "error",
+                 "error_code", "compute", "end_ns", "finished", "counted", "wanted")
 
-    def __init__(self, req: InferRequest, steps: int):
+    def __init__(self, req: InferRequest):
         self.req = req
-        self.tensors: dict[str, TensorRef | None] = {}  # None: an absent optional input
-        self.blocks: dict[str, _Block] = {}  # tensors written by steps, in arenas
-        self.missing: list[int] = [0] * steps  # inputs each step still waits for
-        self.running: dict[int, int] = {}  # step request id -> step index
+        self.tensors: dict[Key, TensorRef | None] = {}  # None: an absent optional input
+        # the sequence fields (id, start, end) that came with each step output: a
+        # step reading one runs with them instead of the request's (see _sequence)
+        self.seq: dict[Key, Seq] = {}
+        self.blocks: dict[Key, _Block] = {}  # tensors written by steps, in arenas
+        self.started: set[tuple[int, int]] = set()  # (step, iteration) submitted
+        # step request id -> (step, iteration, the sequence fields it ran with)
+        self.running: dict[int, tuple[int, int, Seq]] = {}
+        self.iterations = 0  # the last iteration opened
+        self.waiting: list[int] = []  # iterations with every output set, to answer
+        self.answered = 0  # responses the client got
         # step ids that answered but whose BatchDone is still to come, and those
-        # whose BatchDone came before their response (responses may be relayed)
+        # whose BatchDone came before their final response (responses may be relayed)
         self.timing_due: set[int] = set()
         self.timed_early: set[int] = set()
         self.error = ""
         self.error_code = 0
         self.compute = [0, 0, 0]  # the steps' compute_input / infer / output, summed
         self.end_ns = 0
-        self.finished = False  # the client has its answer
+        self.finished = False  # the client has its final answer
         self.counted = False  # in the statistics
         self.wanted: dict[str, RequestedOutput] = {}  # ensemble outputs the client asked
 
 
 class EnsembleScheduler:
-    """The Scheduler of one ensemble version (see scheduler/schedulers.py)."""
+    """The Scheduler of one ensemble version (see scheduler/schedulers.py).
+
+    `decoupled_models` names the step models that are decoupled: each of their
+    responses runs the steps downstream once more. The ensemble itself is decoupled
+    when its config says so (the model manager sets it from check_steps): it then
+    answers once per iteration that sets its outputs, as those come, and ends with
+    the final flag once every step request it started is complete."""
 
     def __init__(self, name: str, version: int, config: ModelConfig, host: Host, *,
-                 histograms: bool = True):
+                 histograms: bool = True, decoupled_models: frozenset[str] = frozenset()):
         self.name = name
         self.version = version
         self.config = config
         self.host = host
         self.stats = ModelStats(name, version, histograms)
         self.batching = config.max_batch_size > 0
+        self.decoupled = config.model_transaction_policy.decoupled
         self.steps = [Step(i, s.model_name, max(int(s.model_version), 0),
                            dict(s.input_map), dict(s.output_map))
                       for i, s in enumerate(config.ensemble_scheduling.step)]
         self.models = sorted({s.model for s in self.steps})
+        self.decoupled_steps = {s.index for s in self.steps if s.model in decoupled_models}
         self.optional = {io.name for io in config.input if io.optional}
         self.outputs = [io.name for io in config.output]
         # ensemble tensor -> the steps reading it
@@ -244,33 +192,38 @@ class EnsembleScheduler:
                 f"[request id: {req.request_id or '<id_unknown>'}] Server is stopping, "
                 "scheduler for model has stopped accepting new inference requests"))
         req.queue_ns = now
-        run = _Run(req, len(self.steps))
+        run = _Run(req)
         for ref in req.inputs:
-            run.tensors[ref.name] = ref
+            run.tensors[(ref.name, 0)] = ref
         for name in self.optional:
-            run.tensors.setdefault(name, None)
+            run.tensors.setdefault((name, 0), None)
         if req.outputs is None:
             run.wanted = {name: RequestedOutput(name) for name in self.outputs}
         else:
             run.wanted = {o.name: o for o in req.outputs}
-        for step in self.steps:
-            run.missing[step.index] = sum(1 for t in step.input_map.values()
-                                          if t not in run.tensors)
         self.active[(req.reply_to, req.id)] = run
         for step in self.steps:
-            if not run.missing[step.index]:
-                self._submit(run, step, now)
+            if self._ready(run, step, 0):
+                self._submit(run, step, 0, now)
         self._maybe_finish(run, now)
 
-    def _submit(self, run: _Run, step: Step, now: int) -> None:
+    def _ready(self, run: _Run, step: Step, it: int) -> bool:
+        return ((step.index, it) not in run.started
+                and all((t, it) in run.tensors for t in step.input_map.values()))
+
+    def _submit(self, run: _Run, step: Step, it: int, now: int) -> None:
+        run.started.add((step.index, it))
         if run.error:
             return  # a failed request starts no more steps
         req = run.req
+        seq = None  # the first step output read decides, as in Triton
         inputs = []
         for model_input, tensor in step.input_map.items():
-            ref = run.tensors[tensor]
+            seq = seq or run.seq.get((tensor, it))
+            ref = run.tensors[(tensor, it)]
             if ref is not None:  # an optional input the client left out stays out
                 inputs.append(msgspec.structs.replace(ref, name=model_input))
+        seq = seq or (req.sequence_id, req.sequence_start, req.sequence_end)
         outputs = []
         for model_output, tensor in step.output_map.items():
             wanted = run.wanted.get(tensor)
@@ -280,47 +233,65 @@ class EnsembleScheduler:
         step_req = InferRequest(
             0, "", step.model, step.version, inputs, outputs, request_id=req.request_id,
             batch_size=req.batch_size, priority=req.priority, timeout_us=req.timeout_us,
-            sequence_id=req.sequence_id, sequence_start=req.sequence_start,
-            sequence_end=req.sequence_end, parameters=req.parameters, start_ns=now,
+            sequence_id=seq[0], sequence_start=seq[1], sequence_end=seq[2],
+            parameters=req.parameters, start_ns=now,
             callers=req.callers)  # BLS: a step may not call back into a waiting model
         try:
             self.host.submit(self, step_req)
         except InferError as exc:
             self._step_failed(run, step, exc.code, exc.message)
-            self._inputs_done(run, step)
+            self._inputs_done(run, step, it)
             return
-        run.running[step_req.id] = step.index
+        run.running[step_req.id] = (step.index, it, seq)
         self.runs[step_req.id] = run
 
     def on_response(self, msg: InferResponse, now: int) -> None:
-        """A step's response came to this process's inbox."""
+        """A step's response came to this process's inbox (a decoupled step sends any
+        number; the last carries `final`)."""
         run = self.runs.get(msg.id)
         if run is None:
             return
-        index = run.running.pop(msg.id, None)
-        if index is None:
+        where = run.running.get(msg.id)
+        if where is None:
             return
+        index, it, seq = where
         step = self.steps[index]
-        if msg.error or msg.cache_hit or msg.id in run.timed_early:
-            # nothing more to hear about this step (a failure is not timed; a cache
-            # hit ran no batch)
-            run.timed_early.discard(msg.id)
-            self.runs.pop(msg.id, None)
-            self.host.forget(msg.id)
-        else:
-            run.timing_due.add(msg.id)
-        if msg.error:
-            self._step_failed(run, step, ErrorCode(msg.error_code),
-                              msg.error)
-        else:
-            self._outputs_ready(run, step, msg, now)
-        self._inputs_done(run, step)
+        if msg.final:
+            del run.running[msg.id]
+            if msg.error or msg.cache_hit or msg.id in run.timed_early:
+                # nothing more to hear about this step (a failure is not timed; a
+                # cache hit ran no batch)
+                run.timed_early.discard(msg.id)
+                self.runs.pop(msg.id, None)
+                self.host.forget(msg.id)
+            else:
+                run.timing_due.add(msg.id)
+        error = (msg.error, ErrorCode(msg.error_code)) if msg.error else None
+        if error is None and not msg.empty:
+            try:
+                seq = _sequence(msg.parameters, seq)
+            except InferError as exc:
+                error = (exc.message, exc.code)
+        if error is not None:
+            # an error response of a decoupled step fails the request too, as in Triton
+            self._step_failed(run, step, error[1], error[0])
+            self._release_outputs(msg)
+        elif not msg.empty:
+            if index in self.decoupled_steps:
+                run.iterations += 1
+                it_out = run.iterations
+            else:
+                it_out = it
+            self._outputs_ready(run, step, msg, it_out, seq, now)
+        if msg.final:
+            self._inputs_done(run, step, it)  # its worker has read its inputs
+        self._answer_waiting(run)
         self._maybe_finish(run, now)
 
     def step_ran(self, request_id: int, msg: BatchDone) -> None:
         """The batch that ran a step finished: its compute phases count toward the
         ensemble's, as Triton sums its composing models' (before or after the step's
-        response arrived, whichever came first)."""
+        final response arrived, whichever came first)."""
         run = self.runs.get(request_id)
         if run is None:
             return
@@ -328,47 +299,54 @@ class EnsembleScheduler:
         run.compute[1] += msg.output_start_ns - msg.input_end_ns
         run.compute[2] += msg.compute_end_ns - msg.output_start_ns
         if request_id in run.running:
-            run.timed_early.add(request_id)  # the response is still to come
+            run.timed_early.add(request_id)  # the final response is still to come
             return
         run.timing_due.discard(request_id)
         self.runs.pop(request_id, None)
         self.host.forget(request_id)
         self._maybe_count(run)
 
-    def _outputs_ready(self, run: _Run, step: Step, msg: InferResponse, now: int) -> None:
+    def _outputs_ready(self, run: _Run, step: Step, msg: InferResponse, it: int,
+                       seq: Seq, now: int) -> None:
         ready = []
         for ref in msg.outputs:
             tensor = step.output_map.get(ref.name)
-            if tensor is None or tensor in run.tensors:
-                self._release_ref(ref, msg.owner)  # not asked for: give it back
+            if tensor is None or (tensor, it) in run.tensors or run.error:
+                self._release_ref(ref, msg.owner)  # not asked for, or too late
                 continue
-            run.tensors[tensor] = ref
+            run.tensors[(tensor, it)] = ref
+            run.seq[(tensor, it)] = seq
             readers = len(self.readers.get(tensor, ())) + (tensor in run.wanted)
             if ref.data is None and not ref.region:
                 if readers:
-                    run.blocks[tensor] = _Block(ref, msg.owner, readers)
+                    run.blocks[(tensor, it)] = _Block(ref, msg.owner, readers)
                 else:
                     self.host.release(msg.owner, [(ref.segment, ref.offset)])
             ready.append(tensor)
         for tensor in ready:
             for index in self.readers.get(tensor, ()):
-                run.missing[index] -= 1
-                if run.missing[index] == 0:
-                    self._submit(run, self.steps[index], now)
+                if self._ready(run, self.steps[index], it):
+                    self._submit(run, self.steps[index], it, now)
+        if (any(t in run.wanted for t in ready)
+                and all((t, it) in run.tensors for t in run.wanted)):
+            run.waiting.append(it)  # this iteration set every output the client asked
 
-    def _inputs_done(self, run: _Run, step: Step) -> None:
-        """A step answered: its worker has read its inputs."""
+    def _inputs_done(self, run: _Run, step: Step, it: int) -> None:
         for tensor in step.input_map.values():
-            self._unref(run, tensor)
+            self._unref(run, (tensor, it))
 
-    def _unref(self, run: _Run, tensor: str) -> None:
-        block = run.blocks.get(tensor)
+    def _unref(self, run: _Run, key: Key) -> None:
+        block = run.blocks.get(key)
         if block is None:
             return
         block.readers -= 1
         if block.readers <= 0:
-            del run.blocks[tensor]
+            del run.blocks[key]
             self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+
+    def _release_outputs(self, msg: InferResponse) -> None:
+        for ref in msg.outputs:
+            self._release_ref(ref, msg.owner)
 
     def _release_ref(self, ref: TensorRef, owner: str) -> None:
         if ref.data is None and not ref.region and owner:
@@ -382,25 +360,54 @@ class EnsembleScheduler:
                          f"'{step.model}'): {message}")
             run.error_code = int(code)
 
+    # -- answers --------------------------------------------------------------------------
+
+    def _answer_waiting(self, run: _Run) -> None:
+        """A decoupled ensemble answers each complete iteration while steps still run,
+        in the order the iterations completed. An output block still read by a step
+        of its iteration waits for that step: the client's release hands a block
+        straight back to its owner, so the client must be its last reader. What is
+        complete once nothing runs goes out from _maybe_finish, the last one final."""
+        if not self.decoupled or run.error or run.finished:
+            return
+        while run.waiting and run.running and self._client_only(run, run.waiting[0]):
+            self._send(run, run.waiting.pop(0), final=False)
+
+    def _client_only(self, run: _Run, it: int) -> bool:
+        return all(block.readers <= 1 for block in
+                   (run.blocks.get((name, it)) for name in run.wanted) if block is not None)
+
+    def _send(self, run: _Run, it: int, final: bool) -> None:
+        req = run.req
+        outputs, lent = [], {}
+        for name in self.outputs:
+            if name not in run.wanted:
+                continue
+            ref = run.tensors[(name, it)]
+            outputs.append(msgspec.structs.replace(ref, name=name))
+            block = run.blocks.pop((name, it), None)
+            if block is not None:
+                lent[(ref.segment, ref.offset)] = block.owner
+        run.answered += 1
+        self.host.finish(req, InferResponse(req.id, outputs=outputs, final=final,
+                                            model_version=self.version), lent)
+
     def _maybe_finish(self, run: _Run, now: int) -> None:
-        """Answer the client once no step runs and none can start any more."""
+        """Answer the client for the last time once no step runs and none can start."""
         if run.finished or run.running:
             return
         run.finished = True
         req = run.req
         self.active.pop((req.reply_to, req.id), None)
-        if not run.error:
-            missing = [name for name in run.wanted if name not in run.tensors]
-            if missing:
-                run.error = (f"in ensemble '{self.name}', [request id: "
-                             f"{req.request_id or '<id_unknown>'}] unexpected deadlock, at "
-                             "least one output is not set while no more ensemble steps "
-                             "can be made")
-                run.error_code = int(ErrorCode.INVALID_ARG)
+        if not run.error and not self.decoupled and not run.waiting and run.wanted:
+            # a decoupled ensemble may answer nothing, as a decoupled model may
+            run.error = (f"in ensemble '{self.name}', [request id: "
+                         f"{req.request_id or '<id_unknown>'}] unexpected deadlock, at "
+                         "least one output is not set while no more ensemble steps "
+                         "can be made")
+            run.error_code = int(ErrorCode.INVALID_ARG)
         if run.error:
-            for tensor in list(run.blocks):
-                block = run.blocks.pop(tensor)
-                self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+            self._release_all(run)
             self.stats.failed(req, CANCELED if run.error_code == ErrorCode.CANCELLED
                               else OTHER, now)
             self.host.finish(req, InferResponse(req.id, error=run.error,
@@ -409,23 +416,24 @@ class EnsembleScheduler:
                 self.runs.pop(step_id)
                 self.host.forget(step_id)
             return
-        outputs, lent = [], {}
-        for name in self.outputs:
-            if name not in run.wanted:
-                continue
-            ref = run.tensors[name]
-            outputs.append(msgspec.structs.replace(ref, name=name))
-            block = run.blocks.pop(name, None)
-            if block is not None:
-                lent[(ref.segment, ref.offset)] = block.owner
-        # every step has answered: nothing else still reads a block
-        for tensor in list(run.blocks):
-            block = run.blocks.pop(tensor)
-            self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+        # every step has answered: the client is the last reader of what it gets
+        if not self.decoupled and not run.waiting:
+            run.waiting.append(0)  # the client asked for no outputs: an empty answer
+        if run.waiting:
+            while run.waiting:
+                it = run.waiting.pop(0)
+                self._send(run, it, final=not run.waiting)
+        else:  # a decoupled ensemble with nothing more to say: the final flag alone
+            self.host.finish(req, InferResponse(req.id, empty=True,
+                                                model_version=self.version), {})
+        self._release_all(run)
         run.end_ns = now
-        self.host.finish(req, InferResponse(req.id, outputs=outputs,
-                                            model_version=self.version), lent)
         self._maybe_count(run)
+
+    def _release_all(self, run: _Run) -> None:
+        for key in list(run.blocks):
+            block = run.blocks.pop(key)
+            self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
 
     def _maybe_count(self, run: _Run) -> None:
         """Count a successful request once every step's timing is in."""

@@ -191,17 +191,20 @@ class ModelRepositoryManager:
         self.models.add(mv)
         try:
             configs = self._step_configs(plan.config)
-            ensemble.check_steps(plan.config, configs)
+            decoupled = ensemble.check_steps(plan.config, configs)
         except ensemble.EnsembleError as exc:
             log.error("failed to load '%s' version %d: %s", plan.name, version, exc)
             mv.state = ModelReadyState.UNAVAILABLE
             mv.reason = str(exc)
             self.publish(mv)
             return False
-        # Triton marks every ensemble's transaction policy (decoupled when a step is)
-        mv.config.model_transaction_policy.SetInParent()
-        mv.scheduler = ensemble.EnsembleScheduler(plan.name, version, plan.config,
-                                                  self.host, histograms=self.histograms)
+        # Triton sets every ensemble's transaction policy: decoupled exactly when a
+        # decoupled step is on its data flow, whatever the config said
+        mv.config.model_transaction_policy.decoupled = decoupled
+        mv.scheduler = ensemble.EnsembleScheduler(
+            plan.name, version, plan.config, self.host, histograms=self.histograms,
+            decoupled_models=frozenset(name for name, c in configs.items()
+                                       if c.model_transaction_policy.decoupled))
         mv.scheduler.stats.cache_enabled = self.caches(mv.config)
         mv.state = ModelReadyState.READY
         log.info("successfully loaded '%s' version %d", plan.name, version)

@@ -368,6 +368,8 @@ class Server:
                 self.lent[block] = (owner, req.reply_to)
             response.owner = self.address
         self._send_response(req.reply_to, response)
+        if not response.final:
+            return  # a decoupled ensemble's request goes on
         if req.trace_id:
             self.trace.complete(req.trace_id,
                                 request_timestamps(req, None, time.monotonic_ns()))

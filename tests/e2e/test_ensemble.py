@@ -1,20 +1,27 @@
 """Ensembles end to end, over HTTP and gRPC: steps of python and ONNX models, a parallel
 branch, intermediate tensors passed by reference (the workers' copy counters prove
-none is copied), a failing step, an unknown step model, metadata, config, statistics
-and client shared memory for ensemble outputs."""
+none is copied), a failing step, an unknown step model, metadata, config, statistics,
+client shared memory for ensemble outputs, and decoupled steps (each response runs the
+steps after it; the ensemble streams over gRPC and the HTTP streaming routes)."""
 
 from __future__ import annotations
 
+import json
+import queue
 import re
 import shutil
+import urllib.request
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from frontend.http_stream import read_frames
 from tests import onnx_models
 
 try:
@@ -27,6 +34,7 @@ from tests.e2e.harness import ROOT, ServerProcess, wait_until
 pytestmark = pytest.mark.e2e
 
 MODELS_ENSEMBLE = ROOT / "tests" / "models_ensemble"
+DECOUPLED = ROOT / "tests" / "models_decoupled"
 # above the inline limit (64 KiB): tensors travel as shared-memory blocks
 BIG = 300_000  # FP32 elements, 1.2 MB
 
@@ -61,6 +69,8 @@ ensemble_scheduling {
 def build_repository(root: Path) -> Path:
     """tests/models_ensemble plus the ONNX (and TorchScript) steps the tests build."""
     shutil.copytree(MODELS_ENSEMBLE, root, dirs_exist_ok=True)
+    shutil.copytree(DECOUPLED / "repeat", root / "repeat")  # ens_repeat's first step
+    shutil.copytree(ROOT / "tests" / "models_bls" / "cancel_stream", root / "cancel_stream")
     onnx_models.identity(root / "onnx_identity", dims=("n",), config=ONNX_IDENTITY)
     if torch_models is not None:
         torch_models.identity(root / "torch_identity")
@@ -288,3 +298,220 @@ def test_intermediate_tensors_are_never_copied(tmp_path_factory):
     assert _copies(srv, "py_identity") == written  # T, once per request
     assert _copies(srv, "onnx_identity") == written  # OUT_ONNX
     assert _copies(srv, "py_double") == written  # OUT_PY
+
+
+# -- decoupled steps -----------------------------------------------------------------------
+
+T = 60  # seconds: a bound on every wait, never a pace
+
+
+@pytest.fixture(scope="module")
+def dec_server(tmp_path_factory):
+    """Its own server, so that its log shows every block of these tests came back."""
+    srv = start(tmp_path_factory, "ens-dec")
+    yield from srv.serve()
+    # the worker warns of arena bytes never released, the scheduler of lent blocks
+    assert "never released" not in srv.log()
+
+
+class Stream:
+    """A tritonclient gRPC stream whose responses land in a queue."""
+
+    def __init__(self, server):
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.responses: queue.Queue = queue.Queue()
+        self.client.start_stream(
+            callback=lambda result, error: self.responses.put((result, error)))
+
+    def send(self, model, x, request_id, **params):
+        inp = grpcclient.InferInput("IN", list(x.shape), "INT32")
+        inp.set_data_from_numpy(x)
+        self.client.async_stream_infer(model, [inp], request_id=request_id,
+                                       parameters=params or None,
+                                       enable_empty_final_response=True)
+
+    def until_final(self):
+        """(result, error) pairs up to the final response or an error (an ensemble
+        request's error is its last answer)."""
+        got = []
+        while True:
+            result, error = self.responses.get(timeout=T)
+            got.append((result, error))
+            if error is not None or _final(result):
+                return got
+
+    def close(self):
+        self.client.stop_stream()
+        self.client.close()
+
+
+def _final(result) -> bool:
+    p = result.get_response().parameters.get("triton_final_response")
+    return p is not None and p.bool_param
+
+
+@pytest.fixture
+def stream(dec_server):
+    s = Stream(dec_server)
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_decoupled_step_over_the_grpc_stream(stream, n):
+    """Rule (Triton's ensemble scheduler): each response of a decoupled step (repeat)
+    runs the steps after it (py_echo_int) once; the ensemble answers once per set of
+    its outputs, in order, OUT and IDX of one repeat response together; the final
+    flag comes once every step request is complete: on the last response if it was
+    the last thing running, else alone after it (0 responses: the flag alone)."""
+    stream.send("ens_repeat", np.arange(10, 10 + n, dtype=np.int32), f"e{n}")
+    got = stream.until_final()
+    assert all(e is None for _, e in got)
+    data = [r for r, _ in got if r.get_response().outputs]
+    assert len(data) == n and len(got) in (n, n + 1)
+    assert not any(_final(r) for r, _ in got[:-1])
+    for i, r in enumerate(data):
+        assert r.get_response().id == f"e{n}"
+        assert r.get_response().model_name == "ens_repeat"
+        assert r.as_numpy("OUT").tolist() == [10 + i]
+        assert r.as_numpy("IDX").tolist() == [i]
+    if len(got) > n:  # the flag alone, after the last response
+        assert not got[-1][0].get_response().outputs
+
+
+def test_decoupled_step_error_mid_stream_ends_the_request(stream):
+    """Rule (Triton): an error response of a decoupled step fails the ensemble request:
+    its error, naming the step, is the request's last answer (what came before it went
+    out as it came); the stream stays open for the next request."""
+    stream.send("ens_repeat", np.array([1, -1, 3], dtype=np.int32), "bad")
+    got = stream.until_final()
+    *before, (_, error) = got
+    assert error is not None
+    assert error.message() == ("in ensemble 'ens_repeat', step 0 (model 'repeat'): "
+                               "element 1 is -1")
+    # element 0's response may have been done before the error came; never element 2's
+    assert [r.as_numpy("OUT").tolist() for r, _ in before] in ([], [[1]])
+    stream.send("ens_repeat", np.array([4], dtype=np.int32), "after")
+    got = stream.until_final()
+    assert got[0][0].as_numpy("OUT").tolist() == [4] and len(got) in (1, 2)
+
+
+def test_decoupled_step_with_large_tensors_passes_blocks_and_leaks_none(stream):
+    """Rule: a decoupled step's outputs are blocks in its worker's arena that the next
+    step reads in place; a block that is also an ensemble output (RAW) goes to the
+    client once the step reading it is done; every block comes back (the fixture
+    checks shared memory and the log at exit)."""
+    x = np.arange(BIG, dtype=np.int32)
+    for rid in ("big1", "big2"):
+        stream.send("ens_fanout", x, rid, count=4)
+        got = stream.until_final()
+        assert all(e is None for _, e in got)
+        data = [r for r, _ in got if r.get_response().outputs]
+        assert len(data) == 4
+        for k, r in enumerate(data):
+            np.testing.assert_array_equal(r.as_numpy("RAW"), x + k)
+            np.testing.assert_array_equal(r.as_numpy("OUT"), x + k)
+
+
+def _post(server, path, body: bytes):
+    req = urllib.request.Request(f"http://{server.http_url}{path}", data=body,
+                                 method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=T) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+@pytest.mark.parametrize("n", [0, 3])
+def test_decoupled_step_over_http_infer_stream(dec_server, n):
+    """Rule: the HTTP streaming route answers an ensemble with a decoupled step with
+    one frame per set of its outputs, in order (the final flag adds no frame)."""
+    values = list(range(20, 20 + n))
+    body = json.dumps({"inputs": [{"name": "IN", "datatype": "INT32", "shape": [n],
+                                   "data": values}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    status, _, out = _post(dec_server, "/v2/models/ens_repeat/infer_stream", body)
+    assert status == 200
+    frames = list(read_frames(out))
+    assert len(frames) == n
+    for i, (hlen, data) in enumerate(frames):
+        r = httpclient.InferResult.from_response_body(data, header_length=hlen)
+        assert r.as_numpy("OUT").tolist() == [20 + i]
+        assert r.as_numpy("IDX").tolist() == [i]
+
+
+def test_decoupled_step_over_generate_stream(dec_server):
+    """Rule (extension_generate.md): generate_stream sends each ensemble response as
+    an SSE event as it comes, the outputs by name; generate takes the one response."""
+    status, headers, out = _post(dec_server, "/v2/models/ens_repeat/generate_stream",
+                                 b'{"IN": [7, 8, 9]}')
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(c[len(b"data: "):]) for c in out.split(b"\n\n") if c]
+    assert [(e["OUT"], e["IDX"]) for e in events] == [(7, 0), (8, 1), (9, 2)]
+    assert all(e["model_name"] == "ens_repeat" for e in events)
+    status, _, out = _post(dec_server, "/v2/models/ens_repeat/generate", b'{"IN": [5]}')
+    assert status == 200 and json.loads(out) == {
+        "model_name": "ens_repeat", "model_version": "1", "OUT": 5, "IDX": 0}
+
+
+def test_an_ensemble_with_a_decoupled_step_is_decoupled(dec_server):
+    """Rule (Triton's ValidateEnsembleConfig): an ensemble with a decoupled step on its
+    data flow is decoupled, its config says so though it did not ask; unary ModelInfer
+    and HTTP /infer refuse it with Triton's texts, and the server keeps serving."""
+    h = httpclient.InferenceServerClient(dec_server.http_url)
+    g = grpcclient.InferenceServerClient(dec_server.grpc_url)
+    assert h.get_model_config("ens_repeat")["model_transaction_policy"] == {
+        "decoupled": True}
+    assert g.get_model_config("ens_repeat").config.model_transaction_policy.decoupled
+    x = np.array([1, 2], dtype=np.int32)
+    gi = grpcclient.InferInput("IN", [2], "INT32")
+    gi.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as exc:
+        g.infer("ens_repeat", [gi])
+    assert exc.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert exc.value.message() == ("ModelInfer RPC doesn't support models with decoupled "
+                                   "transaction policy")
+    hi = httpclient.InferInput("IN", [2], "INT32")
+    hi.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as exc:
+        h.infer("ens_repeat", [hi])
+    assert exc.value.status() == "501"
+    assert "doesn't support models with decoupled transaction policy" in \
+        exc.value.message()
+    assert h.is_model_ready("ens_repeat") and g.is_server_live()
+
+
+def _mode(mode: str):
+    inp = grpcclient.InferInput("MODE", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([mode.encode()], dtype=object))
+    return inp
+
+
+def _stream_report(server) -> str:
+    """How cancel_stream's last stream ended, asked of the model itself."""
+    s = Stream(server)
+    try:
+        s.client.async_stream_infer("cancel_stream", [_mode("report")])
+        result, error = s.responses.get(timeout=T)
+        assert error is None, error
+        return result.as_numpy("LAST")[0].decode()
+    finally:
+        s.close()
+
+
+def test_a_cancelled_stream_reaches_the_running_decoupled_step(dec_server):
+    """Rule: cancelling an ensemble request (the client closes its stream with
+    cancel_requests) cancels the step requests it started: the decoupled step that
+    streams until cancelled sees response_sender.is_cancelled() and ends, and the
+    server keeps serving (the fixture checks that every block came back)."""
+    s = Stream(dec_server)
+    s.client.async_stream_infer("ens_cancel_stream", [_mode("stream")])
+    result, error = s.responses.get(timeout=T)
+    assert error is None, error
+    assert result.as_numpy("OUT").tolist() == [0]  # streaming through the echo step
+    s.client.stop_stream(cancel_requests=True)
+    s.client.close()
+    wait_until(lambda: _stream_report(dec_server) != "running", T,
+               what="the decoupled step to end its stream")
+    assert _stream_report(dec_server) == "cancelled"

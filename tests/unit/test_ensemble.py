@@ -329,3 +329,252 @@ def test_step_checks_against_the_step_models_configs():
             "allows maximum batch size to be 4")
     # a non-batching step with the batch dimension written out fits a batching one
     check_steps(chain, {"a": model("a", mbs=0, dims="[ -1, 16 ]"), "b": model("b")})
+
+
+# -- decoupled steps ---------------------------------------------------------------------
+
+DECOUPLED = 'model_transaction_policy { decoupled: true }'
+
+# IN -> d (decoupled) -> T, IDX; T -> b -> OUT: each response of d runs b once
+STREAMING = ensemble([
+    step("d", {"INPUT0": "IN"}, {"OUTPUT0": "T", "OUTPUT1": "IDX"}),
+    step("b", {"INPUT0": "T"}, {"OUTPUT0": "OUT"}),
+], outputs=("OUT", "IDX"), mbs=0)
+
+
+def streaming(host):
+    """STREAMING, loaded as the model manager loads it (its policy set by the check)."""
+    ens = ModelConfig()
+    ens.CopyFrom(STREAMING)
+    steps = {"d": model("d", outputs=("OUTPUT0", "OUTPUT1"), mbs=0, extra=DECOUPLED),
+             "b": model("b", mbs=0)}
+    ens.model_transaction_policy.decoupled = check_steps(ens, steps)
+    return EnsembleScheduler("ens", 1, ens, host, decoupled_models=frozenset({"d"}))
+
+
+def stream_answer(sched, req, k, owner="ipc:///run/worker-d"):
+    """Response k (not final) of decoupled step `req`: each output a new block, at
+    offset 10 k + the output's number."""
+    outs = [TensorRef(o.name, "FP32", [16], segment=f"{owner}-seg",
+                      offset=10 * k + int(o.name[-1]), nbytes=64) for o in req.outputs]
+    sched.on_response(InferResponse(req.id, outputs=outs, owner=owner, final=False), 10)
+
+
+def final_flag(sched, req):
+    sched.on_response(InferResponse(req.id, empty=True), 10)
+
+
+def test_the_decoupled_policy_is_inferred_from_the_steps():
+    """Rule (Triton's ValidateEnsembleConfig): an ensemble is decoupled exactly when a
+    decoupled step is on its data flow, whatever its own config says; a step reading
+    tensors that descend from two different decoupled lines is refused, in Triton's
+    words; so is the response cache on a decoupled ensemble (shmserve's choice)."""
+    d = model("d", outputs=("OUTPUT0", "OUTPUT1"), mbs=0, extra=DECOUPLED)
+    assert check_steps(STREAMING, {"d": d, "b": model("b", mbs=0)}) is True
+    plain = model("d", outputs=("OUTPUT0", "OUTPUT1"), mbs=0)
+    assert check_steps(STREAMING, {"d": plain, "b": model("b", mbs=0)}) is False
+    cached = ModelConfig()
+    cached.CopyFrom(STREAMING)
+    cached.response_cache.enable = True
+    with pytest.raises(EnsembleError, match="Response Cache does not currently support "
+                       "model ens with 'decoupled' transaction policy"):
+        check_steps(cached, {"d": d, "b": model("b", mbs=0)})
+    # b reads T (from d's responses) and IN (the request's own): never paired
+    mixed = ensemble([
+        step("d", {"INPUT0": "IN"}, {"OUTPUT0": "T"}),
+        step("b", {"INPUT0": "T", "INPUT1": "IN"}, {"OUTPUT0": "OUT"}),
+    ], mbs=0)
+    with pytest.raises(EnsembleError) as e:
+        check_steps(mixed, {"d": model("d", mbs=0, extra=DECOUPLED),
+                            "b": model("b", inputs=("INPUT0", "INPUT1"), mbs=0)})
+    # Triton names the model OUT was first inferred from: the ensemble (checked on 2.51)
+    assert str(e.value) == ("in ensemble ens, step of model 'ens' receives inputs "
+                            "originated from different decoupled models")
+
+
+def test_each_decoupled_response_runs_the_downstream_steps_and_answers_once():
+    """Rule: each response of a decoupled step is a new set of tensors that runs the
+    steps downstream once; the client gets one response per set of its outputs (not
+    final while a step request is incomplete), then the final flag once every step
+    request is complete; every block is read by the client or given back, once."""
+    host = FakeHost()
+    sched = streaming(host)
+    sched.enqueue(client_request(), 5)
+    (d,) = host.submitted
+    for k in range(3):
+        stream_answer(sched, d, k)
+    bs = host.running("b")
+    assert len(bs) == 3  # one run of b per response of d
+    assert [b.inputs[0].offset for b in bs] == [0, 10, 20]
+    for k, b in enumerate(bs):
+        answer(sched, b, owner="ipc:///run/worker-b", offset=100 * k)
+        ran(sched, b)
+    assert len(host.finished) == 3
+    for k, (_, resp, lent) in enumerate(host.finished):
+        assert not resp.final and not resp.error
+        out, idx = resp.outputs
+        assert (out.name, out.offset) == ("OUT", 100 * k)
+        assert (idx.name, idx.offset) == ("IDX", 10 * k + 1)  # the same response's
+        assert lent == {("ipc:///run/worker-b-seg", 100 * k): "ipc:///run/worker-b",
+                        ("ipc:///run/worker-d-seg", 10 * k + 1): "ipc:///run/worker-d"}
+    # each T went back once b had read it; nothing lent was released here
+    assert sorted(host.released) == [("ipc:///run/worker-d", ("ipc:///run/worker-d-seg",
+                                                              10 * k)) for k in range(3)]
+    assert sched.active  # d has not sent its final flag yet
+    final_flag(sched, d)
+    ran(sched, d)
+    (_, last, lent) = host.finished[-1]
+    assert last.final and last.empty and not last.outputs and lent == {}
+    assert len(host.finished) == 4
+    assert not sched.active and not sched.runs and not host.routes
+    assert sched.stats.success_count == 1
+
+
+def test_the_last_response_carries_the_final_flag_when_nothing_runs_after_it():
+    """Rule (Triton's FinishEnsemble): a response completed when no step request is in
+    flight any more is itself final; no empty final follows it."""
+    host = FakeHost()
+    sched = streaming(host)
+    sched.enqueue(client_request(), 5)
+    (d,) = host.submitted
+    stream_answer(sched, d, 0)
+    final_flag(sched, d)
+    (b,) = host.running("b")
+    answer(sched, b, owner="ipc:///run/worker-b")
+    (_, resp, _), = host.finished
+    assert resp.final and [o.name for o in resp.outputs] == ["OUT", "IDX"]
+
+
+def test_a_decoupled_step_with_zero_responses_ends_the_request_with_the_final_flag():
+    """Rule: a decoupled step may answer nothing; the ensemble then sends only the
+    final flag (no 'unexpected deadlock' error as for a non-decoupled ensemble)."""
+    host = FakeHost()
+    sched = streaming(host)
+    sched.enqueue(client_request(), 5)
+    (d,) = host.submitted
+    final_flag(sched, d)
+    (_, resp, _), = host.finished
+    assert resp.final and resp.empty and not resp.error
+    assert [r.model for r in host.submitted] == ["d"]
+    assert not sched.active and host.released == []
+
+
+def test_an_error_mid_stream_fails_the_request_once_every_step_is_complete():
+    """Rule (Triton): an error response of a decoupled step fails the ensemble
+    request: responses completed before it went out, no step starts after it, later
+    responses' blocks are given back, and the error (naming the step) is the final
+    answer once every step request in flight is complete."""
+    host = FakeHost()
+    sched = streaming(host)
+    sched.enqueue(client_request(), 5)
+    (d,) = host.submitted
+    stream_answer(sched, d, 0)
+    (b0,) = host.running("b")
+    answer(sched, b0, owner="ipc:///run/worker-b")
+    assert len(host.finished) == 1 and not host.finished[0][1].error
+    stream_answer(sched, d, 1)  # b runs for it ...
+    sched.on_response(InferResponse(d.id, error="element 2 is -1", final=False,
+                                     error_code=int(ErrorCode.INVALID_ARG)), 10)
+    stream_answer(sched, d, 3)  # ... but not for this one: its blocks go back
+    assert len(host.running("b")) == 2
+    assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 30)) in host.released
+    assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 31)) in host.released
+    final_flag(sched, d)
+    assert len(host.finished) == 1  # b still runs for response 1
+    answer(sched, host.running("b")[1], owner="ipc:///run/worker-b", offset=50)
+    (_, resp, _) = host.finished[-1]
+    assert len(host.finished) == 2 and resp.final
+    assert resp.error == "in ensemble 'ens', step 0 (model 'd'): element 2 is -1"
+    assert resp.error_code == int(ErrorCode.INVALID_ARG)
+    # everything of response 1 went back (b's output too: never answered)
+    for block in [("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 10)),
+                  ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 11)),
+                  ("ipc:///run/worker-b", ("ipc:///run/worker-b-seg", 50))]:
+        assert host.released.count(block) == 1
+    assert not sched.active and not host.routes
+    assert sched.stats.fail_count == 1
+
+
+def test_a_client_output_still_read_by_a_step_waits_for_that_step():
+    """Rule: an output block goes to the client only once no step reads it any more
+    (the client's release hands it straight back to its owner); responses keep the
+    order in which their sets completed."""
+    ens = ensemble([
+        step("d", {"INPUT0": "IN"}, {"OUTPUT0": "T"}),
+        step("b", {"INPUT0": "T"}, {"OUTPUT0": "OUT"}),
+    ], outputs=("T", "OUT"), mbs=0)
+    steps = {"d": model("d", mbs=0, extra=DECOUPLED), "b": model("b", mbs=0)}
+    ens.model_transaction_policy.decoupled = check_steps(ens, steps)
+    host = FakeHost()
+    sched = EnsembleScheduler("ens", 1, ens, host, decoupled_models=frozenset({"d"}))
+    sched.enqueue(client_request(outputs=[RequestedOutput("T")]), 5)
+    (d,) = host.submitted
+    stream_answer(sched, d, 0)
+    stream_answer(sched, d, 1)
+    assert host.finished == []  # b still reads T of both
+    b0, b1 = host.running("b")
+    answer(sched, b1, owner="ipc:///run/worker-b")  # the second set's reader first
+    assert host.finished == []  # the first set's response goes out first
+    answer(sched, b0, owner="ipc:///run/worker-b", offset=5)
+    assert [r.outputs[0].offset for _, r, _ in host.finished] == [0, 10]
+    assert all(not r.final for _, r, _ in host.finished)
+    # OUT was not asked for: given back; T lent to the client, not released here
+    assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 0)) not in host.released
+    final_flag(sched, d)
+    assert host.finished[-1][1].final and host.finished[-1][1].empty
+
+
+def test_a_response_can_set_the_sequence_fields_of_the_steps_after_it():
+    """Rule (Triton's ensemble scheduler): a step response's parameters sequence_id,
+    sequence_start and sequence_end become the sequence fields of the steps reading
+    its outputs (a flag not given is false), so a decoupled step can drive a stateful
+    one; a response without them passes on the request's; a wrong type fails the
+    request with Triton's message."""
+    host = FakeHost()
+    sched = streaming(host)
+    sched.enqueue(client_request(sequence_id=7, sequence_start=True), 5)
+    (d,) = host.submitted
+    assert (d.sequence_id, d.sequence_start, d.sequence_end) == (7, True, False)
+    params = [{"sequence_id": "s-1", "sequence_start": True}, {}, {"sequence_end": True}]
+    for k, p in enumerate(params):
+        outs = [TensorRef(o.name, "FP32", [16], segment="seg", offset=10 * k
+                          + int(o.name[-1]), nbytes=64) for o in d.outputs]
+        sched.on_response(InferResponse(d.id, outputs=outs, owner="w", final=False,
+                                        parameters=p), 10)
+    b0, b1, b2 = host.running("b")
+    assert (b0.sequence_id, b0.sequence_start, b0.sequence_end) == ("s-1", True, False)
+    assert (b1.sequence_id, b1.sequence_start, b1.sequence_end) == (7, True, False)
+    assert (b2.sequence_id, b2.sequence_start, b2.sequence_end) == (7, False, True)
+    sched.on_response(InferResponse(d.id, outputs=[], final=True,
+                                    parameters={"sequence_start": 1}), 10)
+    for b in (b0, b1, b2):
+        answer(sched, b, owner="ipc:///run/worker-b")
+    (_, last, _) = host.finished[-1]
+    assert last.final and last.error == ("in ensemble 'ens', step 0 (model 'd'): expect "
+                                         "parameter 'sequence_start' to be "
+                                         "TRITONSERVER_PARAMETER_BOOL")
+
+
+def test_cancel_reaches_the_decoupled_step_and_ends_when_it_is_complete():
+    """Rule: cancelling the ensemble request cancels every step request in flight (the
+    decoupled step too); its later responses start nothing and their blocks go back;
+    the request ends CANCELLED once its step requests are complete."""
+    host = FakeHost()
+    sched = streaming(host)
+    sched.enqueue(client_request(), 5)
+    (d,) = host.submitted
+    stream_answer(sched, d, 0)
+    (b0,) = host.running("b")
+    assert sched.cancel("ipc:///run/frontend0", 7, 20)
+    assert sorted(host.cancelled) == sorted([d.id, b0.id])
+    stream_answer(sched, d, 1)  # the model had not seen the cancel yet
+    assert len(host.running("b")) == 1
+    assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 10)) in host.released
+    final_flag(sched, d)
+    assert host.finished == []  # b0 still runs
+    sched.on_response(InferResponse(b0.id, error="request was cancelled",
+                                    error_code=int(ErrorCode.CANCELLED)), 30)
+    (_, resp, _), = host.finished
+    assert resp.final and resp.error_code == int(ErrorCode.CANCELLED)
+    assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 0)) in host.released
+    assert not sched.active and not host.routes and sched.stats.fail_count == 1
