@@ -10,12 +10,17 @@ Routes:
 - generate_stream: the generate extension's server-sent events (both servers);
 - infer_stream: shmserve's binary HTTP stream (shmserve only).
 
+Models (`--models`): `repeat` alone, and `ens_repeat`, an ensemble in which each of
+repeat's responses runs a python step (tests/models_ensemble): the price of a
+decoupled step inside an ensemble.
+
 Per point: responses/s, requests/s, time to first response (p50 and p99, from sending
 the request to its first response), and the CPU time of every server process by role
 (and of this client process) per request over the measured window.
 
     scripts/bench_decoupled.py --rounds 2 --duration 6
     scripts/bench_decoupled.py --skip triton
+    scripts/bench_decoupled.py --routes grpc --models repeat,ens_repeat
 """
 
 from __future__ import annotations
@@ -41,12 +46,14 @@ _FRAME_HEAD = struct.Struct("<QQ")
 def write_repo(repo: Path) -> None:
     shutil.copytree(ROOT / "tests" / "models_decoupled" / "repeat", repo / "repeat")
     # the generate extension maps JSON keys to inputs: IN takes a list of ints
+    for name in ("py_echo_int", "ens_repeat"):
+        shutil.copytree(ROOT / "tests" / "models_ensemble" / name, repo / name)
 
 
 # --------------------------------------------------------------------- clients
 
 
-def grpc_worker(url: str, stop: threading.Event, out: list) -> None:
+def grpc_worker(url: str, model: str, stop: threading.Event, out: list) -> None:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -58,25 +65,27 @@ def grpc_worker(url: str, stop: threading.Event, out: list) -> None:
     try:
         while not stop.is_set():
             t0 = time.perf_counter()
-            client.async_stream_infer("repeat", [inp], enable_empty_final_response=True)
+            client.async_stream_infer(model, [inp], enable_empty_final_response=True)
             first, n = None, 0
             while True:
                 result, error = q.get(timeout=60)
                 if error is not None:
                     raise RuntimeError(error)
-                params = result.get_response().parameters
-                if params["triton_final_response"].bool_param:
+                response = result.get_response()
+                if response.outputs:  # the final flag may come with the last one
+                    if first is None:
+                        first = time.perf_counter() - t0
+                    n += 1
+                if response.parameters["triton_final_response"].bool_param:
                     break
-                if first is None:
-                    first = time.perf_counter() - t0
-                n += 1
             out.append((time.perf_counter(), first, n))
     finally:
         client.stop_stream()
         client.close()
 
 
-def http_worker(port: int, route: str, stop: threading.Event, out: list) -> None:
+def http_worker(port: int, route: str, model: str, stop: threading.Event,
+                out: list) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     if route == "generate_stream":
         body = json.dumps({"IN": list(range(RESPONSES))}).encode()
@@ -85,7 +94,7 @@ def http_worker(port: int, route: str, stop: threading.Event, out: list) -> None
                                        "shape": [RESPONSES],
                                        "data": list(range(RESPONSES))}],
                            "parameters": {"binary_data_output": True}}).encode()
-    path = f"/v2/models/repeat/{route}"
+    path = f"/v2/models/{model}/{route}"
     while not stop.is_set():
         t0 = time.perf_counter()
         conn.request("POST", path, body, {"Content-Type": "application/json"})
@@ -122,17 +131,17 @@ def http_worker(port: int, route: str, stop: threading.Event, out: list) -> None
 # --------------------------------------------------------------------- measuring
 
 
-def measure(kind: str, route: str, repo: Path, args) -> dict:
-    log = Path(args.log_dir) / f"{kind}-{route}.log"
+def measure(kind: str, route: str, model: str, repo: Path, args) -> dict:
+    log = Path(args.log_dir) / f"{kind}-{model}-{route}.log"
     with benchkit.Server(kind, repo, args.ports, log) as server:
         stop = threading.Event()
         done: list = []
         threads = []
         for _ in range(args.concurrency):
             if route == "grpc":
-                target = (grpc_worker, (server.grpc_url, stop, done))
+                target = (grpc_worker, (server.grpc_url, model, stop, done))
             else:
-                target = (http_worker, (server.http, route, stop, done))
+                target = (http_worker, (server.http, route, model, stop, done))
             t = threading.Thread(target=target[0], args=target[1], daemon=True)
             t.start()
             threads.append(t)
@@ -151,7 +160,8 @@ def measure(kind: str, route: str, repo: Path, args) -> dict:
     responses = sum(n for _, _, n in window)
     ttfr = sorted(f for _, f, _ in window if f is not None)
     cpu0["client"], cpu1["client"] = me0, me1
-    return {"server": kind, "route": route, "concurrency": args.concurrency,
+    return {"server": kind, "model": model, "route": route,
+            "concurrency": args.concurrency,
             "responses_per_s": round(responses / seconds, 1),
             "requests_per_s": round(requests / seconds, 2),
             "responses_per_request": round(responses / requests, 1) if requests else 0,
@@ -165,16 +175,19 @@ def main() -> None:
     benchkit.add_common_args(p, [28450, 28451, 28452], duration=6.0, warmup=2.0,
                              concurrency=1, servers="triton,shmserve")
     p.add_argument("--routes", default="grpc,generate_stream,infer_stream")
+    p.add_argument("--models", default="repeat")
     args = benchkit.parse(p, "bench-decoupled-")
     servers = benchkit.servers(args)
     rows = []
     with benchkit.repository("decoupled-repo-", write_repo) as repo:
         for r, order in benchkit.alternating(args.rounds, servers):
-            for route in args.routes.split(","):
-                for kind in order:
-                    if kind == "triton" and route == "infer_stream":
-                        continue  # shmserve's own route
-                    benchkit.record(rows, {**measure(kind, route, repo, args), "round": r})
+            for model in args.models.split(","):
+                for route in args.routes.split(","):
+                    for kind in order:
+                        if kind == "triton" and route == "infer_stream":
+                            continue  # shmserve's own route
+                        benchkit.record(rows, {**measure(kind, route, model, repo, args),
+                                               "round": r})
     benchkit.finish(args, rows)
 
 
