@@ -30,3 +30,40 @@ def requested(protocol: str, name: str, binary: bool = True):
     if protocol == "http":
         return httpclient.InferRequestedOutput(name, binary_data=binary)
     return grpcclient.InferRequestedOutput(name)
+
+
+class GrpcStream:
+    """A tritonclient gRPC stream (ModelStreamInfer) whose responses land in a queue;
+    each test module's `send` builds its own inputs."""
+
+    def __init__(self, server, timeout: float = 60):
+        import queue
+        self.timeout = timeout  # a bound on every wait, never a pace
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.responses: queue.Queue = queue.Queue()
+        self.client.start_stream(
+            callback=lambda result, error: self.responses.put((result, error)))
+
+    def until_final(self, stop_on_error: bool = False):
+        """(result, error) pairs up to the response marked triton_final_response (or,
+        with `stop_on_error`, up to an error: an ensemble's error is its last answer;
+        a decoupled model's error leaves the request open)."""
+        got = []
+        while True:
+            result, error = self.responses.get(timeout=self.timeout)
+            got.append((result, error))
+            if error is not None:
+                if stop_on_error:
+                    return got
+            elif is_final(result):
+                return got
+
+    def close(self):
+        self.client.stop_stream()
+        self.client.close()
+
+
+def is_final(result) -> bool:
+    """Whether a stream response carries Triton's triton_final_response flag."""
+    p = result.get_response().parameters.get("triton_final_response")
+    return p is not None and p.bool_param

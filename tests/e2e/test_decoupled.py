@@ -6,7 +6,6 @@ sending after the final flag raising Triton's error in the model, and nothing le
 behind in shared memory."""
 
 import json
-import queue
 import urllib.request
 
 import numpy as np
@@ -16,6 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from frontend.http_stream import read_frames
+from tests.e2e.clients import GrpcStream, is_final as _final
 from tests.e2e.harness import MODELS, ROOT, ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -30,15 +30,7 @@ def server(tmp_path_factory):
     yield from srv.serve()
 
 
-class Stream:
-    """A tritonclient gRPC stream whose responses land in a queue."""
-
-    def __init__(self, server):
-        self.client = grpcclient.InferenceServerClient(server.grpc_url)
-        self.responses: queue.Queue = queue.Queue()
-        self.client.start_stream(
-            callback=lambda result, error: self.responses.put((result, error)))
-
+class Stream(GrpcStream):
     def send(self, values, request_id="", empty_final=True, model="repeat", **params):
         x = np.array(values, dtype=np.int32)
         inp = grpcclient.InferInput("IN" if model == "repeat" else "INPUT0",
@@ -47,24 +39,6 @@ class Stream:
         self.client.async_stream_infer(model, [inp], request_id=request_id,
                                        parameters=params or None,
                                        enable_empty_final_response=empty_final)
-
-    def until_final(self):
-        """(result, error) pairs up to the response marked triton_final_response."""
-        got = []
-        while True:
-            result, error = self.responses.get(timeout=T)
-            got.append((result, error))
-            if error is None and _final(result):
-                return got
-
-    def close(self):
-        self.client.stop_stream()
-        self.client.close()
-
-
-def _final(result) -> bool:
-    p = result.get_response().parameters.get("triton_final_response")
-    return p is not None and p.bool_param
 
 
 @pytest.fixture

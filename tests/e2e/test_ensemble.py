@@ -7,7 +7,6 @@ steps after it; the ensemble streams over gRPC and the HTTP streaming routes).""
 from __future__ import annotations
 
 import json
-import queue
 import re
 import shutil
 import urllib.request
@@ -314,15 +313,7 @@ def dec_server(tmp_path_factory):
     assert "never released" not in srv.log()
 
 
-class Stream:
-    """A tritonclient gRPC stream whose responses land in a queue."""
-
-    def __init__(self, server):
-        self.client = grpcclient.InferenceServerClient(server.grpc_url)
-        self.responses: queue.Queue = queue.Queue()
-        self.client.start_stream(
-            callback=lambda result, error: self.responses.put((result, error)))
-
+class Stream(clients.GrpcStream):
     def send(self, model, x, request_id, **params):
         inp = grpcclient.InferInput("IN", list(x.shape), "INT32")
         inp.set_data_from_numpy(x)
@@ -331,23 +322,10 @@ class Stream:
                                        enable_empty_final_response=True)
 
     def until_final(self):
-        """(result, error) pairs up to the final response or an error (an ensemble
-        request's error is its last answer)."""
-        got = []
-        while True:
-            result, error = self.responses.get(timeout=T)
-            got.append((result, error))
-            if error is not None or _final(result):
-                return got
-
-    def close(self):
-        self.client.stop_stream()
-        self.client.close()
+        return super().until_final(stop_on_error=True)
 
 
-def _final(result) -> bool:
-    p = result.get_response().parameters.get("triton_final_response")
-    return p is not None and p.bool_param
+_final = clients.is_final
 
 
 @pytest.fixture
