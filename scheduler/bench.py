@@ -4,9 +4,11 @@
 Each point of the sweep runs `c` concurrent streams; a stream sends its next request as
 soon as the previous one answered. The client is the same for every server (tritonclient,
 one technique per protocol, chosen by measurement below), so numbers from two servers
-measured with this script can be compared.
+measured with this script can be compared. It is a client, not part of the server: it
+sits in this package only so that installing shmserve gives it as `shmserve-bench`
+(`scripts/bench` runs the same main).
 
-    scripts/bench --url 127.0.0.1:8001 --protocol grpc --model identity_fp32 \
+    shmserve-bench --url 127.0.0.1:8001 --protocol grpc --model identity_fp32 \
         --shape 1,16 --concurrency 1,4,16 --duration 5 --json /tmp/bench.json
 
 A point's row: requests completed inside the measurement window, throughput, latency
