@@ -108,6 +108,7 @@ def _unpacked(tarball: str, cache_dir: str) -> str:
             if done.returncode != 0:
                 raise ExecEnvError(f"conda-unpack failed for '{tarball}': "
                                    f"{done.stderr.strip()[-500:]}")
+        interpreter(tmp)  # an archive that is no environment is not cached
         try:
             os.rename(tmp, root)
         except OSError:

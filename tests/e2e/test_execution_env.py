@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.e2e import clients
-from tests.e2e.harness import ServerProcess
+from tests.e2e.harness import ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -78,12 +78,32 @@ def env_server(tmp_path_factory):
     add_model(repo, "in_dir_env", env_param(env_dir))
     add_model(repo, "in_packed_env", env_param("$$TRITON_MODEL_DIRECTORY/env.tar.gz"))
     add_model(repo, "in_server_env")
+    add_model(repo, "in_missing_env", env_param("$$TRITON_MODEL_DIRECTORY/gone.tar.gz"))
     with tarfile.open(repo / "in_packed_env" / "env.tar.gz", "w:gz") as tar:
         tar.add(env_dir, arcname=".")
     cache = base / "cache"
-    srv = ServerProcess(repo, log_dir=base, env={"XDG_CACHE_HOME": str(cache)})
+    # --exit-on-error=false: the server starts with in_missing_env failed (so never
+    # "ready" as a whole); wait for its live models instead
+    srv = ServerProcess(repo, "--exit-on-error=false", log_dir=base,
+                        env={"XDG_CACHE_HOME": str(cache)})
     srv.env_dir, srv.cache = env_dir, cache / "shmserve" / "execution_envs"
-    yield from srv.serve()
+    srv.start(wait_ready=False)
+    try:
+        c = clients.client(srv, "http")
+        wait_until(lambda: srv.proc.poll() is not None or all(
+            _ready(c, m) for m in ("in_dir_env", "in_packed_env", "in_server_env")),
+            120, 0.1, "the models with an environment")
+        assert srv.proc.poll() is None, srv.log()
+        yield srv
+    finally:
+        srv.stop_checked()
+
+
+def _ready(c, model):
+    try:
+        return c.is_model_ready(model)
+    except Exception:  # not listening yet
+        return False
 
 
 def info(server, protocol, model):
@@ -123,3 +143,13 @@ def test_without_the_parameter_the_server_interpreter_runs(env_server, protocol)
     """No EXECUTION_ENV_PATH: the worker runs under the server's own interpreter."""
     exe, prefix, _ = info(env_server, protocol, "in_server_env")
     assert exe == sys.executable and prefix == sys.prefix
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_a_missing_env_fails_the_load_with_its_path(env_server, protocol):
+    """An EXECUTION_ENV_PATH that does not exist fails that model's load with an error
+    naming the expanded path; the server and its other models stay up."""
+    c = clients.client(env_server, protocol)
+    assert not c.is_model_ready("in_missing_env")
+    assert c.is_server_live() and c.is_model_ready("in_dir_env")
+    assert "in_missing_env/gone.tar.gz' does not exist" in env_server.log()
