@@ -153,3 +153,18 @@ def test_models_get_the_name_from_the_worker_only():
                           text=True, timeout=60, env={"PYTHONPATH": str(ROOT),
                                                       "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
+
+
+def test_a_missing_onnxruntime_names_the_extras(monkeypatch):
+    """Installed without `cpu` or `gpu`, an onnxruntime model fails to load with a
+    message that names the two extras."""
+    import json
+
+    from shm.messages.worker import LoadInstance
+    from workers.backends import create_instance
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import raises ImportError
+    monkeypatch.delitem(sys.modules, "workers.onnx_backend", raising=False)
+    config = json.dumps({"name": "m", "backend": "onnxruntime"}).encode()
+    with pytest.raises(RuntimeError, match=r"shmserve\[cpu\]' or 'shmserve\[gpu\]"):
+        create_instance(LoadInstance("m_0", "m_0", "m", 1, "/nowhere", config))
