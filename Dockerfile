@@ -36,7 +36,7 @@ COPY workers ./workers
 RUN pip install --upgrade pip && pip install ".[${EXTRAS}]" && rm -rf /src
 
 # the server runs unprivileged; the repository is read-only to it
-RUN useradd --create-home --uid 1000 shmserve && mkdir -p /models
+RUN useradd --create-home --uid 10001 shmserve && mkdir -p /models
 USER shmserve
 WORKDIR /home/shmserve
 

@@ -42,10 +42,19 @@ class ExecEnvError(RuntimeError):
 
 def env_path_of(config_json: bytes | str, model_dir: str) -> str:
     """The EXECUTION_ENV_PATH of a model config (Triton's JSON form), expanded; "" when
-    the model names none."""
+    the model names none. Raises ExecEnvError for a path that leaves the model folder."""
     params = json.loads(config_json).get("parameters") or {}
-    value = (params.get(PARAMETER) or {}).get("string_value", "")
-    return value.replace(MODEL_DIR_VAR, model_dir.rstrip("/")).strip()
+    value = (params.get(PARAMETER) or {}).get("string_value", "").strip()
+    if MODEL_DIR_VAR not in value:
+        return value
+    model_dir = model_dir.rstrip("/")
+    path = value.replace(MODEL_DIR_VAR, model_dir)
+    # Triton leaves a path that climbs out of the model's folder undefined (its README,
+    # note 4); here it is an error rather than a guess
+    inside = os.path.realpath(model_dir) + os.sep
+    if not (os.path.realpath(path) + os.sep).startswith(inside):
+        raise ExecEnvError(f"{PARAMETER} '{value}' leaves the model directory")
+    return path
 
 
 def default_cache_dir() -> str:
@@ -148,4 +157,5 @@ def child_environ(root: str, pkgs: str, base: dict[str, str] | None = None) -> d
         "CONDA_PREFIX"
     env[marker] = root
     env.pop("PYTHONHOME", None)
+    env["PYTHONNOUSERSITE"] = "1"  # the env alone, not ~/.local, as Triton advises
     return env

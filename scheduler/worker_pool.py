@@ -136,10 +136,10 @@ class WorkerPool:
     async def _exec_env(self, msg: LoadInstance) -> dict:
         """The interpreter and environment of a python instance's worker: its model's
         EXECUTION_ENV_PATH (a tarball is unpacked off the loop), or this server's."""
-        path = exec_env.env_path_of(msg.config, msg.model_dir)
-        if not path:
-            return {}
         try:
+            path = exec_env.env_path_of(msg.config, msg.model_dir)
+            if not path:
+                return {}
             root = await asyncio.to_thread(exec_env.prepare, path,
                                            exec_env.default_cache_dir())
         except exec_env.ExecEnvError as e:

@@ -43,6 +43,17 @@ def test_model_directory_variable_is_expanded():
     assert exec_env.env_path_of(config(""), "/repo/m") == ""
 
 
+def test_a_path_that_leaves_the_model_directory_is_refused():
+    """With $$TRITON_MODEL_DIRECTORY the path must stay inside the model's folder
+    (Triton leaves escaping undefined; here it is a load error)."""
+    for value in ("$$TRITON_MODEL_DIRECTORY/../other/env.tar.gz",
+                  "$$TRITON_MODEL_DIRECTORY/.."):
+        with pytest.raises(exec_env.ExecEnvError, match="leaves the model directory"):
+            exec_env.env_path_of(config(value), "/repo/m")
+    assert exec_env.env_path_of(config("$$TRITON_MODEL_DIRECTORY/a/../env"),
+                                "/repo/m") == "/repo/m/a/../env"
+
+
 def test_a_directory_is_used_in_place(tmp_path):
     """A directory env is its own root; nothing is copied into the cache."""
     env = fake_env(tmp_path / "env")
@@ -109,4 +120,4 @@ def test_worker_environment_activates_the_env(tmp_path):
     assert out["PATH"] == f"{env}/bin:/usr/bin"
     assert out["LD_LIBRARY_PATH"] == f"{env}/lib"
     assert out["PYTHONPATH"] == pkgs and "PYTHONHOME" not in out
-    assert out["CONDA_PREFIX"] == str(env)
+    assert out["CONDA_PREFIX"] == str(env) and out["PYTHONNOUSERSITE"] == "1"
