@@ -221,3 +221,12 @@ def test_dockerfile_serves_models_on_the_default_ports():
     # the COPY lines bring every package the wheel is built from
     for pkg in ("frontend", "scheduler", "shm", "workers"):
         assert re.search(rf"^COPY {pkg} ", text, re.M), pkg
+
+
+def test_pod_runs_as_the_image_user():
+    """The pod's runAsUser is the uid the Dockerfile creates its user with, so the
+    non-root pod can write its home (the EXECUTION_ENV_PATH cache) and /tmp."""
+    dep, _ = container()
+    uid = re.search(r"useradd .*--uid (\d+)", (ROOT / "Dockerfile").read_text()).group(1)
+    ctx = dep["spec"]["template"]["spec"]["securityContext"]
+    assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == int(uid)
