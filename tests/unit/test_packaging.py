@@ -138,7 +138,7 @@ def test_license_and_metadata():
     for key in ("description", "readme", "authors", "urls", "classifiers",
                 "requires-python", "keywords"):
         assert PROJECT.get(key), key
-    assert "tool" not in PYPROJECT or "py-modules" not in PYPROJECT["tool"]["setuptools"]
+    assert "py-modules" not in PYPROJECT.get("tool", {}).get("setuptools", {})
 
 
 def test_models_get_the_name_from_the_worker_only():
