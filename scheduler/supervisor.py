@@ -23,9 +23,12 @@ class Child:
     """One supervised process. `on_exit(child, returncode)` runs on the loop."""
 
     def __init__(self, name: str, module: str, args: list[str],
-                 on_exit: Callable[["Child", int], None]):
+                 on_exit: Callable[["Child", int], None], executable: str = "",
+                 env: dict[str, str] | None = None):
         self.name = name
-        self.argv = [sys.executable, "-m", module, *args]
+        # another interpreter: a python model's EXECUTION_ENV_PATH (scheduler/exec_env.py)
+        self.argv = [executable or sys.executable, "-m", module, *args]
+        self.env = env
         self.on_exit = on_exit
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None
@@ -37,7 +40,7 @@ class Child:
         return self.proc.pid if self.proc else -1
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env,
                                      start_new_session=True, close_fds=True)
         self._pidfd = os.pidfd_open(self.proc.pid)
         loop.add_reader(self._pidfd, self._reap, loop)

@@ -16,6 +16,7 @@ from typing import Callable
 
 import msgspec
 
+from scheduler import exec_env
 from scheduler.rate_limiter import InstanceSlot
 from scheduler.supervisor import Child, describe_exit
 from shm.arena import remove_segments
@@ -90,7 +91,7 @@ class WorkerPool:
             device = f"gpu:{slot.device_id}" if slot.kind == "KIND_GPU" else "cpu"
             worker = await self._device_worker(device)
         else:
-            worker = await self._spawn(slot.key)
+            worker = await self._spawn(slot.key, **await self._exec_env(msg))
         slot.worker = worker
         worker.slots.append(slot)
         self.worker_of[slot.key] = worker
@@ -132,7 +133,24 @@ class WorkerPool:
                 self._spawn(f"{device} worker", device))
         return await asyncio.shield(task)
 
-    async def _spawn(self, label: str, device: str = "") -> WorkerHandle:
+    async def _exec_env(self, msg: LoadInstance) -> dict:
+        """The interpreter and environment of a python instance's worker: its model's
+        EXECUTION_ENV_PATH (a tarball is unpacked off the loop), or this server's."""
+        try:
+            path = exec_env.env_path_of(msg.config, msg.model_dir)
+            if not path:
+                return {}
+            root = await asyncio.to_thread(exec_env.prepare, path,
+                                           exec_env.default_cache_dir())
+        except exec_env.ExecEnvError as e:
+            raise RuntimeError(str(e)) from None
+        log.info("model '%s' runs in execution environment %s", msg.model, root)
+        pkgs = exec_env.package_links(self.run_dir)
+        return {"executable": exec_env.interpreter(root),
+                "env": exec_env.child_environ(root, pkgs)}
+
+    async def _spawn(self, label: str, device: str = "", executable: str = "",
+                     env: dict[str, str] | None = None) -> WorkerHandle:
         gen = next(self._gen)
         address = ipc_address(self.run_dir, f"w{gen}")
         worker = WorkerHandle(label, address, f"{self.shm_prefix}w{gen}", device)
@@ -142,7 +160,7 @@ class WorkerPool:
             "--segment-prefix", worker.prefix, "--arena-bytes", str(a.arena_mib << 20),
             "--device", device or "cpu",
             "--log-settings", msgspec.json.encode(a.log_settings).decode(),
-        ], on_exit=self._on_exit)
+        ], on_exit=self._on_exit, executable=executable, env=env)
         self.workers[address] = worker
         worker.child.start(self.loop)
         await asyncio.wait_for(worker.ready, a.startup_timeout_secs)

@@ -13,6 +13,11 @@ _FRAMEWORKS = {
     "onnxruntime": ("workers.onnx_backend", "OnnxModel", "model.onnx"),
     "pytorch": ("workers.torch_backend", "TorchModel", "model.pt"),
 }
+# what to install when a framework is missing (onnxruntime: either build, not both)
+_EXTRAS = {
+    "onnxruntime": " (pip install 'shmserve[cpu]' or 'shmserve[gpu]')",
+    "pytorch": " (pip install 'shmserve[pytorch]')",
+}
 
 
 def create_instance(msg: LoadInstance):
@@ -33,7 +38,7 @@ def create_instance(msg: LoadInstance):
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            extra = " (pip install 'shmserve[pytorch]')" if backend == "pytorch" else ""
+            extra = _EXTRAS[backend]
             raise RuntimeError(f"backend '{backend}' is not available: {exc}{extra}") from None
         filename = config.get("default_model_filename") or default_file
         path = os.path.join(msg.model_dir, str(msg.version), filename)

@@ -1,0 +1,232 @@
+"""deploy/ and the Dockerfile against the server's own ports, paths and metric names:
+the CLI defaults (scheduler/cli.py), the HTTP routes (frontend/http_server.py), the
+metrics path and the metric families scheduler/metrics.py emits. Docker and a cluster
+are not available here, so the manifests are parsed and cross-checked, not applied."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scheduler import cli, metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+DEFAULTS = cli.build_parser().parse_args(["--model-repository", "/models"])
+PORTS = {"http": DEFAULTS.http_port, "grpc": DEFAULTS.grpc_port,
+         "metrics": DEFAULTS.metrics_port}
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def load(name):
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d is not None]
+
+
+def one(name, kind):
+    docs = [d for d in load(name) if d.get("kind") == kind]
+    assert len(docs) == 1, f"{name}: expected one {kind}"
+    return docs[0]
+
+
+def container():
+    dep = one("deployment.yaml", "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    return dep, c
+
+
+def http_routes():
+    source = (ROOT / "frontend" / "http_server.py").read_text()
+    return set(re.findall(r'Route\("(/v2/[a-z/]+)"', source))
+
+
+def emitted(name):
+    """Whether scheduler/metrics.py emits series `name` (histograms as _bucket/_sum/
+    _count)."""
+    if name in metrics._FAMILIES:
+        return metrics._FAMILIES[name][0] != "histogram"
+    for suffix in HISTOGRAM_SUFFIXES:
+        base = name.removesuffix(suffix)
+        if name.endswith(suffix) and metrics._FAMILIES.get(base, ("",))[0] == "histogram":
+            return True
+    return False
+
+
+def metric_names(text):
+    return set(re.findall(r"\bnv_[a-z0-9_]+", text))
+
+
+def test_every_manifest_parses_and_names_its_kind():
+    """Every YAML file in deploy/ parses; Kubernetes objects have apiVersion, kind and
+    a name, and the kustomization lists files that exist."""
+    files = sorted(DEPLOY.glob("*.y*ml"))
+    assert files
+    for f in files:
+        docs = load(f.name)
+        assert docs, f.name
+        for d in docs:
+            if "kind" in d:
+                assert d.get("apiVersion") and (d.get("metadata", {}).get("name")
+                                                 or d["kind"] == "Kustomization"), f.name
+    kust = one("kustomization.yaml", "Kustomization")
+    for res in kust["resources"]:
+        assert (DEPLOY / res).is_file(), res
+    json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+
+
+def test_container_ports_are_the_cli_defaults_and_the_args_parse():
+    """The Deployment's three named ports are the server's --http/--grpc/--metrics-port
+    defaults, its args parse with the server's own CLI, and they serve /models."""
+    _, c = container()
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == PORTS
+    args = cli.build_parser().parse_args(c["args"])
+    assert args.model_repository == ["/models"]
+    assert (args.http_port, args.grpc_port, args.metrics_port) == tuple(PORTS.values())
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert "/models" in mounts
+
+
+def test_probes_hit_the_health_routes():
+    """Liveness on /v2/health/live, readiness on /v2/health/ready (both routes the HTTP
+    frontend serves) on the http port; a startup probe leaves slow loads minutes."""
+    _, c = container()
+    routes = http_routes()
+    live, ready, start = c["livenessProbe"], c["readinessProbe"], c["startupProbe"]
+    assert live["httpGet"]["path"] == "/v2/health/live" in routes
+    assert ready["httpGet"]["path"] == "/v2/health/ready" in routes
+    assert start["httpGet"]["path"] in routes
+    for probe in (live, ready, start):
+        assert probe["httpGet"]["port"] in ("http", PORTS["http"])
+    assert start["periodSeconds"] * start["failureThreshold"] >= 300
+
+
+def test_dev_shm_is_a_sized_memory_emptydir():
+    """/dev/shm is an emptyDir in memory with a sizeLimit above several default
+    arenas (each process maps --arena-mib)."""
+    dep, c = container()
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+    assert shm["medium"] == "Memory"
+    size = shm["sizeLimit"]
+    units = {"Mi": 1 << 20, "Gi": 1 << 30}
+    size_bytes = int(size[:-2]) * units[size[-2:]]
+    assert size_bytes >= 8 * (DEFAULTS.arena_mib << 20)
+
+
+def test_service_exposes_the_three_ports():
+    """The Service maps the same three ports onto the container's named ports and
+    selects the Deployment's pods."""
+    dep, _ = container()
+    svc = one("service.yaml", "Service")
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == PORTS
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} == set(PORTS)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+
+
+def test_hpa_scales_the_deployment_on_an_exported_queue_metric():
+    """The HPA targets the Deployment with a per-pod metric that the server exports
+    (a gauge) and that the adapter rule serves under that name."""
+    dep, _ = container()
+    hpa = one("hpa.yaml", "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == dep["metadata"]["name"]
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    (m,) = hpa["spec"]["metrics"]
+    name = m["pods"]["metric"]["name"]
+    assert name == "nv_inference_pending_request_count"
+    assert metrics._FAMILIES[name][0] == "gauge"
+    rules = yaml.safe_load(one("prometheus-adapter.yaml", "ConfigMap")["data"]
+                           ["config.yaml"])["rules"]
+    served = [r for r in rules if r["name"]["as"] == name]
+    assert len(served) == 1
+    assert metric_names(served[0]["seriesQuery"]) == {name}
+    assert set(served[0]["resources"]["overrides"]) == {"namespace", "pod"}
+
+
+def test_scrape_config_reads_the_metrics_port_and_path():
+    """Prometheus scrapes the pods' metrics port and the path the metrics server
+    answers (/metrics), keeping the namespace and pod labels the adapter maps."""
+    dep, _ = container()
+    source = Path(metrics.__file__).read_text()
+    assert '== "/metrics"' in source
+    ann = dep["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/path"] == "/metrics"
+    assert int(ann["prometheus.io/port"]) == PORTS["metrics"]
+    (job,) = yaml.safe_load((DEPLOY / "prometheus-scrape.yml").read_text())[
+        "scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    targets = {r.get("target_label") for r in job["relabel_configs"]}
+    assert {"namespace", "pod", "__address__"} <= targets
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_accepts_the_scrape_config(tmp_path):
+    """Prometheus's own checker accepts the scrape config (its relabel rules and
+    regexes). Debian's Prometheus is built without Kubernetes discovery; there the
+    pod discovery is swapped for a static target and the rest is checked."""
+    def check(path):
+        return subprocess.run(["promtool", "check", "config", "--syntax-only", str(path)],
+                              capture_output=True, text=True, timeout=60)
+
+    path = DEPLOY / "prometheus-scrape.yml"
+    done = check(path)
+    if "field kubernetes_sd_configs not found" in done.stdout + done.stderr:
+        config = yaml.safe_load(path.read_text())
+        for job in config["scrape_configs"]:
+            del job["kubernetes_sd_configs"]
+            job["static_configs"] = [{"targets": [f"127.0.0.1:{PORTS['metrics']}"]}]
+        path = tmp_path / "scrape.yml"
+        path.write_text(yaml.safe_dump(config))
+        done = check(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_dashboard_plots_only_metrics_the_server_exports():
+    """Every Grafana query names only series scheduler/metrics.py emits, and the
+    dashboard covers throughput, failures, the queue and latency histograms."""
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = set().union(*(metric_names(e) for e in exprs))
+    unknown = {n for n in used if not emitted(n)}
+    assert not unknown, unknown
+    assert {"nv_inference_request_success", "nv_inference_request_failure",
+            "nv_inference_pending_request_count",
+            "nv_inference_request_histogram_ms_bucket"} <= used
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_dockerfile_serves_models_on_the_default_ports():
+    """The Dockerfile exposes the three default ports, starts `shmserve` (the console
+    script pyproject declares) on /models, and its EXTRAS are extras pyproject has."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    text = (ROOT / "Dockerfile").read_text()
+    exposed = re.search(r"^EXPOSE (.+)$", text, re.M).group(1).split()
+    assert sorted(map(int, exposed)) == sorted(PORTS.values())
+    entry = json.loads(re.search(r"^ENTRYPOINT (.+)$", text, re.M).group(1))
+    cmd = json.loads(re.search(r"^CMD (.+)$", text, re.M).group(1))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert entry == ["shmserve"] and "shmserve" in project["scripts"]
+    args = cli.build_parser().parse_args(cmd)
+    assert args.model_repository == ["/models"]
+    assert (args.http_port, args.grpc_port, args.metrics_port) == tuple(PORTS.values())
+    assert 'VOLUME ["/models"]' in text
+    assert "/v2/health/ready" in text
+    default_extra = re.search(r"^ARG EXTRAS=(\S+)$", text, re.M).group(1)
+    assert default_extra == "cpu" and "gpu" in project["optional-dependencies"]
+    # the COPY lines bring every package the wheel is built from
+    for pkg in ("frontend", "scheduler", "shm", "workers"):
+        assert re.search(rf"^COPY {pkg} ", text, re.M), pkg
+
+
+def test_pod_runs_as_the_image_user():
+    """The pod's runAsUser is the uid the Dockerfile creates its user with, so the
+    non-root pod can write its home (the EXECUTION_ENV_PATH cache) and /tmp."""
+    dep, _ = container()
+    uid = re.search(r"useradd .*--uid (\d+)", (ROOT / "Dockerfile").read_text()).group(1)
+    ctx = dep["spec"]["template"]["spec"]["securityContext"]
+    assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == int(uid)
