@@ -1,0 +1,119 @@
+"""Protocol details that Triton's own tests probe (issue 11, part 5c): classification
+labels, chunked request bodies, a bad ensemble under --exit-on-error; over HTTP and gRPC
+where both carry the feature. (Shared-memory registration wording is checked in
+test_system_shm.py::test_bad_registrations.)"""
+
+import http.client
+import json
+
+import numpy as np
+import pytest
+
+from tests.e2e.clients import PROTOCOLS, client, infer_input, module
+from tests.e2e.harness import ROOT, ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+MODELS = ROOT / "tests" / "models_protocol"
+BAD_ENSEMBLE = ROOT / "tests" / "models_protocol_badens"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProcess(MODELS, frontends=1, log_dir=tmp_path_factory.mktemp("protocol-logs"))
+    yield from srv.serve()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_classification_labels_in_a_mixed_request(server, protocol):
+    """Classification extension: an output whose config names a `label_filename`
+    answers "score:index:label" (label = line `index` of the file), top `class_count`
+    per batch item; in the same request an output asked without classification comes
+    back as its plain tensor. Over gRPC the class count travels as the output's
+    `classification` parameter."""
+    mod = module(protocol)
+    x = np.array([[0.1, 0.7, 0.2, 0.0], [0.5, 0.0, 0.1, 0.9]], dtype=np.float32)
+    result = client(server, protocol).infer(
+        "classify_labels", [infer_input(protocol, "INPUT0", x, "FP32")],
+        outputs=[mod.InferRequestedOutput("SCORES", class_count=2),
+                 mod.InferRequestedOutput("PLAIN")])
+    assert result.as_numpy("SCORES").tolist() == [
+        [b"0.700000:1:dog", b"0.200000:2:bird"], [b"0.900000:3:fish", b"0.500000:0:cat"]]
+    np.testing.assert_array_equal(result.as_numpy("PLAIN"), x)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_classification_without_label_file(server, protocol):
+    """An output without `label_filename` classifies as "score:index" (no label), and
+    class_count larger than the output's size is cut to the size, as Triton does."""
+    mod = module(protocol)
+    x = np.array([[3, 1, 4, 2]], dtype=np.float32)
+    result = client(server, protocol).infer(
+        "classify_labels", [infer_input(protocol, "INPUT0", x, "FP32")],
+        outputs=[mod.InferRequestedOutput("PLAIN", class_count=9)])
+    assert result.as_numpy("PLAIN").tolist() == [
+        [b"4.000000:2", b"3.000000:0", b"2.000000:3", b"1.000000:1"]]
+    assert result.as_numpy("SCORES") is None  # not requested, not returned
+
+
+def _chunked_post(server, path: str, body: bytes, chunk: int) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(server.http_url, timeout=30)
+    try:
+        pieces = (body[i:i + chunk] for i in range(0, len(body), chunk))
+        conn.request("POST", path, body=pieces, encode_chunked=True,
+                     headers={"Content-Type": "application/json",
+                              "Transfer-Encoding": "chunked"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_chunked_request_body(server):
+    """HTTP/1.1 `Transfer-Encoding: chunked` request bodies (no Content-Length) are
+    accepted, as Triton's HTTP server accepts them: the pieces make one request."""
+    request = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                           "data": [1.0, 2.0, 3.0, 4.0]}],
+               "outputs": [{"name": "PLAIN"}]}
+    status, body = _chunked_post(server, "/v2/models/classify_labels/infer",
+                                 json.dumps(request).encode(), chunk=7)
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["outputs"][0]["data"] == [1.0, 2.0, 3.0, 4.0]
+    # a chunked body that is not a valid request is the usual 400, and the server stays up
+    status, body = _chunked_post(server, "/v2/models/classify_labels/infer", b"{not json",
+                                 chunk=3)
+    assert status == 400 and "error" in json.loads(body)
+    assert client(server, "http").is_server_ready()
+
+
+def test_bad_ensemble_exits_by_default(tmp_path):
+    """An ensemble that cannot load (a step names no model) is a failed model load:
+    with the default --exit-on-error=true the server exits non-zero, as Triton 2.51
+    does ("failed to load all models", checked against it), and leaves no shared
+    memory behind."""
+    srv = ServerProcess(BAD_ENSEMBLE, log_dir=tmp_path)
+    srv.start(wait_ready=False)
+    assert srv.proc.wait(120) != 0
+    log = srv.log()
+    assert "bad_ens" in log and "no_such_model" in log
+    assert srv.segments() == []
+
+
+def test_bad_ensemble_fails_alone_without_exit_on_error(tmp_path):
+    """With --exit-on-error=false only the ensemble fails: the other models serve, the
+    ensemble is not ready and its requests are refused with the load error."""
+    from tritonclient.utils import InferenceServerException
+    srv = ServerProcess(BAD_ENSEMBLE, "--exit-on-error=false", log_dir=tmp_path)
+    srv.start()
+    try:
+        for protocol in PROTOCOLS:
+            c = client(srv, protocol)
+            x = np.arange(4, dtype=np.float32)
+            result = c.infer("identity", [infer_input(protocol, "INPUT0", x, "FP32")])
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+            assert not c.is_model_ready("bad_ens")
+            with pytest.raises(InferenceServerException, match="no_such_model"):
+                c.infer("bad_ens", [infer_input(protocol, "IN", x, "FP32")])
+    finally:
+        srv.stop_checked()
