@@ -20,7 +20,9 @@ BAD_ENSEMBLE = ROOT / "tests" / "models_protocol_badens"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(MODELS, frontends=1, log_dir=tmp_path_factory.mktemp("protocol-logs"))
+    srv = ServerProcess(MODELS, "--http-header-forward-pattern", "^x-fwd-",
+                        "--grpc-header-forward-pattern", "(?i)^X-FWD-", frontends=1,
+                        log_dir=tmp_path_factory.mktemp("protocol-logs"))
     yield from srv.serve()
 
 
@@ -54,6 +56,54 @@ def test_classification_without_label_file(server, protocol):
     assert result.as_numpy("PLAIN").tolist() == [
         [b"4.000000:2", b"3.000000:0", b"2.000000:3", b"1.000000:1"]]
     assert result.as_numpy("SCORES") is None  # not requested, not returned
+
+
+def _params_seen(server, protocol: str, headers: dict, **kwargs) -> dict:
+    x = np.array([1.0], dtype=np.float32)
+    result = client(server, protocol).infer(
+        "echo_params", [infer_input(protocol, "INPUT0", x, "FP32")], headers=headers,
+        **kwargs)
+    return json.loads(result.as_numpy("PARAMS")[0])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_header_forward_pattern(server, protocol):
+    """--http-header-forward-pattern / --grpc-header-forward-pattern: request headers
+    (gRPC metadata) whose name the regular expression matches reach the model as
+    string request parameters; others do not. A parameter the request itself sets is
+    kept. Names are matched in lower case (HTTP names are case-insensitive, gRPC keys
+    lower-case)."""
+    # gRPC metadata keys must be lower-case (the client refuses others)
+    tenant = "X-Fwd-Tenant" if protocol == "http" else "x-fwd-tenant"
+    seen = _params_seen(server, protocol, {tenant: "acme", "x-fwd-trace": "7",
+                                           "x-other": "no"},
+                        parameters={"x-fwd-trace": "from-body"})
+    assert seen["x-fwd-tenant"] == "acme"
+    assert seen["x-fwd-trace"] == "from-body"
+    assert "x-other" not in seen
+    assert not any(k.startswith(":") or k.startswith("grpc-") for k in seen)
+
+
+def test_header_forward_stream(server):
+    """The gRPC stream (ModelStreamInfer) forwards its call's metadata into each
+    request it carries."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+    answers: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: answers.put((result, error)),
+                   headers={"x-fwd-s": "1", "x-other": "2"})
+    try:
+        x = np.array([1.0], dtype=np.float32)
+        c.async_stream_infer("echo_params", [infer_input("grpc", "INPUT0", x, "FP32")])
+        result, error = answers.get(timeout=60)
+        assert error is None, error
+        seen = json.loads(result.as_numpy("PARAMS")[0])
+        assert seen["x-fwd-s"] == "1" and "x-other" not in seen
+    finally:
+        c.stop_stream()
+        c.close()
 
 
 def _chunked_post(server, path: str, body: bytes, chunk: int) -> tuple[int, bytes]:
