@@ -58,6 +58,26 @@ def test_classification_without_label_file(server, protocol):
     assert result.as_numpy("SCORES") is None  # not requested, not returned
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_reshape_applied_to_inputs_and_outputs(server, protocol):
+    """Config `reshape`: a request shaped as the input's `dims` ([2, 4]: batch 2, dims
+    [4]) is handed to the model in `reshape.shape` ([2, 2, 2]), and the model's output
+    in its reshape shape comes back in the output's `dims` ([2, 4]), as Triton's core
+    does for every backend."""
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    result = client(server, protocol).infer(
+        "reshape_py", [infer_input(protocol, "INPUT0", x, "FP32")])
+    assert result.as_numpy("SEEN").tolist() == [[2, 2, 2], [2, 2, 2]]
+    out = result.as_numpy("OUTPUT0")
+    assert out.shape == (2, 4)
+    np.testing.assert_array_equal(out, x * 2)
+    # the request is still checked against `dims`: [1, 2, 2] is the wrong shape
+    from tritonclient.utils import InferenceServerException
+    with pytest.raises(InferenceServerException, match="unexpected shape"):
+        client(server, protocol).infer(
+            "reshape_py", [infer_input(protocol, "INPUT0", x[:1].reshape(1, 2, 2), "FP32")])
+
+
 def _params_seen(server, protocol: str, headers: dict, **kwargs) -> dict:
     x = np.array([1.0], dtype=np.float32)
     result = client(server, protocol).infer(
