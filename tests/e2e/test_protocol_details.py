@@ -78,6 +78,40 @@ def test_reshape_applied_to_inputs_and_outputs(server, protocol):
             "reshape_py", [infer_input(protocol, "INPUT0", x[:1].reshape(1, 2, 2), "FP32")])
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_non_utf8_bytes_output(server, protocol):
+    """A BYTES output that is not UTF-8 cannot be a JSON string. Triton 2.51 (run
+    against it) writes the raw bytes into the JSON anyway (200, a body no JSON parser
+    accepts); here the output goes in the binary form instead, even when JSON was
+    asked for, so the client gets the exact bytes in a valid response."""
+    mod = module(protocol)
+    kwargs = {"binary_data": False} if protocol == "http" else {}
+    result = client(server, protocol).infer(
+        "bytes_raw", [infer_input(protocol, "INPUT0", np.ones(1, np.float32), "FP32")],
+        outputs=[mod.InferRequestedOutput("OUTPUT0", **kwargs)])
+    assert result.as_numpy("OUTPUT0").tolist() == [b"\xff\xfeok", b"fine"]
+
+
+def test_non_utf8_bytes_output_raw_http(server):
+    """The same over plain HTTP: the answer is valid (JSON header + binary data, with
+    Inference-Header-Content-Length), never a JSON body with invalid UTF-8 in it."""
+    conn = http.client.HTTPConnection(server.http_url, timeout=30)
+    try:
+        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1],
+                                       "data": [1.0]}]}).encode()
+        conn.request("POST", "/v2/models/bytes_raw/infer", body=body,
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        raw = response.read()
+    finally:
+        conn.close()
+    assert response.status == 200
+    length = int(response.getheader("Inference-Header-Content-Length"))
+    header = json.loads(raw[:length])  # the JSON part is valid UTF-8 JSON
+    assert header["outputs"][0]["parameters"]["binary_data_size"] == len(raw) - length
+    assert b"\xff\xfeok" in raw[length:]
+
+
 def _params_seen(server, protocol: str, headers: dict, **kwargs) -> dict:
     x = np.array([1.0], dtype=np.float32)
     result = client(server, protocol).infer(
