@@ -20,7 +20,8 @@ BAD_ENSEMBLE = ROOT / "tests" / "models_protocol_badens"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(MODELS, "--http-header-forward-pattern", "^x-fwd-",
+    srv = ServerProcess(MODELS, "--allow-client-shm=true",
+                        "--http-header-forward-pattern", "^x-fwd-",
                         "--grpc-header-forward-pattern", "(?i)^X-FWD-", frontends=1,
                         log_dir=tmp_path_factory.mktemp("protocol-logs"))
     yield from srv.serve()
@@ -110,6 +111,80 @@ def test_non_utf8_bytes_output_raw_http(server):
     header = json.loads(raw[:length])  # the JSON part is valid UTF-8 JSON
     assert header["outputs"][0]["parameters"]["binary_data_size"] == len(raw) - length
     assert b"\xff\xfeok" in raw[length:]
+
+
+# Shared-memory registration answers of the real Triton 2.51 (run against it with the
+# same calls, over both protocols): (case, HTTP status, gRPC code, message with {name}
+# for the region's name and {key} for the key).
+SHM_CASES = [
+    ("missing key", 500, "INTERNAL", "Unable to open shared memory region: '{key}'"),
+    ("past the end", 400, "INVALID_ARGUMENT",
+     "failed to register shared memory region '{name}': invalid args"),
+    ("offset past the end", 400, "INVALID_ARGUMENT",
+     "failed to register shared memory region '{name}': invalid args"),
+    ("zero bytes", 400, "INVALID_ARGUMENT",
+     "failed to register shared memory region '{name}': unable to process address "
+     "spaceInvalid argument"),
+    ("twice", 400, "ALREADY_EXISTS", "shared memory region '{name}' already in manager"),
+]
+
+
+@pytest.fixture
+def shm_key():
+    import os
+    import uuid
+    key = f"/proto-{uuid.uuid4().hex[:12]}"
+    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 64)
+    os.close(fd)
+    yield key
+    os.unlink(f"/dev/shm{key}")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("case", SHM_CASES, ids=[c[0] for c in SHM_CASES])
+def test_shm_registration_errors_in_tritons_words(server, protocol, case, shm_key):
+    """Shared-memory registration errors answer with Triton 2.51's status and message
+    (the table above was taken from the real server), and the server stays up."""
+    import uuid
+
+    from tritonclient.utils import InferenceServerException
+    what, status, code, message = case
+    c = client(server, protocol)
+    name = f"r{uuid.uuid4().hex[:8]}"
+    key, size, offset = shm_key, 64, 0
+    if what == "missing key":
+        key = shm_key + "-gone"
+    elif what == "past the end":
+        size = 128
+    elif what == "offset past the end":
+        size, offset = 8, 60
+    elif what == "zero bytes":
+        size = 0
+    elif what == "twice":
+        c.register_system_shared_memory(name, key, size, offset)
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            c.register_system_shared_memory(name, key, size, offset)
+        assert e.value.message() == message.format(name=name, key=key)
+        assert e.value.status() == (str(status) if protocol == "http"
+                                    else f"StatusCode.{code}")
+    finally:
+        c.unregister_system_shared_memory(name)
+    assert c.is_server_ready()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_shm_unknown_region_status_and_unregister(server, protocol):
+    """As Triton 2.51: the status of an unknown region is NOT_FOUND (404) "Unable to
+    find system shared memory region: 'X'"; unregistering it succeeds (nothing to do)."""
+    from tritonclient.utils import InferenceServerException
+    c = client(server, protocol)
+    c.unregister_system_shared_memory("nothere")
+    with pytest.raises(InferenceServerException) as e:
+        c.get_system_shared_memory_status("nothere")
+    assert e.value.message() == "Unable to find system shared memory region: 'nothere'"
+    assert e.value.status() in ("404", "StatusCode.NOT_FOUND")
 
 
 def _params_seen(server, protocol: str, headers: dict, **kwargs) -> dict:
