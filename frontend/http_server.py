@@ -46,7 +46,8 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
     are appended (repository, statistics, ... endpoints served by other modules)."""
     metadata = http_codec.json_dumps(
         {"name": server_name, "version": server_version, "extensions": list(extensions)})
-    infer = _InferEndpoint(core, header_forward_pattern(header_forward))
+    forward = header_forward_pattern(header_forward)
+    infer = _InferEndpoint(core, forward)
     handlers = _Handlers(core, metadata)
     model = "/v2/models/{model_name}"
     versioned = model + "/versions/{version}"
@@ -57,9 +58,9 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
         *(Route(path + suffix, endpoint, methods=["POST"])
           for path in (model, versioned)
           for suffix, endpoint in (
-              ("/generate", GenerateEndpoint(core, streaming=False)),
-              ("/generate_stream", GenerateEndpoint(core, streaming=True)),
-              ("/infer_stream", InferStreamEndpoint(core)))),
+              ("/generate", GenerateEndpoint(core, False, forward)),
+              ("/generate_stream", GenerateEndpoint(core, True, forward)),
+              ("/infer_stream", InferStreamEndpoint(core, forward)))),
         # before the model routes: "stats" is not a model name here, as in Triton
         Route("/v2/models/stats", handlers.statistics),
         Route(model + "/stats", handlers.statistics),

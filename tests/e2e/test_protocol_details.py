@@ -213,6 +213,23 @@ def test_header_forward_pattern(server, protocol):
     assert not any(k.startswith(":") or k.startswith("grpc-") for k in seen)
 
 
+def test_header_forward_generate(server):
+    """The HTTP generate extension forwards matching headers as well."""
+    conn = http.client.HTTPConnection(server.http_url, timeout=30)
+    try:
+        conn.request("POST", "/v2/models/echo_params/generate",
+                     body=json.dumps({"INPUT0": [1.0]}).encode(),
+                     headers={"Content-Type": "application/json", "X-Fwd-Gen": "g",
+                              "X-Other": "o"})
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+    finally:
+        conn.close()
+    assert response.status == 200, answer
+    seen = json.loads(answer["PARAMS"])
+    assert seen["x-fwd-gen"] == "g" and "x-other" not in seen
+
+
 def test_header_forward_stream(server):
     """The gRPC stream (ModelStreamInfer) forwards its call's metadata into each
     request it carries."""
