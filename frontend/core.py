@@ -362,7 +362,7 @@ class SchedulerCore:
         if msg.config:
             config.ParseFromString(msg.config)
         view = ModelView(msg.name, msg.version, msg.state, msg.reason, config,
-                         cache=msg.cache)
+                         cache=msg.cache, labels=msg.labels or None)
         if msg.cache:
             # "every output" keys as listing the config's outputs
             view.cache_outputs = list(config.output) or None

@@ -26,6 +26,8 @@ from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
 
 from . import EXTENSIONS, classification, grpc_codec, settings_endpoints, shm_endpoints
+from .header_forward import compile_pattern as header_forward_pattern
+from .header_forward import forward as forward_headers
 from .types import FrontendCore
 
 log = logging.getLogger(__name__)
@@ -56,13 +58,13 @@ def server_options() -> list[tuple[str, int]]:
 
 def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "shmserve",
                      server_version: str | None = None,
-                     extensions=EXTENSIONS) -> grpc.aio.Server:
+                     extensions=EXTENSIONS, header_forward: str = "") -> grpc.aio.Server:
     """A grpc.aio server for `core`, bound to `address` ("host:port"), not started.
 
     With port 0 the kernel picks one; the server's `bound_port` attribute says which.
     Must be called with the event loop the server will run on set (grpc.aio's rule)."""
     servicer = InferenceServicer(core, server_name, server_version or _default_version(),
-                                 extensions)
+                                 extensions, header_forward_pattern(header_forward))
     server = grpc.aio.server(options=server_options())
     handlers = servicer.method_handlers()
     if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63: faster lookup
@@ -79,8 +81,9 @@ class InferenceServicer:
     """Handlers for each RPC of inference.GRPCInferenceService, over a FrontendCore."""
 
     def __init__(self, core: FrontendCore, server_name: str, server_version: str,
-                 extensions):
+                 extensions, header_forward=None):
         self.core = core
+        self.header_forward = header_forward  # compiled --grpc-header-forward-pattern
         self.server_metadata = service_pb2.ServerMetadataResponse(
             name=server_name, version=server_version, extensions=list(extensions)
         ).SerializeToString()
@@ -180,6 +183,9 @@ class InferenceServicer:
     async def model_infer(self, data: bytes, context) -> bytes:
         try:
             request = grpc_codec.decode_infer_request(data)
+            if self.header_forward is not None:
+                forward_headers(request.parameters, context.invocation_metadata() or (),
+                                self.header_forward)
             if _decoupled(self.core, request):
                 raise InferError(ErrorCode.UNSUPPORTED,
                                  "ModelInfer RPC doesn't support models with decoupled "
@@ -216,9 +222,11 @@ class InferenceServicer:
             async with lock:
                 await context.write(reply)
 
+        # the stream's metadata, forwarded into each of its requests
+        metadata = (context.invocation_metadata() or ()) if self.header_forward else None
         try:
             async for data in request_iterator:
-                task = asyncio.ensure_future(self._stream_one(data, write))
+                task = asyncio.ensure_future(self._stream_one(data, write, metadata))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -232,12 +240,14 @@ class InferenceServicer:
         classification.apply(result, request.outputs, view.config.max_batch_size > 0,
                              view.labels)
 
-    async def _stream_one(self, data: bytes, write) -> None:
+    async def _stream_one(self, data: bytes, write, metadata=None) -> None:
         """Run one request of a stream and write each of its responses."""
         request_id = ""
         try:
             request = grpc_codec.decode_infer_request(data)
             request_id = request.id
+            if metadata is not None:
+                forward_headers(request.parameters, metadata, self.header_forward)
             empty_final = request.parameters.get("triton_enable_empty_final_response")
             if empty_final is not None and not isinstance(empty_final, bool):
                 raise InferError(

@@ -24,6 +24,8 @@ from shm.errors import HTTP_STATUS, ErrorCode, InferError
 from . import EXTENSIONS, http_codec, settings_endpoints, shm_endpoints
 from .http_stream import (DisconnectWatch, GenerateEndpoint, InferStreamEndpoint,
                           check_version)
+from .header_forward import compile_pattern as header_forward_pattern
+from .header_forward import forward as forward_headers
 from .types import FrontendCore, ModelView
 
 logger = logging.getLogger(__name__)
@@ -39,12 +41,13 @@ _OCTET = b"application/octet-stream"
 def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
                   server_version: str = "0.1.0",
                   extensions: Iterable[str] = EXTENSIONS,
-                  routes: Sequence[BaseRoute] = ()) -> Starlette:
+                  routes: Sequence[BaseRoute] = (), header_forward: str = "") -> Starlette:
     """The HTTP app over `core`, with the shared-memory extensions' routes. `routes`
     are appended (repository, statistics, ... endpoints served by other modules)."""
     metadata = http_codec.json_dumps(
         {"name": server_name, "version": server_version, "extensions": list(extensions)})
-    infer = _InferEndpoint(core)
+    forward = header_forward_pattern(header_forward)
+    infer = _InferEndpoint(core, forward)
     handlers = _Handlers(core, metadata)
     model = "/v2/models/{model_name}"
     versioned = model + "/versions/{version}"
@@ -55,9 +58,9 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
         *(Route(path + suffix, endpoint, methods=["POST"])
           for path in (model, versioned)
           for suffix, endpoint in (
-              ("/generate", GenerateEndpoint(core, streaming=False)),
-              ("/generate_stream", GenerateEndpoint(core, streaming=True)),
-              ("/infer_stream", InferStreamEndpoint(core)))),
+              ("/generate", GenerateEndpoint(core, False, forward)),
+              ("/generate_stream", GenerateEndpoint(core, True, forward)),
+              ("/infer_stream", InferStreamEndpoint(core, forward)))),
         # before the model routes: "stats" is not a model name here, as in Triton
         Route("/v2/models/stats", handlers.statistics),
         Route(model + "/stats", handlers.statistics),
@@ -112,8 +115,9 @@ def error_response(err: InferError) -> Response:
 class _InferEndpoint:
     """POST /v2/models/{model}[/versions/{version}]/infer as a raw ASGI app."""
 
-    def __init__(self, core: FrontendCore):
+    def __init__(self, core: FrontendCore, header_forward=None):
         self.core = core
+        self.header_forward = header_forward  # compiled --http-header-forward-pattern
 
     async def __call__(self, scope, receive, send) -> None:
         header_length = encoding = accept = None
@@ -173,6 +177,8 @@ class _InferEndpoint:
                 request = http_codec.decode_raw_request(body, view.config, name, version)
             else:
                 request = http_codec.decode_infer_request(body, length, name, version)
+            if self.header_forward is not None:
+                forward_headers(request.parameters, scope["headers"], self.header_forward)
             if block is not None:
                 request.arena_blocks.append(block)  # the core frees it from here on
                 block = None

@@ -32,6 +32,7 @@ from shm.datatypes import from_config
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
 from . import http_codec
+from .header_forward import forward
 from .types import DecodedInput, DecodedRequest, FrontendCore, InferResult
 
 log = logging.getLogger(__name__)
@@ -196,8 +197,9 @@ class StreamEndpoint:
     a request (`decode`, per route) and start it, then send its responses (`respond`,
     per route) while watching the client; an error before the start is a JSON error."""
 
-    def __init__(self, core: FrontendCore):
+    def __init__(self, core: FrontendCore, header_forward=None):
         self.core = core
+        self.header_forward = header_forward  # compiled --http-header-forward-pattern
 
     async def __call__(self, scope, receive, send) -> None:
         body = await read_body(receive)
@@ -207,6 +209,8 @@ class StreamEndpoint:
         try:
             request = self.decode(scope, body, params["model_name"],
                                   params.get("version", ""))
+            if self.header_forward is not None:
+                forward(request.parameters, scope["headers"], self.header_forward)
             stream = self.core.start(request)
         except InferError as e:
             return await send_error(send, e)
@@ -230,8 +234,8 @@ class StreamEndpoint:
 class GenerateEndpoint(StreamEndpoint):
     """POST .../generate (`streaming` False) or .../generate_stream."""
 
-    def __init__(self, core: FrontendCore, streaming: bool):
-        super().__init__(core)
+    def __init__(self, core: FrontendCore, streaming: bool, header_forward=None):
+        super().__init__(core, header_forward)
         self.streaming = streaming
 
     def decode(self, scope, body: bytes, name: str, version: str) -> DecodedRequest:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 from scheduler.cache import parse_cache_config
 from scheduler.log_settings import LOG_FORMATS, from_args
@@ -91,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arena-mib", type=int, default=64,
                    help="size of each shared-memory arena chunk, MiB")
     p.add_argument("--startup-timeout-secs", type=float, default=120.0)
+    for proto in ("http", "grpc"):
+        p.add_argument(f"--{proto}-header-forward-pattern", default="", metavar="REGEX",
+                       help=f"{proto.upper()} request headers whose (lower-case) name "
+                            "this regular expression matches become request parameters")
     return p
 
 
@@ -108,6 +113,15 @@ def parse_backend_config(items: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def _check_regex(flag: str, pattern: str) -> None:
+    """Refuse at start a forward pattern the frontends could not compile."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"--{flag.replace('_', '-')}: invalid regular expression "
+                         f"'{pattern}': {exc}") from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -120,6 +134,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.cache_bytes = parse_cache_config(args.cache_config,
                                               args.response_cache_byte_size)
         args.trace_config = parse_trace_config(args.trace_config)
+        for flag in ("http_header_forward_pattern", "grpc_header_forward_pattern"):
+            _check_regex(flag, getattr(args, flag))
     except ValueError as exc:
         parser.error(str(exc))
     if args.log_verbose < 0:

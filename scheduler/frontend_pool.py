@@ -70,6 +70,8 @@ class FrontendPool:
             "--grpc-address", a.grpc_address, "--grpc-port", str(a.grpc_port),
             "--allow-http", str(a.allow_http).lower(), "--allow-grpc", str(a.allow_grpc).lower(),
             "--log-settings", msgspec.json.encode(a.log_settings).decode(),
+            "--http-header-forward-pattern", a.http_header_forward_pattern,
+            "--grpc-header-forward-pattern", a.grpc_header_forward_pattern,
         ], on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())

@@ -52,6 +52,7 @@ class ModelRepositoryManager:
         self._send_batch = send_batch
         self._fail = fail
         self._respond = respond  # relayed responses (preserve_ordering)
+        self._label_cache: dict[tuple[str, int], tuple[object, dict]] = {}
         self._on_ready = on_ready  # a scheduler has instances again: pump it
         self.host = host  # runs ensembles' steps (the scheduler process)
         # ensemble name -> the models its steps name; and every model's load, settled
@@ -347,7 +348,20 @@ class ModelRepositoryManager:
         return ModelStateUpdate(
             mv.name, mv.version, mv.state.value, mv.reason,
             config=mv.config.SerializeToString() if mv.config is not None else b"",
-            config_json=mv.config_json, cache=self.caches(mv.config))
+            config_json=mv.config_json, cache=self.caches(mv.config),
+            labels=self._labels(mv))
+
+    def _labels(self, mv: ModelVersion) -> dict[str, list[str]]:
+        """Each output's `label_filename` read from the model directory, once per
+        version (Triton reads them at load too)."""
+        if mv.config is None or mv.state is not ModelReadyState.READY:
+            return {}
+        cached = self._label_cache.get((mv.name, mv.version))
+        if cached is None or cached[0] is not mv.config:  # a reload brings a new config
+            labels = {out.name: read_labels(os.path.join(mv.path, out.label_filename))
+                      for out in mv.config.output if out.label_filename}
+            cached = self._label_cache[(mv.name, mv.version)] = (mv.config, labels)
+        return cached[1]
 
     def schedulers(self):
         for mv in self.models.all():
@@ -404,3 +418,14 @@ def _reaches(plans: dict, start: str, target: str) -> bool:
         seen.add(name)
         todo.extend(_step_models(plan.config))
     return False
+
+
+def read_labels(path: str) -> list[str]:
+    """A label file: one class label per line, line i naming class index i. One that
+    cannot be read gives no labels (logged): classes then come as "score:index"."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("label file '%s' cannot be read: %s", path, exc)
+        return []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from typing import Callable
 
 from shm.errors import ErrorCode, InferError
@@ -21,6 +22,7 @@ from shm.messages.regions import (CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, RegionReq
 from shm.regions import check_client_key, object_size
 from shm.tensor import TensorRef
 
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(eq=False)
@@ -64,9 +66,10 @@ class RegionRegistry:
             raise InferError(ErrorCode.ALREADY_EXISTS,
                              f"shared memory region '{call.name}' already in manager")
         if call.byte_size <= 0:
+            # Triton's words (its mmap of 0 bytes fails with EINVAL), checked on 2.51
             raise InferError(ErrorCode.INVALID_ARG,
-                             f"shared memory region '{call.name}' must have a positive "
-                             f"byte size, got {call.byte_size}")
+                             f"failed to register shared memory region '{call.name}': "
+                             "unable to process address spaceInvalid argument")
         region = Region(next(self._uids), call.name, call.kind, byte_size=call.byte_size)
         if call.kind == SYSTEM:
             try:
@@ -76,14 +79,19 @@ class RegionRegistry:
             try:
                 size = object_size(call.key)
             except OSError as exc:
-                raise InferError(ErrorCode.INVALID_ARG,
-                                 f"Unable to open shared memory region: '{call.key}' "
-                                 f"({exc.strerror})") from None
+                # Triton 2.51: status 500 / INTERNAL and no reason (shm_open's errno
+                # goes to its verbose log only); ours goes to the log too
+                log.info("shared memory key %r: %s", call.key, exc.strerror)
+                raise InferError(ErrorCode.INTERNAL,
+                                 f"Unable to open shared memory region: '{call.key}'") \
+                    from None
             if call.offset < 0 or call.offset + call.byte_size > size:
+                log.info("shared memory region %r: offset %d + byte size %d exceeds "
+                         "the %d bytes of %r", call.name, call.offset, call.byte_size,
+                         size, call.key)
                 raise InferError(ErrorCode.INVALID_ARG,
-                                 f"shared memory region '{call.name}': offset {call.offset}"
-                                 f" + byte size {call.byte_size} exceeds the "
-                                 f"{size} bytes of '{call.key}'")
+                                 f"failed to register shared memory region '{call.name}':"
+                                 " invalid args")
             region.key, region.offset = call.key, call.offset
         else:
             if not 0 <= call.device_id < self.cuda_devices:

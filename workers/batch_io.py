@@ -154,3 +154,85 @@ def scatter(array, shapes: list[Shape], name: str = "") -> list:
         parts.append(flat[start:start + count].reshape(shape))
         start += count
     return parts
+
+
+# -- reshape ------------------------------------------------------------------------
+#
+# A config input or output may carry `reshape { shape: [...] }`: clients speak `dims`,
+# the model sees `reshape.shape` (the batch dimension, when max_batch_size > 0, stays in
+# front). Triton applies it in its core for every backend: a request's input is handed
+# over in the reshaped shape, and a model's output comes back in `dims`. Variable
+# dimensions (-1) carry over in order: the k-th -1 of one side takes the k-th variable
+# size of the other.
+
+
+def reshaped(shape, source, target) -> tuple[int, ...] | None:
+    """`shape` (no batch dimension), which follows `source`, viewed as `target`; None
+    when it cannot be mapped (the tensor is then passed on as it is)."""
+    shape, source, target = tuple(shape), tuple(source), tuple(target)
+    wild = target.count(-1)
+    if wild == 0:
+        return target
+    count = _product(shape)
+    if len(shape) == len(source):
+        sizes = [d for d, s in zip(shape, source) if s == -1]
+        if len(sizes) == wild:
+            it = iter(sizes)
+            mapped = tuple(next(it) if d == -1 else d for d in target)
+            if _product(mapped) == count:  # a mapping that keeps every element
+                return mapped
+    if wild == 1:  # the element count decides the one free size
+        known = _product(d for d in target if d != -1)
+        if known and count % known == 0:
+            return tuple(count // known if d == -1 else d for d in target)
+    return None
+
+
+def _product(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+class Reshaper:
+    """A model config's reshapes: `input(name, array)` views a request's input in the
+    model's shape, `output(name, array)` a model's output in the config's `dims`. Works
+    on anything with `.shape` and `.reshape` (numpy, cupy, torch)."""
+
+    def __init__(self, config: dict):
+        self.batching = int(config.get("max_batch_size") or 0) > 0
+        self._in = self._pairs(config.get("input") or [], to_model=True)
+        self._out = self._pairs(config.get("output") or [], to_model=False)
+
+    @staticmethod
+    def _pairs(ios: list[dict], to_model: bool) -> dict:
+        pairs = {}
+        for io in ios:
+            if io.get("reshape") is None:
+                continue
+            dims = tuple(int(d) for d in io.get("dims") or [])
+            shape = tuple(int(d) for d in io["reshape"].get("shape") or [])
+            pairs[io["name"]] = (dims, shape) if to_model else (shape, dims)
+        return pairs
+
+    def __bool__(self) -> bool:
+        return bool(self._in or self._out)
+
+    def input(self, name: str, array):
+        return self._view(self._in.get(name), array)
+
+    def output(self, name: str, array):
+        return self._view(self._out.get(name), array)
+
+    def _view(self, pair, array):
+        if pair is None or not hasattr(array, "reshape"):
+            return array
+        shape = tuple(array.shape)
+        lead = shape[:1] if self.batching else ()
+        if self.batching and not shape:
+            return array
+        target = reshaped(shape[len(lead):], *pair)
+        if target is None or lead + target == shape:
+            return array
+        return array.reshape(lead + target)

@@ -26,8 +26,9 @@ import onnxruntime as ort
 
 from shm import datatypes
 from shm.errors import ErrorCode, InferError
-from workers.onnx_config import (WILDCARD_DIM, GraphIO, complete, int_param, model_file,
-                                 param, to_bool, to_int, validate)
+from workers.batch_io import Reshaper
+from workers.onnx_config import (GraphIO, complete, int_param, model_file, param, to_bool,
+                                 to_int, validate)
 
 log = logging.getLogger(__name__)
 
@@ -297,8 +298,7 @@ class OnnxModel:
             or list(self.graph.outputs)
         self._datatype = {n: t.datatype for tensors in (self.graph.overridable,
                           self.graph.inputs, self.graph.outputs) for n, t in tensors.items()}
-        self._to_model = _reshapes(config.get("input") or [], "reshape")
-        self._to_config = _reshapes(config.get("output") or [], "dims")
+        self._reshaper = Reshaper(config)  # shared with the other backends (batch_io)
         self._stream = None
         if self._cupy is not None and stream_ptr:
             self._stream = self._cupy.cuda.ExternalStream(stream_ptr, self.device_id)
@@ -351,20 +351,12 @@ class OnnxModel:
         return self._shape_for_model(name, np.ascontiguousarray(value))
 
     def _shape_for_model(self, name: str, array):
-        shape = self._to_model.get(name)
-        if shape is None:
-            return array
-        lead = tuple(array.shape[:1]) if self.max_batch_size > 0 else ()
-        return array.reshape(lead + shape)
+        return self._reshaper.input(name, array)
 
     def _output(self, name: str, array):
         if self._datatype[name] == "BYTES":
             array = _from_ort_strings(array)
-        shape = self._to_config.get(name)
-        if shape is None:
-            return array
-        lead = tuple(array.shape[:1]) if self.max_batch_size > 0 else ()
-        return array.reshape(lead + shape)
+        return self._reshaper.output(name, array)
 
     def _run_cuda(self, inputs: dict, names: list[str]) -> dict[str, object]:
         """IO binding: device inputs bound by pointer, outputs left where ORT allocates
@@ -427,21 +419,6 @@ class OnnxModel:
             return cp.empty(shape, dtype)
         memory = cp.cuda.UnownedMemory(value.data_ptr(), nbytes, value, self.device_id)
         return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(memory, 0))
-
-
-def _reshapes(ios: list[dict], key: str) -> dict[str, tuple[int, ...]]:
-    """Per tensor with a config reshape: the shape (without batch) to view it in, `key`
-    naming the side ("reshape": the model's, "dims": the config's). numpy infers at
-    most one -1, so a shape with more is left to the caller."""
-    out = {}
-    for io in ios:
-        if io.get("reshape") is None:
-            continue
-        shape = io["reshape"].get("shape", []) if key == "reshape" else io.get("dims", [])
-        shape = tuple(int(d) for d in shape)
-        if shape.count(WILDCARD_DIM) <= 1:
-            out[io["name"]] = shape
-    return out
 
 
 def _to_ort_strings(name: str, array: np.ndarray) -> np.ndarray:

@@ -49,6 +49,7 @@ import torch
 
 from shm import datatypes
 from shm.errors import ErrorCode, InferError
+from workers.batch_io import Reshaper
 
 log = logging.getLogger("shmserve.pytorch")
 
@@ -96,6 +97,7 @@ class TorchModel:
     def __init__(self, config: dict, model_path: str, device: str,
                  backend_config: dict[str, str], stream_ptr: int | None = None):
         self.name = config.get("name", "")
+        self._reshaper = Reshaper(config)
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
         if self._cuda and self.device.index is None:
@@ -288,6 +290,7 @@ class TorchModel:
                              f"input '{name}' is missing for model '{self.name}'") from None
         if name in self._string_inputs:
             return _string_list(name, array)
+        array = self._reshaper.input(name, array)  # the config's reshape, as Triton's core
         if isinstance(array, torch.Tensor):
             tensor = array
         elif isinstance(array, np.ndarray):
@@ -363,10 +366,11 @@ class TorchModel:
         if tensor.dtype == torch.bfloat16:
             tensor = tensor.view(torch.uint16)  # BF16 travels as raw 16-bit words
         if tensor.device.type != "cpu":
-            return tensor  # handed over as cupy after the stream is synchronized
+            # handed over as cupy after the stream is synchronized
+            return self._reshaper.output(name, tensor)
         array = tensor.numpy()
         array.flags.writeable = False  # it may be an input's memory or a weight
-        return array
+        return self._reshaper.output(name, array)
 
     def close(self) -> None:
         """Drop the module (and the device cache, as Triton does on unload)."""

@@ -87,6 +87,9 @@ class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=
     # responses are cached: the config enables response_cache and the server has a
     # cache; only then do frontends compute cache keys
     cache: bool = False
+    # output name -> its class labels (the lines of the output's `label_filename` in
+    # the model directory), for the classification extension's "score:index:label"
+    labels: dict[str, list[str]] = {}
 
 
 class ServerState(msgspec.Struct, tag=True, array_like=True):

@@ -3,6 +3,7 @@ models the tests build (tests/torch_models.py), run on the CPU; GPU tests need C
 
 import logging
 import warnings
+from typing import Tuple
 
 import numpy as np
 import pytest
@@ -371,3 +372,32 @@ def test_gpu_mlp_matches_numpy(tmp_path):
     out = load(d, "cuda:0").run({"INPUT__0": cupy.asarray(x)}, ["OUTPUT__0"])["OUTPUT__0"]
     np.testing.assert_allclose(cupy.asnumpy(out), tm.mlp_reference(d, x), rtol=1e-3,
                                atol=1e-3)
+
+
+class _DoubleAndShape(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return x * 2, torch.tensor(x.shape).unsqueeze(0).expand(x.shape[0], -1)
+
+
+def test_config_reshape(tmp_path):
+    """Config `reshape`, as Triton's core applies it for the pytorch backend: an input
+    given in `dims` ([3, 4]) reaches forward() as `reshape.shape` ([3, 2, 2]); an output
+    the model returns in its reshape shape comes back in `dims` ([3, 4])."""
+    model_dir = tm.save_model(
+        tmp_path / "reshaped", _DoubleAndShape(), [("INPUT__0", "TYPE_FP32", [4])],
+        [("OUTPUT__0", "TYPE_FP32", [4]), ("OUTPUT__1", "TYPE_INT64", [3])])
+    text = (model_dir / "config.pbtxt").read_text()
+    text = text.replace('name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] }',
+                        'name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] '
+                        'reshape { shape: [ 2, 2 ] } }')
+    text = text.replace('name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] }',
+                        'name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] '
+                        'reshape { shape: [ 2, 2 ] } }')
+    assert text.count("reshape {") == 2
+    (model_dir / "config.pbtxt").write_text(text)
+    model = load(model_dir)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = model.run({"INPUT__0": x}, ["OUTPUT__0", "OUTPUT__1"])
+    assert out["OUTPUT__1"].tolist() == [[3, 2, 2]] * 3
+    assert out["OUTPUT__0"].shape == (3, 4)
+    np.testing.assert_array_equal(out["OUTPUT__0"], x * 2)

@@ -17,6 +17,7 @@ from shm import datatypes
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.worker import LoadInstance
+from workers.batch_io import Reshaper
 from workers.python_backend import pb_utils
 from workers.tensors import ANSWERED, ANSWERED_FAILED, Copies, is_device_array
 
@@ -63,6 +64,7 @@ class PythonInstance:
             if completed is not None:
                 config = completed.as_dict() if hasattr(completed, "as_dict") else completed
         self.config = config
+        self.reshaper = Reshaper(config)  # the config's `reshape`s, as Triton's core
         self.output_types = {o["name"]: datatypes.from_config(o["data_type"])
                              for o in config.get("output", [])}
         self.copies = Copies()
@@ -198,15 +200,19 @@ class PythonInstance:
 
     def _input(self, ref, io):
         tensor = self._input_tensor(ref, io)
-        if self.bls is not None:  # a BLS call passes this tensor on as `ref`
+        # a BLS call passes this tensor on as `ref` (not a reshaped one: `ref` has the
+        # client's shape)
+        if self.bls is not None and (not self.reshaper
+                                     or list(tensor.shape()) == list(ref.shape)):
             self.bls.input_refs[id(tensor)] = (tensor, ref)
         return tensor
 
     def _input_tensor(self, ref, io):
+        reshape = self.reshaper.input if self.reshaper else _same
         if self.cpu_inputs:
-            return pb_utils.Tensor._from_server(ref.name, ref.datatype,
-                                                io.host_input(ref, self.copies))
-        array = io.input(ref)
+            return pb_utils.Tensor._from_server(
+                ref.name, ref.datatype, reshape(ref.name, io.host_input(ref, self.copies)))
+        array = reshape(ref.name, io.input(ref))
         if is_device_array(array):  # the client's CUDA memory, handed over as it is
             return pb_utils.Tensor.from_dlpack(ref.name, array)
         return pb_utils.Tensor._from_server(ref.name, ref.datatype, array)
@@ -270,6 +276,8 @@ class PythonInstance:
                     f"unexpected datatype {datatypes.to_config(datatype)} for inference "
                     f"output '{name}' of model '{self.model_name}', expecting "
                     f"{datatypes.to_config(expected)}")
+            if self.reshaper:  # the model's shape back to the config's dims
+                array = self.reshaper.output(name, array)
             out.append((name, datatype, array))
         return out
 
@@ -371,3 +379,7 @@ def _import_model(path: str, module_name: str):
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _same(name, array):
+    return array

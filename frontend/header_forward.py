@@ -1,0 +1,43 @@
+"""Triton's `--http-header-forward-pattern` / `--grpc-header-forward-pattern`: request
+headers (HTTP) or metadata (gRPC) whose name the regular expression matches anywhere
+(a search, as Triton's RE2::PartialMatch) become string parameters of the inference
+request, so the model reads them with `request.parameters()`.
+
+Header names arrive lower-cased (HTTP/1.1 names are case-insensitive and the ASGI server
+lower-cases them; gRPC metadata keys are lower-case by rule), so patterns are matched
+against the lower-case name: write them in lower case, or with `(?i)`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+
+def compile_pattern(pattern: str | None) -> re.Pattern | None:
+    """The pattern a flag gives, compiled; None for no forwarding. Raises ValueError
+    for a pattern that is not a regular expression (the server refuses to start)."""
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"invalid header forward pattern '{pattern}': {exc}") from None
+
+
+def forward(parameters: dict, headers: Iterable[tuple], pattern: re.Pattern | None) -> None:
+    """Add each header matching `pattern` to `parameters` as a string. `headers` are
+    (name, value) pairs of str or bytes. A parameter the request itself carries keeps
+    its value (the body is what the client said explicitly); grpc's own reserved
+    metadata (':authority', 'grpc-*', binary '-bin' keys) is never forwarded."""
+    if pattern is None:
+        return
+    for name, value in headers:
+        if isinstance(name, bytes):
+            name = name.decode("latin-1")
+        if name.startswith(":") or name.startswith("grpc-") or name.endswith("-bin"):
+            continue
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        if pattern.search(name) and name not in parameters:
+            parameters[name] = value
