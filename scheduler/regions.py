@@ -18,7 +18,7 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.regions import (CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, RegionRequest,
                                   RegionStatus)
-from shm.regions import check_client_key, object_size
+from shm.regions import NotSharedMemory, check_client_key, object_size
 from shm.tensor import TensorRef
 
 
@@ -75,10 +75,18 @@ class RegionRegistry:
                 raise InferError(ErrorCode.INVALID_ARG, str(exc)) from None
             try:
                 size = object_size(call.key)
-            except OSError as exc:
+            except NotSharedMemory:
+                # opened without blocking (a FIFO would wait for a writer) and refused:
+                # Triton's text and status when its mmap of such a file fails
                 raise InferError(ErrorCode.INVALID_ARG,
-                                 f"Unable to open shared memory region: '{call.key}' "
-                                 f"({exc.strerror})") from None
+                                 f"failed to register shared memory region "
+                                 f"'{call.name}': invalid args") from None
+            except OSError:
+                # Triton's text and status when shm_open fails (INTERNAL, HTTP 500):
+                # a missing key, or a symlink (O_NOFOLLOW, as glibc's shm_open)
+                raise InferError(ErrorCode.INTERNAL,
+                                 f"Unable to open shared memory region: '{call.key}'"
+                                 ) from None
             if call.offset < 0 or call.offset + call.byte_size > size:
                 raise InferError(ErrorCode.INVALID_ARG,
                                  f"shared memory region '{call.name}': offset {call.offset}"

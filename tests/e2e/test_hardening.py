@@ -1,0 +1,308 @@
+"""Defects a hostile client or a crash finds (issue 11, 5b): client shared-memory keys
+that are FIFOs or symlinks, a region truncated under the server, a dead frontend's
+queued requests, the socket directory after a stop, malformed inputs, and kill -9 of
+the scheduler."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import re
+import signal
+import time
+import uuid
+
+import numpy as np
+import pytest
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e import clients
+from tests.e2e.harness import DEFAULT_REPOS, ServerProcess, wait_until
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT = 30  # a bound on every call, never a pace
+
+
+@pytest.fixture(scope="module")
+def hsrv(tmp_path_factory):
+    srv = ServerProcess(DEFAULT_REPOS, "--allow-client-shm=true", frontends=1,
+                        log_dir=tmp_path_factory.mktemp("hardening-logs"))
+    yield from srv.serve()
+
+
+def _client(srv, protocol):
+    if protocol == "http":
+        return clients.client(srv, protocol, network_timeout=TIMEOUT,
+                              connection_timeout=TIMEOUT)
+    return clients.client(srv, protocol)
+
+
+def _register(client, protocol, name, key, size):
+    kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
+    client.register_system_shared_memory(name, key, size, **kwargs)
+
+
+def _identity(client, protocol, values=(1.0, 2.0, 3.0)):
+    x = np.array([values], np.float32)
+    kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
+    r = client.infer("identity_fp32", [clients.infer_input(protocol, "INPUT0", x, "FP32")],
+                     **kwargs)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)
+
+
+def _unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+# -- 1. keys that are not regular shm objects ------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_fifo_key_is_refused_without_blocking(hsrv, protocol):
+    """A key naming a FIFO in /dev/shm is refused at once (the scheduler opens keys
+    non-blocking and accepts regular files only) and every model keeps serving."""
+    name = _unique("sstest-fifo")
+    path = f"/dev/shm/{name}"
+    os.mkfifo(path)
+    try:
+        client = _client(hsrv, protocol)
+        started = time.monotonic()
+        with pytest.raises(InferenceServerException) as err:
+            _register(client, protocol, _unique("fifo"), "/" + name, 64)
+        assert time.monotonic() - started < 10
+        # Triton (whose mmap of a FIFO fails) answers this text, 400
+        assert "': invalid args" in str(err.value), str(err.value)
+        assert err.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+        _identity(client, protocol)
+        assert name not in str(client.get_system_shared_memory_status())
+    finally:
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_symlink_key_is_refused(hsrv, tmp_path, protocol):
+    """A key that is a symlink in /dev/shm is not followed (O_NOFOLLOW): a client cannot
+    make the server read or write a file the link points at."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 4096)
+    name = _unique("sstest-link")
+    os.symlink(secret, f"/dev/shm/{name}")
+    try:
+        client = _client(hsrv, protocol)
+        with pytest.raises(InferenceServerException) as err:
+            _register(client, protocol, _unique("link"), "/" + name, 64)
+        assert f"Unable to open shared memory region: '/{name}'" in str(err.value)
+        assert err.value.status() in ("500", "StatusCode.INTERNAL")
+        _identity(client, protocol)
+    finally:
+        os.unlink(f"/dev/shm/{name}")
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_missing_key_is_refused_as_triton_does(hsrv, protocol):
+    """A key naming no object answers Triton's text."""
+    client = _client(hsrv, protocol)
+    key = "/" + _unique("sstest-missing")
+    with pytest.raises(InferenceServerException) as err:
+        _register(client, protocol, _unique("missing"), key, 64)
+    assert f"Unable to open shared memory region: '{key}'" in str(err.value)
+    # Triton: shm_open failing is INTERNAL
+    assert err.value.status() in ("500", "StatusCode.INTERNAL"), err.value.status()
+
+
+# -- 2. a region truncated after registration ------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_truncated_region_fails_its_request_and_server_serves(hsrv, protocol):
+    """A client that truncates its registered object makes its own requests fail with a
+    clear error; the worker does not die of SIGBUS and the model stays READY."""
+    key = "/" + _unique("sstest-trunc")
+    nbytes = 3 * 4
+    handle = shm.create_shared_memory_region(key[1:], key, 4096)
+    region = _unique("trunc")
+    client = _client(hsrv, protocol)
+    try:
+        shm.set_shared_memory_region(handle, [np.array([1, 2, 3], np.float32)])
+        _register(client, protocol, region, key, 4096)
+        mod = clients.module(protocol)
+
+        def shm_infer():
+            inp = mod.InferInput("INPUT0", [1, 3], "FP32")
+            inp.set_shared_memory(region, nbytes)
+            out = mod.InferRequestedOutput("OUTPUT0")
+            out.set_shared_memory(region, nbytes, offset=1024)
+            kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
+            return client.infer("identity_fp32", [inp], outputs=[out], **kwargs)
+
+        shm_infer()  # maps the region in a worker
+        fd = os.open(f"/dev/shm/{key[1:]}", os.O_RDWR)
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+        for _ in range(4):  # both instances, and again: never a crash loop
+            with pytest.raises(InferenceServerException) as err:
+                shm_infer()
+            assert "shared memory" in str(err.value), str(err.value)
+        _identity(client, protocol)
+        assert client.is_model_ready("identity_fp32")
+        assert "restart" not in hsrv.log().lower() or "identity_fp32" not in _restarts(hsrv)
+    finally:
+        client.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(handle)
+
+
+def _restarts(srv) -> str:
+    return "\n".join(line for line in srv.log().splitlines() if "restart" in line.lower())
+
+
+# -- 4. the socket directory -----------------------------------------------------------
+
+
+def _run_dir(srv) -> str:
+    """The scheduler's socket directory, from a child's command line (--address)."""
+    for pid in srv.children():
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        for arg in argv:
+            m = re.match(rb"ipc://(.+)/[^/]+$", arg)
+            if m:
+                return m.group(1).decode()
+    raise AssertionError("no child names the socket directory")
+
+
+@pytest.mark.parametrize("kill_frontend", [False, True])
+def test_run_dir_is_removed_after_stop(tmp_path, kill_frontend):
+    """The socket directory goes with the server, also when a child was killed."""
+    srv = ServerProcess(DEFAULT_REPOS, log_dir=tmp_path).start()
+    try:
+        run_dir = _run_dir(srv)
+        assert os.path.isdir(run_dir)
+        if kill_frontend:
+            victim = next(p for p in srv.children()
+                          if b"frontend.main" in open(f"/proc/{p}/cmdline", "rb").read())
+            os.kill(victim, signal.SIGKILL)
+    finally:
+        assert srv.stop() == 0, srv.log()
+    assert not os.path.exists(run_dir)
+    assert srv.segments() == []
+
+
+# -- 5. input validation ---------------------------------------------------------------
+
+
+def _post(srv, path, body: bytes, headers=None):
+    conn = http.client.HTTPConnection(srv.http_url, timeout=TIMEOUT)
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/json",
+                                          **(headers or {})})
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def test_zero_element_shape_with_values_is_refused_http(hsrv):
+    """Shape [0,4] holds no element: 8 values (JSON or binary) are a byte-size
+    mismatch, 400, not silently dropped."""
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [0, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4, 5, 6, 7, 8]}]}).encode()
+    status, got = _post(hsrv, "/v2/models/identity_fp32/infer", body)
+    assert status == 400, got
+    assert "input byte size mismatch for input 'INPUT0' for model 'identity_fp32'. " \
+           "Expected 0, got 32" in got["error"], got
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [0, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 32}}]}).encode()
+    status, got = _post(hsrv, "/v2/models/identity_fp32/infer",
+                        header + np.arange(8, dtype=np.float32).tobytes(),
+                        {"Inference-Header-Content-Length": str(len(header))})
+    assert status == 400, got
+    assert "input byte size mismatch for input 'INPUT0' for model 'identity_fp32'. " \
+           "Expected 0, got 32" in got["error"], got
+
+
+def test_zero_element_shape_with_values_is_refused_grpc(hsrv):
+    """The same over gRPC: raw contents of 32 bytes for shape [0,4] is INVALID_ARGUMENT."""
+    import tritonclient.grpc as grpcclient
+    client = _client(hsrv, "grpc")
+    inp = grpcclient.InferInput("INPUT0", [0, 4], "FP32")
+    inp.set_data_from_numpy(np.zeros((0, 4), np.float32))
+    inp._raw_content = np.arange(8, dtype=np.float32).tobytes()  # what a liar sends
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("identity_fp32", [inp], client_timeout=TIMEOUT)
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "Expected 0, got 32" in str(err.value)
+
+
+def test_deeply_nested_json_is_400(hsrv):
+    """JSON nested 2,000 deep is malformed input (400), not a server error."""
+    body = b'{"inputs": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    status, got = _post(hsrv, "/v2/models/identity_fp32/infer", body)
+    assert status == 400, got
+    assert "error" in got
+    _identity(_client(hsrv, "http"), "http")
+
+
+def test_huge_priority_is_400_http(hsrv):
+    """A priority of 2**70 does not fit Triton's uint64: 400 with a parse error."""
+    body = json.dumps({"parameters": {"priority": 2 ** 70},
+                       "inputs": [{"name": "INPUT0", "shape": [1, 1], "datatype": "FP32",
+                                   "data": [1]}]}).encode()
+    status, got = _post(hsrv, "/v2/models/identity_fp32/infer", body)
+    assert status == 400, got
+    assert "priority" in got["error"], got
+
+
+# -- 3, 6. dying processes -------------------------------------------------------------
+
+
+def _slow_request(srv, protocol, delay_ms):
+    inp = clients.infer_input(protocol, "DELAY_MS", np.array([delay_ms], np.int32), "INT32")
+    c = _client(srv, protocol)
+    kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
+    return c.infer("slow_parallel", [inp], **kwargs)
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_kill9_scheduler_fails_in_flight_and_children_exit(tmp_path, protocol):
+    """kill -9 of the root process: an in-flight request fails within seconds (no
+    hang), every child exits at once, and no segment is left in /dev/shm."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    srv = ServerProcess(DEFAULT_REPOS, log_dir=tmp_path,
+                        env={"SHMSERVE_TEST_MARKER_DIR": str(markers)}).start()
+    children = srv.children()
+    assert children
+    prefix = f"shmserve-{srv.proc.pid:x}"
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(_slow_request, srv, protocol, 20000)
+            wait_until(lambda: any(n.startswith("running-") for n in os.listdir(markers)),
+                       TIMEOUT, what="slow request running")
+            srv.proc.kill()
+            killed = time.monotonic()
+            with pytest.raises(Exception):
+                fut.result(timeout=TIMEOUT)
+            assert time.monotonic() - killed < 5.0, "in-flight request hung"
+        wait_until(lambda: not [p for p in children if _alive(p)], 10, what="children exit")
+        wait_until(lambda: not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)],
+                   10, what="segments removed")
+    finally:
+        srv.proc.wait(TIMEOUT)
+        for p in children:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        srv._log.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
