@@ -278,6 +278,7 @@ def test_kill9_scheduler_fails_in_flight_and_children_exit(tmp_path, protocol):
                         env={"SHMSERVE_TEST_MARKER_DIR": str(markers)}).start()
     children = srv.children()
     assert children
+    run_dir = _run_dir(srv)
     prefix = f"shmserve-{srv.proc.pid:x}"
     try:
         with cf.ThreadPoolExecutor(1) as pool:
@@ -289,9 +290,16 @@ def test_kill9_scheduler_fails_in_flight_and_children_exit(tmp_path, protocol):
             with pytest.raises(Exception):
                 fut.result(timeout=TIMEOUT)
             assert time.monotonic() - killed < 5.0, "in-flight request hung"
-        wait_until(lambda: not [p for p in children if _alive(p)], 10, what="children exit")
+        try:
+            wait_until(lambda: not [p for p in children if _alive(p)], 10,
+                       what="children exit")
+        except TimeoutError:
+            left = [open(f"/proc/{p}/cmdline", "rb").read()[:120] for p in children
+                    if _alive(p)]
+            raise AssertionError(f"children still running: {left}\n{srv.log()[-3000:]}")
         wait_until(lambda: not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)],
                    10, what="segments removed")
+        assert not os.path.exists(run_dir)
     finally:
         srv.proc.wait(TIMEOUT)
         for p in children:
@@ -306,3 +314,15 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_largest_uint64_priority_is_served(hsrv, protocol):
+    """Triton reads priority as uint64: 2**64-1 is a valid value (a level past the
+    model's lowest runs at its default), never an overflow inside the server."""
+    client = _client(hsrv, protocol)
+    x = np.array([[1.0]], np.float32)
+    kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
+    r = client.infer("identity_fp32", [clients.infer_input(protocol, "INPUT0", x, "FP32")],
+                     priority=2 ** 64 - 1, **kwargs)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)
