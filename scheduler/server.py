@@ -394,8 +394,20 @@ class Server:
 
     def _frontend_gone(self, msg) -> None:
         """A frontend died: workers forget it, and the ensemble outputs it held go back
-        to their owners (it will never release them)."""
+        to their owners (it will never release them). Its requests still queued are
+        dropped: their inputs lie in its arena, which died with it."""
         self.workers.broadcast(msg)
+        now = time.monotonic_ns()
+        dropped = 0
+        for sched in self.manager.schedulers():
+            for req in sched.drop_from(msg.address, now):
+                dropped += 1
+                if req.trace_id:
+                    self.trace.complete(req.trace_id, request_timestamps(req, None, now))
+                if self.regions.users:
+                    self.regions.finished(req)
+        if dropped:
+            log.warning("dropped %d queued request(s) of a frontend that died", dropped)
         held = [block for block, (_, reader) in self.lent.items() if reader == msg.address]
         if held:
             self.on_release(ReleaseBlocks(msg.address, held))

@@ -326,3 +326,65 @@ def test_largest_uint64_priority_is_served(hsrv, protocol):
     r = client.infer("identity_fp32", [clients.infer_input(protocol, "INPUT0", x, "FP32")],
                      priority=2 ** 64 - 1, **kwargs)
     np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)
+
+
+def _metric(srv, name: str, model: str) -> float | None:
+    try:
+        conn = http.client.HTTPConnection(f"127.0.0.1:{srv.metrics_port}", timeout=5)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _fail_count(srv, model: str) -> int | None:
+    try:
+        conn = http.client.HTTPConnection(srv.http_url, timeout=5)
+        conn.request("GET", f"/v2/models/{model}/stats")
+        body = json.loads(conn.getresponse().read())
+        conn.close()
+        return int(body["model_stats"][0]["inference_stats"]["fail"]["count"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def test_dead_frontends_queued_requests_are_dropped(tmp_path):
+    """When a frontend dies, the requests it had queued in the scheduler are removed
+    (they would run against its freed arena): with both slow_parallel instances busy,
+    a queued request of the killed frontend counts as failed at once and never runs."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    srv = ServerProcess(DEFAULT_REPOS, log_dir=tmp_path,
+                        env={"SHMSERVE_TEST_MARKER_DIR": str(markers)}).start()
+    try:
+        frontend = next(p for p in srv.children()
+                        if b"frontend.main" in open(f"/proc/{p}/cmdline", "rb").read())
+        pool = cf.ThreadPoolExecutor(3)
+        busy = [pool.submit(_slow_request, srv, "grpc", 8000) for _ in range(2)]
+        wait_until(lambda: len([n for n in os.listdir(markers)
+                                if n.startswith("running-")]) == 2,
+                   TIMEOUT, what="both instances busy")
+        queued = pool.submit(_slow_request, srv, "grpc", 8000)
+        wait_until(lambda: _metric(srv, "nv_inference_pending_request_count",
+                                   "slow_parallel") == 1, TIMEOUT, what="one queued")
+        assert _fail_count(srv, "slow_parallel") == 0
+        os.kill(frontend, signal.SIGKILL)
+        for fut in busy + [queued]:
+            with pytest.raises(Exception):
+                fut.result(timeout=TIMEOUT)
+        pool.shutdown()
+        # the restarted frontend answers; the queued request was dropped, not run:
+        # the pending gauge is 0 and it counts as failed while both instances still
+        # sleep through their 8 s requests
+        wait_until(lambda: _fail_count(srv, "slow_parallel") == 1, TIMEOUT,
+                   what="the queued request dropped")
+        assert _metric(srv, "nv_inference_pending_request_count", "slow_parallel") == 0
+        assert "dropped 1 queued request(s) of a frontend that died" in srv.log()
+    finally:
+        assert srv.stop() == 0, srv.log()
+    assert srv.segments() == []
