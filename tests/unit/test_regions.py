@@ -187,9 +187,16 @@ def test_keys_that_are_not_shm_objects_are_refused_without_blocking(tmp_path):
     """A FIFO (which would block a blocking open until a writer came), a symlink (which
     would be followed to any file) and a directory under /dev/shm are refused."""
     import os
+    import signal
     import uuid
+
+    def blocked(signum, frame):
+        raise TimeoutError("opening the key blocked")
+
     reg, _ = registry()
     made = []
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(10)  # bounds the test if an open blocks (a FIFO opened blocking)
     try:
         fifo = f"/dev/shm/sstest-fifo-{uuid.uuid4().hex[:8]}"
         os.mkfifo(fifo)
@@ -207,5 +214,7 @@ def test_keys_that_are_not_shm_objects_are_refused_without_blocking(tmp_path):
         assert e.value.code == ErrorCode.INTERNAL
         assert not reg.by_name
     finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
         for path in made:
             os.unlink(path)
