@@ -111,6 +111,7 @@ class SchedulerCore:
 
     def __init__(self, address: str, scheduler: str, segment_prefix: str, arena_bytes: int,
                  role: str = "frontend"):
+        self._failed_at_stop: set[int] = set()  # requests answered at shutdown
         self.address = address
         self.role = role  # how this process names itself in log lines
         self.scheduler = scheduler
@@ -397,10 +398,20 @@ class SchedulerCore:
         for segment, offset in msg.blocks:
             self.arena.free(segment, offset)
 
-    def close(self) -> None:
-        for stream in self.pending.values():
+    def fail_pending(self) -> None:
+        """Answer every request still waiting with an error, so that their HTTP and
+        gRPC handlers return now: the servers' shutdown waits for open handlers, and a
+        client whose scheduler died must not wait on that."""
+        failed = self._failed_at_stop
+        for rid, stream in list(self.pending.items()):
+            if rid in failed:
+                continue  # answered by an earlier call: once is enough
+            failed.add(rid)
             stream._deliver(InferResponse(stream.rid, error="Server is stopping",
                                           error_code=int(ErrorCode.UNAVAILABLE)))
+
+    def close(self) -> None:
+        self.fail_pending()
         for fut in self.calls.values():
             if not fut.done():
                 fut.set_exception(InferError(ErrorCode.UNAVAILABLE, "Server is stopping"))

@@ -100,6 +100,7 @@ async def serve(args) -> int:
     except asyncio.TimeoutError:
         pass
     abandoned = len(core.pending)
+    core.fail_pending()
     if grpc_server is not None:
         await grpc_server.stop(grace=0.5)
     if http_server is not None:

@@ -212,6 +212,14 @@ class DynamicBatchScheduler:
             self._fail(req, ErrorCode.CANCELLED, "request was cancelled")
         return bool(removed)
 
+    def drop_from(self, reply_to: str, now: int) -> list[InferRequest]:
+        """The frontend `reply_to` died: take its queued requests out, unanswered. Their
+        inputs lie in its arena, which is gone, and nobody would read the answer."""
+        removed = self.batcher.remove(lambda r: r.reply_to == reply_to)
+        for req in removed:
+            self.stats.failed(req, OTHER, now)
+        return removed
+
     def running_on(self, reply_to: str, request_id: int) -> str | None:
         """The inbox of the worker running request `request_id` of `reply_to` (or,
         for a decoupled model, that ran it lately), None if none is known."""

@@ -471,6 +471,13 @@ class EnsembleScheduler:
         self._maybe_finish(run, now)
         return True
 
+    def drop_from(self, reply_to: str, now: int) -> list[InferRequest]:
+        """The frontend `reply_to` died: its runs stop as if cancelled (their step
+        requests leave the queues; a running step's outputs are released)."""
+        for client, request_id in [k for k in self.active if k[0] == reply_to]:
+            self.cancel(client, request_id, now)
+        return []
+
     def begin_unload(self) -> None:
         self.accepting = False
 

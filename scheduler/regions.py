@@ -19,7 +19,7 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.regions import (CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, RegionRequest,
                                   RegionStatus)
-from shm.regions import check_client_key, object_size
+from shm.regions import NotSharedMemory, check_client_key, object_size
 from shm.tensor import TensorRef
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,16 @@ class RegionRegistry:
                 raise InferError(ErrorCode.INVALID_ARG, str(exc)) from None
             try:
                 size = object_size(call.key)
+            except NotSharedMemory:
+                # opened without blocking (a FIFO would wait for a writer) and refused:
+                # Triton's text and status when its mmap of such a file fails
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"failed to register shared memory region "
+                                 f"'{call.name}': invalid args") from None
             except OSError as exc:
                 # Triton 2.51: status 500 / INTERNAL and no reason (shm_open's errno
-                # goes to its verbose log only); ours goes to the log too
+                # goes to its verbose log only): a missing key, or a symlink
+                # (O_NOFOLLOW, as glibc's shm_open); ours goes to the log too
                 log.info("shared memory key %r: %s", call.key, exc.strerror)
                 raise InferError(ErrorCode.INTERNAL,
                                  f"Unable to open shared memory region: '{call.key}'") \

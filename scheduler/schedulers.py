@@ -58,6 +58,9 @@ class Scheduler(Protocol):
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
         """Drop a queued request whose client went away; True if it was queued here."""
 
+    def drop_from(self, reply_to: str, now: int) -> list[InferRequest]:
+        """A frontend died: remove its queued requests without answering them."""
+
     def running_on(self, reply_to: str, request_id: int) -> str | None:
         """The worker inbox running that request, to forward a cancel to (optional:
         the loop asks only schedulers that have it)."""

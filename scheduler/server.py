@@ -41,7 +41,7 @@ from shm.log import configure_logging
 from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
                                    FrontendStopped, InferRequest, ServerState, StatsReply,
                                    StatsRequest)
-from shm.messages.regions import RegionGone, RegionReply, RegionRequest
+from shm.messages.regions import SYSTEM, RegionGone, RegionReply, RegionRequest
 from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSettingReply,
@@ -317,7 +317,33 @@ class Server:
             self.regions.finished(req)
 
     def _instances_lost(self, slots: list[InstanceSlot], how: str) -> None:
+        if "SIGBUS" in how:
+            self._quarantine_regions(slots)
         self.manager.instances_lost(slots, how)
+
+    def _quarantine_regions(self, slots: list[InstanceSlot]) -> None:
+        """A worker died of SIGBUS running requests that read client regions: a client
+        truncated its object while the model read it. Those regions are unregistered
+        (their client's later requests fail, nobody else's), and the restart is not
+        held against the instance."""
+        faulted: set[str] = set()
+        for slot in slots:
+            sched = self.manager.by_instance.get(slot.key)
+            for s, requests in getattr(sched, "in_flight", {}).values():
+                if s is not slot:
+                    continue
+                for req in requests:
+                    for region in self.regions.users.get((req.reply_to, req.id), ()):
+                        if region.kind == SYSTEM and not region.gone:
+                            faulted.add(region.name)
+        if not faulted:
+            return
+        for slot in slots:
+            self.workers.restarts.forgive(slot.key)
+        for name in sorted(faulted):
+            log.warning("system shared memory region '%s' faulted a worker (its object "
+                        "was truncated while in use); unregistered it", name)
+            self.regions.unregister(SYSTEM, name, lambda *_: None)
 
     # -- requests this process makes (ensemble steps) -----------------------------------
 
@@ -394,8 +420,20 @@ class Server:
 
     def _frontend_gone(self, msg) -> None:
         """A frontend died: workers forget it, and the ensemble outputs it held go back
-        to their owners (it will never release them)."""
+        to their owners (it will never release them). Its requests still queued are
+        dropped: their inputs lie in its arena, which died with it."""
         self.workers.broadcast(msg)
+        now = time.monotonic_ns()
+        dropped = 0
+        for sched in self.manager.schedulers():
+            for req in sched.drop_from(msg.address, now):
+                dropped += 1
+                if req.trace_id:
+                    self.trace.complete(req.trace_id, request_timestamps(req, None, now))
+                if self.regions.users:
+                    self.regions.finished(req)
+        if dropped:
+            log.warning("dropped %d queued request(s) of a frontend that died", dropped)
         held = [block for block, (_, reader) in self.lent.items() if reader == msg.address]
         if held:
             self.on_release(ReleaseBlocks(msg.address, held))

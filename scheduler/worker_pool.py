@@ -53,8 +53,18 @@ class RestartPolicy:
 
     def __init__(self):
         self._times: dict[str, list[float]] = {}
+        self._forgiven: set[str] = set()
+
+    def forgive(self, key: str) -> None:
+        """The next restart of `key` does not count: its death was a client's doing
+        (a shared-memory region truncated under it), and a client must not be able to
+        disable a model for everyone by faulting it over and over."""
+        self._forgiven.add(key)
 
     def allow(self, key: str) -> bool:
+        if key in self._forgiven:
+            self._forgiven.discard(key)
+            return True
         now = time.monotonic()
         times = [t for t in self._times.get(key, []) if now - t < RESTART_WINDOW_S]
         times.append(now)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 
 _PR_SET_PDEATHSIG = 1
+_parent = 0  # the pid of the scheduler that started this process
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -15,7 +17,8 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     A child started by the scheduler must never outlive it: its arenas would stay in
     /dev/shm and its ports bound.
     """
-    parent = os.getppid()
+    global _parent
+    parent = _parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
@@ -23,3 +26,26 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         pass
     if os.getppid() != parent or parent == 1:
         os.kill(os.getpid(), sig)
+
+
+def parent_gone() -> bool:
+    """True once the scheduler that started this process has died (we were
+    re-parented): a signal now means "orphaned", not "the scheduler asks us to stop"."""
+    return _parent != 0 and os.getppid() != _parent
+
+
+def exit_orphaned(segment_prefix: str, address: str = "") -> None:
+    """Leave at once after the scheduler died (kill -9: nobody else cleans up).
+
+    A graceful stop would wait for the model running now (a thread may sleep for
+    seconds) and answer a scheduler that is gone; instead remove this process's own
+    segments and, as every orphan does, the scheduler's socket directory, then exit
+    without running anything else. `segment_prefix` is the prefix the scheduler gave
+    this process; `address` its ipc:// inbox address in the socket directory."""
+    from shm.arena import remove_segments
+    try:
+        remove_segments(segment_prefix + "-")
+        if address.startswith("ipc://"):
+            shutil.rmtree(os.path.dirname(address[len("ipc://"):]), ignore_errors=True)
+    finally:
+        os._exit(1)

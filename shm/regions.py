@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 
 from shm.arena import SHM_DIR
@@ -34,22 +35,54 @@ def check_client_key(key: str) -> str:
     return name
 
 
+class NotSharedMemory(OSError):
+    """The key names something in /dev/shm that is not a shm object (a FIFO, a
+    directory, a device): Triton's mmap of it fails, which it calls invalid args."""
+
+
+def open_client_object(key: str, flags: int) -> int:
+    """A descriptor of the client's shm object `key`, or OSError.
+
+    The name is the client's, so the file may be anything it could make in /dev/shm:
+    O_NONBLOCK keeps a FIFO from blocking the opener (the scheduler's one loop) until a
+    writer appears, O_NOFOLLOW refuses a symlink that would let the client read and
+    write any file the server can, and only a regular file (a real shm object) is kept.
+    """
+    fd = os.open(os.path.join(SHM_DIR, check_client_key(key)),
+                 flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotSharedMemory(22, "not a shared memory object")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def object_size(key: str) -> int:
     """Size of the client's shm object `key`; OSError when it cannot be opened."""
-    fd = os.open(os.path.join(SHM_DIR, check_client_key(key)), os.O_RDONLY)
+    fd = open_client_object(key, os.O_RDONLY)
     try:
         return os.fstat(fd).st_size
     finally:
         os.close(fd)
 
 
+class RegionTruncated(ValueError):
+    """The client shrank its object below what a request uses: touching those pages
+    would fault (SIGBUS) the process that maps it."""
+
+
 class _SystemMap:
     __slots__ = ("fd", "map", "view")
 
     def __init__(self, key: str):
-        self.fd = os.open(os.path.join(SHM_DIR, check_client_key(key)), os.O_RDWR)
+        self.fd = open_client_object(key, os.O_RDWR)
         try:
             size = os.fstat(self.fd).st_size
+            if size == 0:
+                raise RegionTruncated(f"shared memory object '{key}' is empty: "
+                                      "it was truncated after it was registered")
             self.map = mmap.mmap(self.fd, size)
         except BaseException:
             os.close(self.fd)
@@ -83,8 +116,15 @@ class RegionMaps:
                 if m is None:
                     m = self._system[uid] = _SystemMap(key)
         end = offset + nbytes
-        if offset < 0 or nbytes < 0 or end > len(m.view) or end > os.fstat(m.fd).st_size:
+        if offset < 0 or nbytes < 0 or end > len(m.view):
             raise ValueError(f"[{offset}, {end}) lies outside shared memory object '{key}'")
+        size = os.fstat(m.fd).st_size
+        if end > size:
+            # checked before every use: the SIGBUS restart of the worker stays only a
+            # backstop for a client that shrinks the object in the middle of a copy
+            raise RegionTruncated(f"shared memory object '{key}' was truncated to "
+                                  f"{size} bytes after it was registered: [{offset}, "
+                                  f"{end}) lies outside it")
         return m.view[offset:end]
 
     def cuda(self, uid: int, handle: bytes, device: int, byte_size: int):

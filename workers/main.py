@@ -30,7 +30,7 @@ import msgspec
 from shm.arena import Arena
 from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError
-from shm.lifecycle import die_with_parent
+from shm.lifecycle import die_with_parent, exit_orphaned, parent_gone
 from shm.log import apply_log_settings, configure_logging
 from shm.messages.frontend import CancelRequest
 from shm.messages.regions import RegionGone
@@ -382,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
                       msgspec.json.decode(args.log_settings, type=LogSettings))
 
     def on_term(signum, frame):
+        if parent_gone():  # the scheduler was killed: nobody waits for a clean stop
+            exit_orphaned(args.segment_prefix, args.address)
         raise _Stop()
 
     signal.signal(signal.SIGTERM, on_term)

@@ -170,6 +170,24 @@ def test_cancel_and_fail_all_count_as_failures_with_their_reason():
     assert h.s.stats.fail_count == 2
 
 
+def test_a_dead_frontends_queued_requests_are_dropped_unanswered():
+    """Its requests' inputs lie in the dead frontend's arena: none may run, none is
+    answered (nobody reads), each counts as a failure; other frontends' stay queued."""
+    h = Harness(_config(delay_us=10_000), instances=1)
+    h.s.enqueue(_req(1), 0)
+    other = _req(2)
+    other.reply_to = "ipc://fe2"
+    h.s.enqueue(other, 0)
+    h.s.enqueue(_req(3), 0)
+    dropped = h.s.drop_from("ipc://fe", 5)
+    assert sorted(r.id for r in dropped) == [1, 3]
+    assert h.failed == []
+    assert h.s.pending == 1
+    assert h.s.stats.fail_count == 2
+    h.s.pump(10_000_000)
+    assert h.ids() == [[2]]
+
+
 # -- queue policies ---------------------------------------------------------------
 
 def _policy_config(**policy):

@@ -189,3 +189,40 @@ def test_numpy_view_keeps_working_after_forget(key):
     arr = np.frombuffer(maps.view(1, key, 0, 16), dtype=np.uint8)
     maps.forget(1)
     assert arr.sum() >= 0
+
+
+def test_keys_that_are_not_shm_objects_are_refused_without_blocking(tmp_path):
+    """A FIFO (which would block a blocking open until a writer came), a symlink (which
+    would be followed to any file) and a directory under /dev/shm are refused."""
+    import os
+    import signal
+    import uuid
+
+    def blocked(signum, frame):
+        raise TimeoutError("opening the key blocked")
+
+    reg, _ = registry()
+    made = []
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(10)  # bounds the test if an open blocks (a FIFO opened blocking)
+    try:
+        fifo = f"/dev/shm/sstest-fifo-{uuid.uuid4().hex[:8]}"
+        os.mkfifo(fifo)
+        made.append(fifo)
+        target = tmp_path / "target"
+        target.write_bytes(b"x" * 4096)
+        link = f"/dev/shm/sstest-link-{uuid.uuid4().hex[:8]}"
+        os.symlink(target, link)
+        made.append(link)
+        with pytest.raises(InferError, match="'r': invalid args") as e:
+            register(reg, "r", fifo[len("/dev/shm"):], 16)
+        assert e.value.code == ErrorCode.INVALID_ARG
+        with pytest.raises(InferError, match="Unable to open shared memory region") as e:
+            register(reg, "r", link[len("/dev/shm"):], 16)
+        assert e.value.code == ErrorCode.INTERNAL
+        assert not reg.by_name
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        for path in made:
+            os.unlink(path)
