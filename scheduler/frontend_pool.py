@@ -70,6 +70,7 @@ class FrontendPool:
             "--grpc-address", a.grpc_address, "--grpc-port", str(a.grpc_port),
             "--allow-http", str(a.allow_http).lower(), "--allow-grpc", str(a.allow_grpc).lower(),
             "--log-settings", msgspec.json.encode(a.log_settings).decode(),
+            "--server-id", a.server_id,
         ], on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())
