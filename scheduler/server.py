@@ -472,7 +472,8 @@ class Server:
     def _frontend_ready(self, fe: FrontendHandle) -> None:
         for mv in self.manager.models.all():
             self.outbox.send(fe.address, self.manager.state_update(mv))
-        self.outbox.send(fe.address, ServerState(ready=not self.stopping, stopping=self.stopping))
+        self.outbox.send(fe.address, ServerState(ready=not self.stopping, stopping=self.stopping,
+                                                 strict=self.args.strict_readiness))
 
     # -- shutdown -----------------------------------------------------------------------
 
