@@ -23,7 +23,7 @@ import orjson
 
 from scheduler import bls, log_settings
 from scheduler.cache import ResponseCache
-from scheduler.frontend_pool import FrontendHandle, FrontendPool
+from scheduler.frontend_pool import FrontendHandle, FrontendPool, PortInUse
 from scheduler.metrics import Metrics, MetricsServer
 from scheduler.model_manager import ModelRepositoryManager
 from scheduler.models import ModelReadyState
@@ -154,6 +154,7 @@ class Server:
             self.loop.add_signal_handler(sig, self.request_stop)
         code = 0
         try:
+            self.frontends.claim_ports()  # a taken port fails now, before models load
             ok = await self.manager.load_repository()
             for line in self.manager.models.state_table().splitlines():
                 log.info("%s", line)
@@ -168,6 +169,9 @@ class Server:
                 log.info("Started GRPCInferenceService at %s:%d", self.args.grpc_address,
                          self.args.grpc_port)
                 await self.stop_requested.wait()
+        except PortInUse as exc:
+            log.error("exiting: %s", exc)
+            code = 1
         except Exception:
             log.exception("server failed")
             code = 1
