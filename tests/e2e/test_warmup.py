@@ -138,7 +138,8 @@ def test_statistics_do_not_count_warmup(warm_server, protocol):
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("model, reason", [
     ("warmup_fails", "failed to run warmup sample 'zero sample': "
-                     "ValueError: all-zero input rejected; "),
+                     "Failed to process the request(s) for model 'warmup_fails_0', "
+                     "message: ValueError: all-zero input rejected\n\nAt:\n"),
     ("warmup_short_file", "warmup sample 'from file': warmup setting expects 16 bytes, "
                           "but the data provided from input0.bin only has 8 bytes"),
     ("onnx_bad_warmup", "failed to run warmup sample 'wrong shape': "),
