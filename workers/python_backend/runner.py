@@ -46,6 +46,8 @@ def describe_model_error(exc: BaseException) -> str:
 class ModelInitError(Exception):
     """initialize() of a model raised; the text names the model and where it raised."""
 
+    logged = True  # with the model's frames already: the worker adds no traceback
+
 
 
 class PythonInstance:
