@@ -30,8 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="shmserve", allow_abbrev=False,
         description="A Triton-compatible inference server built from processes that "
                     "hand tensors over in shared memory.")
-    p.add_argument("--model-repository", "--model-store", action="append", required=True,
-                   metavar="DIR", help="model repository path (repeatable)")
+    # not required=True: argparse would then answer a mistyped flag with "required"
+    # instead of naming it; parse_args checks it after the unknown flags
+    p.add_argument("--model-repository", "--model-store", action="append", default=[],
+                   metavar="DIR", help="model repository path (repeatable, required)")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
@@ -159,8 +161,7 @@ def _dest(flag: str) -> str:
 
 
 def _add_triton_only(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("tritonserver flags without effect here (a warning names "
-                             "each one given)")
+    g = p  # hidden from --help: the README names them
     for flag, repeatable in IGNORED_FLAGS:
         g.add_argument(flag, dest=_dest(flag), action="append" if repeatable else "store",
                        default=None, help=argparse.SUPPRESS)
@@ -224,7 +225,12 @@ def parse_backend_config(items: list[str]) -> dict[str, dict[str, str]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (flags are spelled out "
+                     "in full; see --help)")
+    if not args.model_repository:
+        parser.error("--model-repository must be specified")
     _apply_triton_only(parser, args)
     if args.frontend_processes < 1:
         raise SystemExit("--frontend-processes must be at least 1")

@@ -16,7 +16,7 @@ def test_prefix_abbreviations_refused(capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(["--model-repo", "repo"])
     assert e.value.code == 2
-    assert "--model-repo" in capsys.readouterr().err
+    assert "unrecognized arguments: --model-repo repo" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parse_args([*BASE, "--http-po", "9000"])
 
@@ -101,3 +101,10 @@ def test_old_trace_flags_become_trace_config():
 def test_id_sets_server_id():
     assert parse_args(BASE).server_id == "shmserve"
     assert parse_args([*BASE, "--id", "edge-1"]).server_id == "edge-1"
+
+
+def test_model_repository_required(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--http-port", "9000"])
+    assert e.value.code == 2
+    assert "--model-repository must be specified" in capsys.readouterr().err
