@@ -224,3 +224,34 @@ def test_second_server_on_the_grpc_port_fails_too(tmp_path):
         _add_sub(first, "grpc")
     finally:
         first.stop_checked()
+
+
+def test_two_servers_started_at_once_exactly_one_serves(tmp_path):
+    """Rule: the port check is race-free: of two servers started together on the same
+    ports, exactly one serves and the other exits non-zero naming a port."""
+    a = ServerProcess(_repo(tmp_path / "a", crashing=False), log_dir=tmp_path / "a")
+    b = ServerProcess(_repo(tmp_path / "b", crashing=False),
+                      "--http-port", str(a.http_port), "--grpc-port", str(a.grpc_port),
+                      "--metrics-port", str(a.metrics_port), log_dir=tmp_path / "b")
+    b.http_port, b.grpc_port, b.metrics_port = a.http_port, a.grpc_port, a.metrics_port
+    a.start(wait_ready=False)
+    b.start(wait_ready=False)
+    try:
+        loser = wait_until(lambda: next((s for s in (a, b) if s.proc.poll() is not None),
+                                        None), 60, what="one server to exit")
+        winner = b if loser is a else a
+        assert loser.proc.returncode != 0
+        assert f"port {a.http_port} (--http-port)" in loser.log() or \
+            f"port {a.grpc_port} (--grpc-port)" in loser.log() or \
+            f"port {a.metrics_port} (--metrics-port)" in loser.log(), loser.log()
+        wait_until(winner._ready_or_dead, 120, 0.1, "the other server to be ready")
+        assert winner.proc.poll() is None, winner.log()
+        for protocol in PROTOCOLS:
+            _add_sub(winner, protocol)
+        assert loser.segments() == []
+    finally:
+        for srv in (a, b):
+            if srv.proc.poll() is None:
+                srv.stop_checked()
+            else:
+                srv.stop()

@@ -4,6 +4,7 @@ fake core."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import grpc
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from frontend import grpc_health
 from frontend.core import all_models_ready
 from frontend.types import ModelView
+from scheduler.frontend_pool import PortInUse, claim_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -120,3 +122,56 @@ def test_watch_streams_changes_and_ends_when_stopping():
             await channel.close()
             await server.stop(None)
     asyncio.run(run())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_claim_port_twice_fails_naming_the_port():
+    """Rule: one server holds a port's claim; a second claim fails at once, naming the
+    port and its flag, and succeeds once the first is released."""
+    port = _free_port()
+    lock = claim_port("--http-port", "127.0.0.1", port)
+    try:
+        with pytest.raises(PortInUse, match=f"port {port} \\(--http-port\\) is already "
+                                            "in use by another shmserve"):
+            claim_port("--http-port", "127.0.0.1", port)
+    finally:
+        lock.close()
+    claim_port("--http-port", "127.0.0.1", port).close()
+
+
+def test_claim_port_fails_when_anything_listens():
+    """Rule: a port another program listens on (even with SO_REUSEPORT, as our own
+    frontends bind) cannot be claimed."""
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(PortInUse, match=f"port {port} \\(--grpc-port\\) on "
+                                            "127.0.0.1 is already in use"):
+            claim_port("--grpc-port", "127.0.0.1", port)
+
+
+def test_claimed_port_still_binds_with_reuseport():
+    """Rule: the claim leaves the port free for the server's own frontends, which
+    bind it with SO_REUSEPORT after the claim."""
+    port = _free_port()
+    lock = claim_port("--http-port", "127.0.0.1", port)
+    try:
+        socks = []
+        for _ in range(2):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            socks.append(s)
+        for s in socks:
+            s.close()
+    finally:
+        lock.close()
