@@ -106,6 +106,15 @@ class ResponseStream:
             waiter.set_result(None)
 
 
+def all_models_ready(models: dict[str, dict[int, ModelView]]) -> bool:
+    """Triton's --strict-readiness rule: every model the server knows has a version,
+    and each version is READY or was unloaded on purpose; a failed load, LOADING and
+    UNAVAILABLE all make the server not ready."""
+    return all(versions and all(v.state == "READY" or v.reason == "unloaded"
+                                for v in versions.values())
+               for versions in models.values())
+
+
 class SchedulerCore:
     """FrontendCore over the scheduler's channels (see frontend/types.py)."""
 
@@ -125,6 +134,7 @@ class SchedulerCore:
         self._ids = itertools.count(1)
         self.ready = False
         self.stopping = False
+        self.strict_readiness = True
         self.got_state = asyncio.Event()
         self.drain_requested: asyncio.Future = asyncio.get_running_loop().create_future()
         self.idle = asyncio.Event()
@@ -153,7 +163,9 @@ class SchedulerCore:
         return True
 
     def server_ready(self) -> bool:
-        return self.ready and not self.stopping
+        if not self.ready or self.stopping:
+            return False
+        return not self.strict_readiness or all_models_ready(self.models)
 
     def get_model(self, name: str, version: str = "") -> ModelView:
         versions = self.models.get(name)
@@ -378,6 +390,7 @@ class SchedulerCore:
 
     def on_server_state(self, msg: ServerState) -> None:
         self.ready = msg.ready
+        self.strict_readiness = msg.strict
         self.stopping = self.stopping or msg.stopping
         self.got_state.set()
 

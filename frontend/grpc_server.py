@@ -25,7 +25,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
 
-from . import EXTENSIONS, classification, grpc_codec, settings_endpoints, shm_endpoints
+from . import (EXTENSIONS, classification, grpc_codec, grpc_health, settings_endpoints,
+               shm_endpoints)
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .types import FrontendCore
@@ -70,6 +71,7 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
     if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63: faster lookup
         server.add_registered_method_handlers(SERVICE, handlers)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    grpc_health.register(server, core)  # grpc.health.v1.Health, for gRPC probes
     port = server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"gRPC server could not bind {address}")

@@ -67,7 +67,8 @@ async def serve(args) -> int:
                 yield
 
         sock = reuseport_socket(args.http_address, args.http_port)
-        app = make_http_app(core, server_version=VERSION, extensions=EXTENSIONS,
+        app = make_http_app(core, server_name=args.server_id, server_version=VERSION,
+                            extensions=EXTENSIONS,
                             header_forward=args.http_header_forward_pattern)
         config = uvicorn.Config(app, lifespan="off",
                                 http="httptools", loop="none", access_log=False,
@@ -83,6 +84,7 @@ async def serve(args) -> int:
     if args.allow_grpc:
         from frontend.grpc_server import make_grpc_server
         grpc_server = make_grpc_server(core, f"{args.grpc_address}:{args.grpc_port}",
+                                       server_name=args.server_id,
                                        server_version=VERSION, extensions=EXTENSIONS,
                                        header_forward=args.grpc_header_forward_pattern)
 
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--log-settings", default="{}", help="LogSettings as JSON")
     p.add_argument("--http-header-forward-pattern", default="")
     p.add_argument("--grpc-header-forward-pattern", default="")
+    p.add_argument("--server-id", default="shmserve", help="the server metadata's name")
     args = p.parse_args(argv)
     args.role = f"frontend[{args.index}]"
     configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))

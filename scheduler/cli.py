@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 
@@ -23,12 +24,17 @@ def _bool(text: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: a prefix such as --model-repo is refused, so a typo cannot
+    # silently pick a different flag and a flag added later cannot change what an
+    # old command line means.
     p = argparse.ArgumentParser(
-        prog="shmserve",
+        prog="shmserve", allow_abbrev=False,
         description="A Triton-compatible inference server built from processes that "
                     "hand tensors over in shared memory.")
-    p.add_argument("--model-repository", "--model-store", action="append", required=True,
-                   metavar="DIR", help="model repository path (repeatable)")
+    # not required=True: argparse would then answer a mistyped flag with "required"
+    # instead of naming it; parse_args checks it after the unknown flags
+    p.add_argument("--model-repository", "--model-store", action="append", default=[],
+                   metavar="DIR", help="model repository path (repeatable, required)")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
@@ -44,10 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-config", action="append", default=[], metavar="NAME=VALUE",
                    help="counter_latencies, histogram_latencies (default true here)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
-                   default="none")
+                   default="none", help="none or explicit (poll is refused: not built)")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME")
-    p.add_argument("--repository-poll-secs", type=float, default=15.0)
+    p.add_argument("--repository-poll-secs", type=float, default=None,
+                   help="only used by --model-control-mode=poll")
     p.add_argument("--strict-model-config", type=_bool, default=False)
+    p.add_argument("--disable-auto-complete-config", dest="strict_model_config",
+                   action="store_true", help="the same as --strict-model-config=true")
+    p.add_argument("--strict-readiness", type=_bool, default=True,
+                   help="true: /v2/health/ready answers ready only while every model "
+                        "that was asked to load is ready; false: once the server is up")
     p.add_argument("--exit-on-error", type=_bool, default=True)
     p.add_argument("--exit-timeout-secs", type=float, default=30.0)
     p.add_argument("--log-verbose", type=int, default=0,
@@ -62,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="[MODE,]SETTING=VALUE",
                    help="trace settings, as tritonserver's: rate=N, level=TIMESTAMPS, "
                         "count=N, triton,file=PATH, triton,log-frequency=N (repeatable)")
-    p.add_argument("--id", dest="server_id", default="shmserve")
+    p.add_argument("--id", dest="server_id", default="shmserve",
+                   help="the server's name in the server metadata")
     p.add_argument("--backend-config", action="append", default=[],
                    metavar="BACKEND,SETTING=VALUE",
                    help="a backend setting, e.g. onnxruntime,default-max-batch-size=8 "
@@ -96,7 +109,109 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{proto}-header-forward-pattern", default="", metavar="REGEX",
                        help=f"{proto.upper()} request headers whose (lower-case) name "
                             "this regular expression matches become request parameters")
+    _add_triton_only(p)
     return p
+
+
+# tritonserver flags that configure parts this server does not have (GPU memory pools,
+# backend shared libraries, gRPC transport tuning...). They are accepted so that a
+# Triton command line carries over, and each one given is named in a warning.
+# (flag, repeatable)
+IGNORED_FLAGS = (
+    ("--backend-directory", False), ("--repoagent-directory", False),
+    ("--cache-directory", False), ("--pinned-memory-pool-byte-size", False),
+    ("--cuda-memory-pool-byte-size", True), ("--cuda-virtual-address-size", True),
+    ("--min-supported-compute-capability", False),
+    ("--buffer-manager-thread-count", False), ("--host-policy", True),
+    ("--model-load-gpu-limit", True), ("--enable-peer-access", False),
+    ("--model-load-thread-count", False), ("--model-load-retry-count", False),
+    ("--http-thread-count", False), ("--grpc-infer-allocation-pool-size", False),
+    ("--grpc-infer-response-compression-level", False),
+    ("--grpc-keepalive-time", False), ("--grpc-keepalive-timeout", False),
+    ("--grpc-keepalive-permit-without-calls", False),
+    ("--grpc-http2-max-pings-without-data", False),
+    ("--grpc-http2-min-recv-ping-interval-without-data", False),
+    ("--grpc-http2-max-ping-strikes", False), ("--grpc-max-connection-age", False),
+    ("--grpc-max-connection-age-grace", False), ("--sagemaker-port", False),
+    ("--sagemaker-safe-port-range", False), ("--sagemaker-thread-count", False),
+    ("--vertex-ai-port", False), ("--vertex-ai-thread-count", False),
+    ("--vertex-ai-default-model", False),
+    # the certificate files mean nothing while --grpc-use-ssl is false, and true is
+    # refused below
+    ("--grpc-server-cert", False), ("--grpc-server-key", False),
+    ("--grpc-root-cert", False),
+)
+
+# tritonserver flags whose `true` would change what a client sees (TLS, other
+# protocols, other model names): false is accepted, true refused.
+REFUSED_WHEN_TRUE = {
+    "--grpc-use-ssl": "TLS is not supported; terminate TLS in front of the server",
+    "--grpc-use-ssl-mutual": "TLS is not supported; terminate TLS in front of the server",
+    "--allow-sagemaker": "the SageMaker endpoint is not supported",
+    "--allow-vertex-ai": "the Vertex AI endpoint is not supported",
+    "--model-namespacing": "model namespacing is not supported",
+    # another server sharing our ports is exactly what the port check prevents
+    "--reuse-http-port": "port sharing with another server is not supported",
+    "--reuse-grpc-port": "port sharing with another server is not supported",
+}
+
+# tritonserver's older single-setting trace flags, as --trace-config items
+TRACE_FLAGS = {"--trace-file": "triton,file", "--trace-level": "level",
+               "--trace-rate": "rate", "--trace-count": "count",
+               "--trace-log-frequency": "triton,log-frequency"}
+
+
+def _dest(flag: str) -> str:
+    return "triton_only_" + flag.lstrip("-").replace("-", "_")
+
+
+def _add_triton_only(p: argparse.ArgumentParser) -> None:
+    g = p  # hidden from --help: the README names them
+    for flag, repeatable in IGNORED_FLAGS:
+        g.add_argument(flag, dest=_dest(flag), action="append" if repeatable else "store",
+                       default=None, help=argparse.SUPPRESS)
+    for flag in REFUSED_WHEN_TRUE:
+        g.add_argument(flag, dest=_dest(flag), type=_bool, default=None,
+                       help=argparse.SUPPRESS)
+    for flag in TRACE_FLAGS:
+        g.add_argument(flag, dest=_dest(flag), default=None, help=argparse.SUPPRESS)
+
+
+def _apply_triton_only(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Warn about ignored flags, refuse harmful ones, fold trace flags in; sets
+    args.ignored_flags (the flags warned about) for the tests and the log."""
+    args.ignored_flags = []
+    for flag, _ in IGNORED_FLAGS:
+        if getattr(args, _dest(flag)) is not None:
+            args.ignored_flags.append(flag)
+    for flag, why in REFUSED_WHEN_TRUE.items():
+        if getattr(args, _dest(flag)):
+            parser.error(f"{flag}=true: {why}")
+    for flag, item in TRACE_FLAGS.items():
+        value = getattr(args, _dest(flag))
+        if value is not None:
+            args.trace_config.append(f"{item}={value}")
+    if args.model_control_mode == "poll":
+        parser.error("--model-control-mode=poll is not supported: use explicit and the "
+                     "repository load/unload API, or none")
+    if args.repository_poll_secs is not None:
+        # Triton itself reads it only in poll mode, which is refused above
+        args.ignored_flags.append("--repository-poll-secs")
+    for name in vars(args).copy():
+        if name.startswith("triton_only_"):
+            delattr(args, name)
+
+
+def warn_ignored(args: argparse.Namespace) -> None:
+    """One warning line per ignored flag; called once logging is configured."""
+    log = logging.getLogger("shmserve.scheduler")
+    for flag in args.ignored_flags:
+        if flag == "--repository-poll-secs":
+            log.warning("--repository-poll-secs is ignored: it is only used with "
+                        "--model-control-mode=poll")
+        else:
+            log.warning("%s is ignored: it configures a part of tritonserver that "
+                        "shmserve does not have", flag)
 
 
 def parse_backend_config(items: list[str]) -> dict[str, dict[str, str]]:
@@ -124,7 +239,13 @@ def _check_regex(flag: str, pattern: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (flags are spelled out "
+                     "in full; see --help)")
+    if not args.model_repository:
+        parser.error("--model-repository must be specified")
+    _apply_triton_only(parser, args)
     if args.frontend_processes < 1:
         raise SystemExit("--frontend-processes must be at least 1")
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import socket
 from typing import Callable
 
 import msgspec
@@ -18,6 +19,44 @@ from shm.messages.frontend import Drain, FrontendReady, FrontendStopped
 from shm.messages.results import PeerGone
 
 log = logging.getLogger("shmserve.scheduler")
+
+
+class PortInUse(Exception):
+    """A port this server would listen on is taken; the text names it."""
+
+
+def claim_port(flag: str, address: str, port: int) -> socket.socket:
+    """Make sure no other server listens on `port`, and keep it that way.
+
+    The frontends share their ports with SO_REUSEPORT, which would also let a second
+    shmserve of the same user join the port and take half the connections. So
+    before anything listens: (1) the port's lock, an abstract Unix socket named after
+    it, is bound; the kernel lets one process hold a name, drops it when that process
+    dies, and it lives in the same network namespace as the port, so of two servers
+    started at once exactly one gets it; (2) the port itself is bound once without
+    SO_REUSEPORT, which fails while anything at all listens there (another program, an
+    older server). The lock is returned and held until the server stops."""
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lock.bind(f"\0shmserve-port-{port}")
+    except OSError:
+        lock.close()
+        raise PortInUse(f"port {port} ({flag}) is already in use by another shmserve "
+                        "server; stop it or choose another port") from None
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # SO_REUSEADDR: a connection of an earlier server in TIME_WAIT is no conflict,
+        # a listening socket still is
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((address, port))
+    except OSError as exc:
+        lock.close()
+        raise PortInUse(f"port {port} ({flag}) on {address} is already in use: "
+                        f"{exc.strerror or exc}") from None
+    finally:
+        probe.close()
+    return lock
 
 
 class FrontendHandle:
@@ -46,6 +85,37 @@ class FrontendPool:
         self.frontends: dict[int, FrontendHandle] = {}
         self.stopping = False
         self._gen = itertools.count(1)
+        self._port_locks: list[socket.socket] = []
+
+    def claim_ports(self) -> None:
+        """Fail at once (PortInUse) if a port of this server is taken; see claim_port.
+        The metrics port is checked too: it is bound exclusively later, and a clash
+        there should fail before the models load, not after."""
+        a = self.args
+        wanted = []
+        if a.allow_http:
+            wanted.append(("--http-port", a.http_address, a.http_port))
+        if a.allow_grpc:
+            wanted.append(("--grpc-port", a.grpc_address, a.grpc_port))
+        if getattr(a, "allow_metrics", False):
+            wanted.append(("--metrics-port", a.metrics_address, a.metrics_port))
+        seen = set()
+        try:
+            for flag, address, port in wanted:
+                if port == 0:  # the kernel picks one: nothing to clash with
+                    continue
+                if port in seen:
+                    raise PortInUse(f"port {port} ({flag}) is given to two services")
+                seen.add(port)
+                self._port_locks.append(claim_port(flag, address, port))
+        except PortInUse:
+            self.release_ports()
+            raise
+
+    def release_ports(self) -> None:
+        for lock in self._port_locks:
+            lock.close()
+        self._port_locks.clear()
 
     def addresses(self) -> list[str]:
         return [fe.address for fe in self.frontends.values()]
@@ -72,6 +142,7 @@ class FrontendPool:
             "--log-settings", msgspec.json.encode(a.log_settings).decode(),
             "--http-header-forward-pattern", a.http_header_forward_pattern,
             "--grpc-header-forward-pattern", a.grpc_header_forward_pattern,
+            "--server-id", a.server_id,
         ], on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())
@@ -119,3 +190,4 @@ class FrontendPool:
         children = [fe.child for fe in self.frontends.values() if fe.child is not None]
         await asyncio.gather(*(c.wait(timeout + 5.0) for c in children))
         await asyncio.gather(*(c.stop(2.0) for c in children))
+        self.release_ports()

@@ -60,7 +60,11 @@ class ModelTable:
         for mv in sorted(self.all(), key=lambda m: (m.name, m.version)):
             status = mv.state.value if mv.state is not ModelReadyState.UNAVAILABLE else \
                 f"UNAVAILABLE: {mv.reason}"
-            rows.append((mv.name, str(mv.version) if mv.version else "-", status))
+            # a model error's reason spans lines (its "At:" frames): one row each, as
+            # Triton prints it
+            first, *more = status.rstrip("\n").split("\n") or [""]
+            rows.append((mv.name, str(mv.version) if mv.version else "-", first))
+            rows.extend(("", "", extra) for extra in more)
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
         out = [line]

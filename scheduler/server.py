@@ -23,7 +23,7 @@ import orjson
 
 from scheduler import bls, log_settings
 from scheduler.cache import ResponseCache
-from scheduler.frontend_pool import FrontendHandle, FrontendPool
+from scheduler.frontend_pool import FrontendHandle, FrontendPool, PortInUse
 from scheduler.metrics import Metrics, MetricsServer
 from scheduler.model_manager import ModelRepositoryManager
 from scheduler.models import ModelReadyState
@@ -154,6 +154,7 @@ class Server:
             self.loop.add_signal_handler(sig, self.request_stop)
         code = 0
         try:
+            self.frontends.claim_ports()  # a taken port fails now, before models load
             ok = await self.manager.load_repository()
             for line in self.manager.models.state_table().splitlines():
                 log.info("%s", line)
@@ -168,6 +169,9 @@ class Server:
                 log.info("Started GRPCInferenceService at %s:%d", self.args.grpc_address,
                          self.args.grpc_port)
                 await self.stop_requested.wait()
+        except PortInUse as exc:
+            log.error("exiting: %s", exc)
+            code = 1
         except Exception:
             log.exception("server failed")
             code = 1
@@ -510,7 +514,8 @@ class Server:
     def _frontend_ready(self, fe: FrontendHandle) -> None:
         for mv in self.manager.models.all():
             self.outbox.send(fe.address, self.manager.state_update(mv))
-        self.outbox.send(fe.address, ServerState(ready=not self.stopping, stopping=self.stopping))
+        self.outbox.send(fe.address, ServerState(ready=not self.stopping, stopping=self.stopping,
+                                                 strict=self.args.strict_readiness))
 
     # -- shutdown -----------------------------------------------------------------------
 

@@ -170,7 +170,10 @@ class Worker:
             inst, config = create_instance(msg)
             seq = self._sequence_context(msg, inst, config)
         except Exception as exc:  # the reason goes to the model's state, not a crash
-            log.exception("failed to load %s", msg.instance)
+            if getattr(exc, "logged", False):  # the model's own error, logged with its frames
+                log.error("failed to load %s", msg.instance)
+            else:
+                log.exception("failed to load %s", msg.instance)
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, False,
                                                             error=_reason(exc)))
             return

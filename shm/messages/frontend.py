@@ -97,6 +97,9 @@ class ServerState(msgspec.Struct, tag=True, array_like=True):
 
     ready: bool
     stopping: bool = False
+    # --strict-readiness: the frontends then answer ready only while every model
+    # version in their table is READY (or was unloaded), as Triton's IsReady
+    strict: bool = True
 
 
 class Drain(msgspec.Struct, tag=True, array_like=True):

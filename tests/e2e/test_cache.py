@@ -32,7 +32,8 @@ DECOUPLED_MESSAGE = ("Response Cache does not currently support model decoupled_
 def cache_server(tmp_path_factory):
     markers = tmp_path_factory.mktemp("cache-markers")
     srv = ServerProcess(MODELS_CACHE, "--cache-config", f"local,size={CACHE_BYTES}",
-                        "--exit-on-error=false", "--allow-client-shm=true", frontends=1,
+                        "--exit-on-error=false", "--strict-readiness=false",
+                        "--allow-client-shm=true", frontends=1,
                         log_dir=tmp_path_factory.mktemp("cache-logs"),
                         env={"SHMSERVE_TEST_MARKER_DIR": str(markers)})
     srv.markers = markers

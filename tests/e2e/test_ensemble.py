@@ -81,7 +81,8 @@ def build_repository(root: Path) -> Path:
 def start(tmp_path_factory, name: str, *args: str) -> ServerProcess:
     repo = build_repository(tmp_path_factory.mktemp(f"{name}-models"))
     markers = tmp_path_factory.mktemp(f"{name}-markers")  # py_meet_* meet there
-    return ServerProcess([repo], "--exit-on-error=false", *args, frontends=2,
+    return ServerProcess([repo], "--exit-on-error=false",
+                         "--strict-readiness=false", *args, frontends=2,
                          log_dir=tmp_path_factory.mktemp(f"{name}-logs"),
                          env={"SHMSERVE_GPUS": "0", "SHMSERVE_TEST_MARKER_DIR": str(markers)})
 

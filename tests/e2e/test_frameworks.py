@@ -60,6 +60,7 @@ def build_repository(root: Path) -> Path:
 def fw_server(tmp_path_factory):
     repo = build_repository(tmp_path_factory.mktemp("framework-models"))
     srv = ServerProcess([repo], "--allow-client-shm=true", "--exit-on-error=false",
+                        "--strict-readiness=false",
                         "--backend-config=onnxruntime,default-max-batch-size=8",
                         frontends=1, log_dir=tmp_path_factory.mktemp("fw-logs"),
                         env={"SHMSERVE_GPUS": "0"})

@@ -162,7 +162,8 @@ def test_load_failure_exits_by_default(tmp_path):
 
 def test_load_failure_with_exit_on_error_false(tmp_path):
     repo = _repo_with_broken_model(tmp_path)
-    with ServerProcess(repo, "--exit-on-error=false", log_dir=tmp_path) as srv:
+    with ServerProcess(repo, "--exit-on-error=false", "--strict-readiness=false",
+                       log_dir=tmp_path) as srv:
         for protocol in ("http", "grpc"):
             c = client(srv, protocol)
             assert c.is_model_ready("add_sub")

@@ -47,7 +47,8 @@ def ragged_server(tmp_path_factory):
     onnx_models.ragged_sums(repo / "ragged_bad", config=BAD_CONFIG)
     if torch_models is not None:
         torch_models.ragged_sums(repo / "ragged_torch")
-    srv = ServerProcess([repo, MODELS_RAGGED], "--exit-on-error=false", frontends=2,
+    srv = ServerProcess([repo, MODELS_RAGGED], "--exit-on-error=false",
+                        "--strict-readiness=false", frontends=2,
                         log_dir=tmp_path_factory.mktemp("ragged-logs"),
                         env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)})
     yield from srv.serve()

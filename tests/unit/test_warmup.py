@@ -193,8 +193,13 @@ def test_run_fails_with_the_sample_name_and_each_response_error():
     samples = warmup.samples(inst.config, "warmup_fails", 1, str(MODELS / "warmup_fails"))
     with pytest.raises(warmup.WarmupError) as info:
         warmup.run(inst, samples, TensorIO(None, "test"))
+    # the error is the python backend's, with the model.py line that raised
+    model_py = MODELS / "warmup_fails" / "1" / "model.py"
     assert str(info.value) == ("failed to run warmup sample 'zero sample': "
-                               "ValueError: all-zero input rejected; ")
+                               "Failed to process the request(s) for model "
+                               "'warmup_fails_0', message: "
+                               "ValueError: all-zero input rejected\n\nAt:\n"
+                               f"  {model_py}(12): execute\n; ")
 
 
 def test_run_executes_each_sample_count_times_in_order(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 
 from shm import datatypes
 from shm.errors import ErrorCode, InferError
@@ -25,6 +26,28 @@ log = logging.getLogger("shmserve.python")
 
 # Model files import this name; make it resolve to our implementation.
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+
+_OWN_CODE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # workers/
+
+
+def describe_model_error(exc: BaseException) -> str:
+    """An exception from model code in Triton's python-backend wording: its type and
+    text, then "At:" and the model's frames, innermost first, as file(line): function.
+    Frames of this worker (which called the model) are left out."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_OWN_CODE + os.sep)
+              and not f.filename.startswith("<frozen")]
+    text = f"{type(exc).__name__}: {exc}"
+    if not frames:
+        return text
+    return text + "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n"
+                                       for f in reversed(frames))
+
+
+class ModelInitError(Exception):
+    """initialize() of a model raised; the text names the model and where it raised."""
+
+    logged = True  # with the model's frames already: the worker adds no traceback
 
 
 
@@ -49,13 +72,19 @@ class PythonInstance:
 
     def __init__(self, msg: LoadInstance, config: dict):
         self.model_name = msg.model
+        self.instance_name = msg.instance_name
         self.version = msg.version
         version_dir = os.path.join(msg.model_dir, str(msg.version))
         filename = config.get("default_model_filename") or "model.py"
         path = os.path.join(version_dir, filename)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"python model file not found: {path}")
-        module = _import_model(path, f"_shmserve_model_{msg.instance}")
+        try:
+            module = _import_model(path, f"_shmserve_model_{msg.instance}")
+        except Exception as exc:  # a syntax error or a failed import in model.py
+            text = describe_model_error(exc)
+            log.error("importing model '%s' raised %s", self.model_name, text)
+            raise ModelInitError(text) from exc
         cls = getattr(module, "TritonPythonModel", None)
         if cls is None:
             raise ValueError(f"{path} defines no class TritonPythonModel")
@@ -87,7 +116,14 @@ class PythonInstance:
             "model_name": msg.model,
         }
         if hasattr(self.model, "initialize"):
-            self.model.initialize(args)
+            try:
+                self.model.initialize(args)
+            except Exception as exc:
+                # The load table and every client asking for the model see this
+                # text: Triton's, with the place in model.py that raised.
+                text = describe_model_error(exc)
+                log.error("initialize() of model '%s' raised %s", self.model_name, text)
+                raise ModelInitError(text) from exc
 
     def finalize(self) -> None:
         if hasattr(self.model, "finalize"):
@@ -147,8 +183,9 @@ class PythonInstance:
         exc = future.exception()
         if exc is None:
             return
-        log.error("execute() of model '%s' raised: %s", self.model_name, exc)
-        error = pb_utils.TritonError(f"{type(exc).__name__}: {exc}")
+        text = self._execute_error(exc)
+        log.error("%s", text)
+        error = pb_utils.TritonError(text)
         for request in pb_requests:
             try:
                 sender = request.get_response_sender()
@@ -157,6 +194,11 @@ class PythonInstance:
                                 pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception:
                 log.exception("could not end a request of model '%s'", self.model_name)
+
+    def _execute_error(self, exc: BaseException) -> str:
+        # Triton's python backend wording, naming the instance that ran the batch
+        return (f"Failed to process the request(s) for model '{self.instance_name}', "
+                f"message: {describe_model_error(exc)}")
 
     def _execute(self, requests: list[InferRequest], io):
         self.input_end_ns = self.output_start_ns = 0
@@ -173,8 +215,9 @@ class PythonInstance:
             responses = self._run_model(pb_requests)
             self.output_start_ns = time.monotonic_ns()
         except Exception as exc:
-            log.exception("execute() of model '%s' raised", self.model_name)
-            err = InferError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            text = self._execute_error(exc)
+            log.error("%s", text)
+            err = InferError(ErrorCode.INTERNAL, text)
             return [s.fail(err) for s in streams]
         if self.decoupled:
             if responses is not None:

@@ -1,0 +1,110 @@
+"""The command line: Triton flag names carry over, nothing is silently ignored."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from scheduler.cli import IGNORED_FLAGS, parse_args, warn_ignored
+
+BASE = ["--model-repository", "repo"]
+
+
+def test_prefix_abbreviations_refused(capsys):
+    """A prefix of a flag (--model-repo, --http-po) is an error, not that flag."""
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--model-repo", "repo"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --model-repo repo" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args([*BASE, "--http-po", "9000"])
+
+
+def test_strict_readiness_default_true_and_false():
+    """--strict-readiness defaults to true, as tritonserver's."""
+    assert parse_args(BASE).strict_readiness is True
+    assert parse_args([*BASE, "--strict-readiness=false"]).strict_readiness is False
+
+
+def test_poll_mode_refused_with_message(capsys):
+    """--model-control-mode=poll is not built: it is refused, naming the mode."""
+    with pytest.raises(SystemExit) as e:
+        parse_args([*BASE, "--model-control-mode=poll"])
+    assert e.value.code == 2
+    assert "--model-control-mode=poll is not supported" in capsys.readouterr().err
+
+
+def test_repository_poll_secs_warned(caplog):
+    """--repository-poll-secs does nothing outside poll mode: a warning says so."""
+    args = parse_args([*BASE, "--repository-poll-secs", "5"])
+    assert args.ignored_flags == ["--repository-poll-secs"]
+    with caplog.at_level(logging.WARNING, logger="shmserve.scheduler"):
+        warn_ignored(args)
+    assert "--repository-poll-secs is ignored" in caplog.text
+
+
+def test_every_triton_only_flag_accepted_with_one_warning(caplog):
+    """Each tritonserver flag for a part shmserve lacks is accepted and warned about
+    once, so a Triton command line carries over."""
+    argv = list(BASE)
+    for flag, _ in IGNORED_FLAGS:
+        argv += [flag, "1"]
+    args = parse_args(argv)
+    assert args.ignored_flags == [flag for flag, _ in IGNORED_FLAGS]
+    with caplog.at_level(logging.WARNING, logger="shmserve.scheduler"):
+        warn_ignored(args)
+    for flag, _ in IGNORED_FLAGS:
+        assert sum(flag + " is ignored" in r.getMessage() for r in caplog.records) == 1
+    assert not any(name.startswith("triton_only_") for name in vars(args))
+
+
+def test_no_warning_without_triton_only_flags():
+    assert parse_args(BASE).ignored_flags == []
+
+
+def test_repeatable_triton_only_flags():
+    """--cuda-memory-pool-byte-size is per GPU in Triton, so it may be repeated."""
+    args = parse_args([*BASE, "--cuda-memory-pool-byte-size", "0:1024",
+                       "--cuda-memory-pool-byte-size", "1:1024"])
+    assert args.ignored_flags == ["--cuda-memory-pool-byte-size"]
+
+
+@pytest.mark.parametrize("flag", ["--grpc-use-ssl", "--allow-sagemaker",
+                                  "--allow-vertex-ai", "--reuse-http-port",
+                                  "--model-namespacing"])
+def test_harmful_flags_refused_when_true(flag, capsys):
+    """Ignoring TLS or another endpoint would change what clients see: true is
+    refused with the flag named, false is accepted quietly."""
+    assert parse_args([*BASE, f"{flag}=false"]).ignored_flags == []
+    with pytest.raises(SystemExit) as e:
+        parse_args([*BASE, f"{flag}=true"])
+    assert e.value.code == 2
+    assert f"{flag}=true" in capsys.readouterr().err
+
+
+def test_disable_auto_complete_config_is_strict_model_config():
+    assert parse_args(BASE).strict_model_config is False
+    assert parse_args([*BASE, "--disable-auto-complete-config"]).strict_model_config
+
+
+def test_old_trace_flags_become_trace_config():
+    """tritonserver's --trace-rate / --trace-level work as --trace-config items."""
+    plain = parse_args(BASE).trace_config
+    args = parse_args([*BASE, "--trace-rate", "7", "--trace-level", "TIMESTAMPS"])
+    assert args.trace_config == parse_args(
+        [*BASE, "--trace-config", "rate=7", "--trace-config", "level=TIMESTAMPS"]
+    ).trace_config
+    assert args.trace_config != plain
+
+
+def test_id_sets_server_id():
+    assert parse_args(BASE).server_id == "shmserve"
+    assert parse_args([*BASE, "--id", "edge-1"]).server_id == "edge-1"
+
+
+def test_model_repository_required(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--http-port", "9000"])
+    assert e.value.code == 2
+    assert "--model-repository must be specified" in capsys.readouterr().err
