@@ -300,7 +300,8 @@ def test_bad_ensemble_fails_alone_without_exit_on_error(tmp_path):
     """With --exit-on-error=false only the ensemble fails: the other models serve, the
     ensemble is not ready and its requests are refused with the load error."""
     from tritonclient.utils import InferenceServerException
-    srv = ServerProcess(BAD_ENSEMBLE, "--exit-on-error=false", log_dir=tmp_path)
+    srv = ServerProcess(BAD_ENSEMBLE, "--exit-on-error=false", "--strict-readiness=false",
+                        log_dir=tmp_path)
     srv.start()
     try:
         for protocol in PROTOCOLS:
