@@ -13,6 +13,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.e2e.clients import PROTOCOLS, client, infer_input
 from tests.e2e.conftest import HOLD
+from tests.e2e.harness import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -61,6 +62,10 @@ def test_held_batcher_forms_one_batch_and_statistics_count_it_exactly(held_serve
     with cf.ThreadPoolExecutor(HOLD) as pool:
         list(pool.map(lambda i: infer(held_server, PROTOCOLS[i % 2], i), range(HOLD),
                       timeout=60))
+    # a client has its answer before the scheduler hears the batch is done (the
+    # worker answers first): wait until the batch is counted
+    wait_until(lambda: stats(held_server, "http", "delayed_batch")[
+        ("delayed_batch", "1")]["execution_count"] == 1, 30, what="the batch counted")
     by_http = stats(held_server, "http", "delayed_batch")
     by_grpc = stats(held_server, "grpc", "delayed_batch", "1")
     assert by_http == by_grpc  # one set of counters, whichever frontend asks
@@ -82,6 +87,8 @@ def test_held_batcher_forms_one_batch_and_statistics_count_it_exactly(held_serve
     with pytest.raises(InferenceServerException, match="negative input"):
         infer(held_server, "grpc", -1)
     infer(held_server, "http", 5)
+    wait_until(lambda: stats(held_server, "grpc", "delayed_batch")[
+        ("delayed_batch", "1")]["execution_count"] == 3, 30, what="both batches counted")
     s = stats(held_server, "grpc", "delayed_batch")[("delayed_batch", "1")]
     assert s["execution_count"] == 3
     assert s["inference_count"] == HOLD + 1
