@@ -96,8 +96,8 @@ class Server:
                     if sock.connect_ex(("127.0.0.1", port)) == 0:
                         raise SystemExit(f"port {port} is taken: pass other --ports")
         self._log = open(self.log_path, "ab")
-        # not from the repository root for Triton: its python stub would import our
-        # triton_python_backend_utils.py from there instead of its own
+        # not from the repository root for Triton: its python stub puts its cwd on
+        # sys.path, where our packages have nothing to do
         cwd = ROOT if self.kind.startswith("shmserve") else self.repo
         self.proc = subprocess.Popen(
             server_command(self.kind, self.repo, self.ports, self.extra), cwd=cwd,

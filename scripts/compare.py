@@ -101,8 +101,9 @@ class Server:
         log.write(f"\n=== {time.ctime()} {self.spec.cmd}\n".encode())
         log.flush()
         # own session: the server and its children form a process group we can kill.
-        # A neutral cwd: Triton's python stub puts cwd on sys.path, and a repository
-        # checkout's own triton_python_backend_utils.py would shadow Triton's.
+        # A neutral cwd: Triton's python stub puts cwd on sys.path, where a checkout's
+        # modules have nothing to do (older checkouts had a top-level
+        # triton_python_backend_utils.py that shadowed Triton's).
         self.proc = subprocess.Popen(shlex.split(self.spec.cmd), stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True, cwd=self.cwd)
