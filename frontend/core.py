@@ -196,9 +196,10 @@ class SchedulerCore:
         for segment, offset in blocks:
             self.arena.free(segment, offset)
 
-    async def infer(self, request: DecodedRequest) -> InferResult:
-        """One request, one response (the models the unary RPCs serve)."""
-        stream = self.start(request)
+    async def infer(self, request: DecodedRequest, decoupled_refusal: str = "") -> InferResult:
+        """One request, one response (the models the unary RPCs serve). A decoupled
+        model is refused with `decoupled_refusal` (UNSUPPORTED), each protocol's text."""
+        stream = self.start(request, decoupled_refusal)
         result, final = await stream.next()
         while not final:  # not for unary calls: the servers refuse decoupled models
             if isinstance(result, InferResult):
@@ -213,11 +214,12 @@ class SchedulerCore:
             self._cache_insert(stream.key, stream.view, result)
         return result
 
-    def start(self, request: DecodedRequest) -> ResponseStream:
+    def start(self, request: DecodedRequest, decoupled_refusal: str = "") -> ResponseStream:
         """Validate `request` and send it to the scheduler; its responses come through
-        the returned stream. Raises InferError for a request refused before it ran."""
+        the returned stream. Raises InferError for a request refused before it ran
+        (with `decoupled_refusal` set, a decoupled model is refused with that text)."""
         try:
-            view, batch_size = self._admit(request)
+            view, batch_size = self._admit(request, decoupled_refusal)
             refs, blocks = put_inputs(self.arena, request.inputs)
         except BaseException:
             self.free_blocks(request.arena_blocks)
@@ -264,10 +266,12 @@ class SchedulerCore:
             outputs.append(TensorRef(out.name, out.datatype, out.shape, data=data))
         self.outbox.send(self.scheduler, CacheInsert(key, view.name, view.version, outputs))
 
-    def _admit(self, request: DecodedRequest):
+    def _admit(self, request: DecodedRequest, decoupled_refusal: str = ""):
         if self.stopping:
             raise InferError(ErrorCode.UNAVAILABLE, "Server is stopping")
         view = self.get_model(request.model_name, request.model_version)
+        if decoupled_refusal and view.decoupled:
+            raise InferError(ErrorCode.UNSUPPORTED, decoupled_refusal)
         if view.state != "READY":
             reason = f": {view.reason}" if view.reason else ""
             raise InferError(ErrorCode.UNAVAILABLE,
@@ -375,7 +379,8 @@ class SchedulerCore:
         if msg.config:
             config.ParseFromString(msg.config)
         view = ModelView(msg.name, msg.version, msg.state, msg.reason, config,
-                         cache=msg.cache, labels=msg.labels or None)
+                         cache=msg.cache, labels=msg.labels or None,
+                         decoupled=config.model_transaction_policy.decoupled)
         if msg.cache:
             # "every output" keys as listing the config's outputs
             view.cache_outputs = list(config.output) or None

@@ -188,11 +188,7 @@ class InferenceServicer:
             if self.header_forward is not None:
                 forward_headers(request.parameters, context.invocation_metadata() or (),
                                 self.header_forward)
-            if _decoupled(self.core, request):
-                raise InferError(ErrorCode.UNSUPPORTED,
-                                 "ModelInfer RPC doesn't support models with decoupled "
-                                 "transaction policy")
-            result = await self.core.infer(request)
+            result = await self.core.infer(request, _DECOUPLED_REFUSAL)
         except InferError as e:
             error = e
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
@@ -306,14 +302,8 @@ class InferenceServicer:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _decoupled(core: FrontendCore, request) -> bool:
-    """Whether the request's model has the decoupled transaction policy (False when
-    it is unknown: the core reports that)."""
-    try:
-        view = core.get_model(request.model_name, request.model_version)
-    except InferError:
-        return False
-    return _config_message(view.config).model_transaction_policy.decoupled
+_DECOUPLED_REFUSAL = ("ModelInfer RPC doesn't support models with decoupled transaction "
+                      "policy")
 
 
 def _serialize(message) -> bytes:

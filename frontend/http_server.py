@@ -182,13 +182,11 @@ class _InferEndpoint:
             if block is not None:
                 request.arena_blocks.append(block)  # the core frees it from here on
                 block = None
-            if _decoupled(self.core, name, version):
-                raise InferError(ErrorCode.UNSUPPORTED, _DECOUPLED_REFUSAL)
             # a client that disconnects meanwhile cancels the request (watched from
             # 20 ms on: most requests are answered before, at the cost of a timer)
             watch = DisconnectWatch(receive, delay=0.02)
             try:
-                result = await self.core.infer(request)
+                result = await self.core.infer(request, _DECOUPLED_REFUSAL)
             except asyncio.CancelledError:
                 if watch.gone:
                     return
@@ -255,16 +253,6 @@ async def _receive_into(receive, buffer: memoryview) -> int | None:
 
 _DECOUPLED_REFUSAL = ("HTTP end point doesn't support models with decoupled transaction "
                       "policy")
-
-
-def _decoupled(core: FrontendCore, name: str, version: str) -> bool:
-    """Whether the model has the decoupled transaction policy (False when it is
-    unknown: the core reports that)."""
-    try:
-        view = core.get_model(name, version)
-    except InferError:
-        return False
-    return view.config.model_transaction_policy.decoupled
 
 
 class _Handlers:

@@ -78,6 +78,7 @@ class ModelView:
     # output name -> class labels (its `label_filename`), for HTTP classification
     labels: dict[str, list[str]] | None = None
     cache: bool = False  # its responses are cached: compute each request's cache key
+    decoupled: bool = False  # model_transaction_policy { decoupled: true }
     cache_outputs: list | None = None  # the config's outputs, keyed for "every output"
 
 

@@ -90,7 +90,7 @@ class FakeCore:
     def model_versions(self, name: str) -> list[ModelView]:
         return list(self.models.get(name, {}).values())
 
-    async def infer(self, request) -> InferResult:
+    async def infer(self, request, decoupled_refusal="") -> InferResult:
         self.requests.append(request)
         view = self.get_model(request.model_name, request.model_version)
         if view.state != "READY":

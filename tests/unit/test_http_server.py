@@ -81,7 +81,7 @@ class FakeCore:
         raise InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}' "
                          f"version {version} is not found")
 
-    async def infer(self, request):
+    async def infer(self, request, decoupled_refusal=""):
         if self.fail_with is not None:
             raise self.fail_with
         view = self.get_model(request.model_name, request.model_version)

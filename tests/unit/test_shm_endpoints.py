@@ -47,10 +47,6 @@ class FakeCore:
     def server_ready(self):
         return True
 
-    def get_model(self, name, version=""):
-        # the infer routes ask whether the model is decoupled; no model is known here
-        raise InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: '{name}'")
-
     async def shm_call(self, op, kind, *, name="", key="", offset=0, byte_size=0,
                        device_id=0, raw_handle=b""):
         self.calls.append((op, kind, name, dict(key=key, offset=offset, byte_size=byte_size,
@@ -75,7 +71,7 @@ class FakeCore:
             self.regions.pop(n, None)
         return []
 
-    async def infer(self, request):
+    async def infer(self, request, decoupled_refusal=""):
         self.requests.append(request)
         outputs = []
         for out in request.outputs or ():
