@@ -29,6 +29,7 @@ from . import (EXTENSIONS, classification, grpc_codec, grpc_health, settings_end
                shm_endpoints)
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
+from .restricted import RestrictionInterceptor, Restrictions
 from .types import FrontendCore
 
 log = logging.getLogger(__name__)
@@ -59,14 +60,19 @@ def server_options() -> list[tuple[str, int]]:
 
 def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "shmserve",
                      server_version: str | None = None,
-                     extensions=EXTENSIONS, header_forward: str = "") -> grpc.aio.Server:
+                     extensions=EXTENSIONS, header_forward: str = "",
+                     restrictions: Restrictions | None = None) -> grpc.aio.Server:
     """A grpc.aio server for `core`, bound to `address` ("host:port"), not started.
+    `restrictions` ({group: (metadata key, value)}, --grpc-restricted-protocol) are
+    checked by an interceptor on every method, this module's and any added later.
 
     With port 0 the kernel picks one; the server's `bound_port` attribute says which.
     Must be called with the event loop the server will run on set (grpc.aio's rule)."""
     servicer = InferenceServicer(core, server_name, server_version or _default_version(),
                                  extensions, header_forward_pattern(header_forward))
-    server = grpc.aio.server(options=server_options())
+    # no interceptor at all when nothing is restricted: it would cost every RPC
+    interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
+    server = grpc.aio.server(options=server_options(), interceptors=interceptors)
     handlers = servicer.method_handlers()
     if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63: faster lookup
         server.add_registered_method_handlers(SERVICE, handlers)

@@ -91,18 +91,35 @@ def parse_header_length(value: str | None, body_length: int) -> int | None:
     return length
 
 
-def decompress(body: bytes, encoding: str | None) -> bytes:
-    """Undo a request's `Content-Encoding` (gzip or deflate, i.e. zlib, as Triton)."""
+def decompress(body: bytes, encoding: str | None, limit: int | None = None) -> bytes:
+    """Undo a request's `Content-Encoding` (gzip or deflate, i.e. zlib, as Triton).
+    With `limit`, output past `limit` bytes is refused as Triton refuses it under
+    --http-max-input-size, without inflating more than `limit` + 1 bytes."""
     if not encoding or encoding == "identity":
         return body
+    if encoding not in ("gzip", "deflate"):
+        raise InferError(ErrorCode.UNSUPPORTED, "Unsupported compression type")
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    cap = -1 if limit is None else limit + 1
+    parts, total, data = [], 0, bytes(body)
     try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, EOFError, zlib.error) as e:
+        while True:  # one pass per gzip member
+            d = zlib.decompressobj(wbits)
+            out = d.decompress(data, 0 if cap < 0 else cap - total)
+            parts.append(out)
+            total += len(out)
+            if limit is not None and total > limit:
+                raise _bad("Decompressed data size exceeds the maximum allowed value of "
+                           f"{limit} bytes. Use --http-max-input-size to increase the "
+                           "limit.")
+            if not d.eof:
+                raise zlib.error("incomplete or truncated stream")
+            data = d.unused_data
+            if encoding != "gzip" or not data:
+                break
+    except zlib.error as e:
         raise _bad(f"failed to decompress the request body ({encoding}): {e}")
-    raise InferError(ErrorCode.UNSUPPORTED, "Unsupported compression type")
+    return b"".join(parts)
 
 
 def decode_infer_request(body, header_length: int | None, model_name: str,

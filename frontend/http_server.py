@@ -26,6 +26,8 @@ from .http_stream import (DisconnectWatch, GenerateEndpoint, InferStreamEndpoint
                           check_version)
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
+from .restricted import (HTTP_DEFAULT_MAX_INPUT_SIZE, Restrictions, http_refusal,
+                         input_size_message)
 from .types import FrontendCore, ModelView
 
 logger = logging.getLogger(__name__)
@@ -41,13 +43,17 @@ _OCTET = b"application/octet-stream"
 def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
                   server_version: str = "0.1.0",
                   extensions: Iterable[str] = EXTENSIONS,
-                  routes: Sequence[BaseRoute] = (), header_forward: str = "") -> Starlette:
+                  routes: Sequence[BaseRoute] = (), header_forward: str = "",
+                  restrictions: Restrictions | None = None,
+                  max_input_size: int = HTTP_DEFAULT_MAX_INPUT_SIZE) -> Starlette:
     """The HTTP app over `core`, with the shared-memory extensions' routes. `routes`
-    are appended (repository, statistics, ... endpoints served by other modules)."""
+    are appended (repository, statistics, ... endpoints served by other modules).
+    `restrictions` ({group: (header, value)}) and `max_input_size` apply to every
+    route, these and any added later (frontend.restricted holds the route table)."""
     metadata = http_codec.json_dumps(
         {"name": server_name, "version": server_version, "extensions": list(extensions)})
     forward = header_forward_pattern(header_forward)
-    infer = _InferEndpoint(core, forward)
+    infer = _InferEndpoint(core, forward, max_input_size)
     handlers = _Handlers(core, metadata)
     model = "/v2/models/{model_name}"
     versioned = model + "/versions/{version}"
@@ -78,7 +84,7 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
         *settings_endpoints.http_routes(core),
         *routes,
     ]
-    return _HttpApp(infer, routes=all_routes)
+    return _HttpApp(infer, restrictions or {}, max_input_size, routes=all_routes)
 
 
 class _HttpApp(Starlette):
@@ -88,11 +94,20 @@ class _HttpApp(Starlette):
     (measured); the infer path is recognised here with two string tests instead. Every
     other request, and any infer path this does not recognise, goes the usual way."""
 
-    def __init__(self, infer: "_InferEndpoint", **kwargs):
+    def __init__(self, infer: "_InferEndpoint", restrictions: Restrictions,
+                 max_input_size: int, **kwargs):
         super().__init__(**kwargs)
         self._infer = infer
+        self._restrictions = restrictions
+        self._max_input = max_input_size
 
     async def __call__(self, scope, receive, send) -> None:
+        # Restricted API groups first, before any routing or reading (Triton checks
+        # the header before anything else a handler does).
+        if self._restrictions and scope["type"] == "http":
+            refused = http_refusal(scope, self._restrictions)
+            if refused is not None:
+                return await _send_error(send, 403, refused[1])
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             if path.startswith("/v2/models/") and path.endswith("/infer"):
@@ -103,7 +118,64 @@ class _HttpApp(Starlette):
                 if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
                     scope["path_params"] = {"model_name": parts[0], "version": parts[2]}
                     return await self._infer(scope, receive, send)
+        if scope["type"] == "http":
+            receive = await _limited_body(scope, receive, send, self._max_input)
+            if receive is None:
+                return  # refused (too large) or the client went away
         await super().__call__(scope, receive, send)
+
+
+async def _send_error(send, status: int, message: str, close: bool = False) -> None:
+    out = http_codec.encode_error(message)
+    headers = [(b"content-type", _JSON), (b"content-length", b"%d" % len(out))]
+    if close:  # the body was not read: end the connection rather than drain it
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": out})
+
+
+def _request_lengths(scope) -> tuple[int | None, str | None]:
+    """(Content-Length or None, Inference-Header-Content-Length or None)."""
+    length = header = None
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            length = int(value) if value.isdigit() else None
+        elif key == b"inference-header-content-length":
+            header = value.decode("latin-1")
+    return length, header
+
+
+async def _limited_body(scope, receive, send, limit: int):
+    """`receive` for a route that is not the infer fast path, under the input size
+    limit: a declared Content-Length over it is refused before a byte is read; a body
+    without one (chunked) is read up to the limit and replayed, or refused as soon as it
+    passes it. None when refused (answered here) or when the client went away."""
+    length, header = _request_lengths(scope)
+    if length is not None:
+        if length > limit:
+            await _send_error(send, 400, input_size_message(length, limit, header), True)
+            return None
+        return receive
+    if not any(k == b"transfer-encoding" for k, _ in scope["headers"]):
+        return receive  # no body at all (a GET, or an empty POST)
+    chunks, total = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        total += len(chunk)
+        if total > limit:
+            await _send_error(send, 400, input_size_message(total, limit, header), True)
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+    async def replayed():
+        return replay.pop() if replay else await receive()
+    return replayed
 
 
 def error_response(err: InferError) -> Response:
@@ -115,9 +187,11 @@ def error_response(err: InferError) -> Response:
 class _InferEndpoint:
     """POST /v2/models/{model}[/versions/{version}]/infer as a raw ASGI app."""
 
-    def __init__(self, core: FrontendCore, header_forward=None):
+    def __init__(self, core: FrontendCore, header_forward=None,
+                 max_input_size: int = HTTP_DEFAULT_MAX_INPUT_SIZE):
         self.core = core
         self.header_forward = header_forward  # compiled --http-header-forward-pattern
+        self.max_input = max_input_size  # --http-max-input-size, bytes
 
     async def __call__(self, scope, receive, send) -> None:
         header_length = encoding = accept = None
@@ -131,6 +205,10 @@ class _InferEndpoint:
                 accept = value.decode("latin-1")
             elif key == b"content-length":
                 content_length = int(value) if value.isdigit() else 0
+        limit = self.max_input
+        if content_length > limit:  # refused before a byte of the body is read
+            return await _send_error(
+                send, 400, input_size_message(content_length, limit, header_length), True)
 
         # A large body goes straight into the core's shared-memory arena as it arrives:
         # its tensors are then already where the worker reads them (no second copy, and
@@ -150,12 +228,21 @@ class _InferEndpoint:
             message = await receive()
             body = message.get("body", b"")
             if message.get("more_body", False):
-                chunks = [body]
-                while message.get("more_body", False):
+                chunks, total = [body], len(body)
+                while message.get("more_body", False) and total <= limit:
                     message = await receive()
                     if message["type"] != "http.request":
                         return  # client went away
-                    chunks.append(message.get("body", b""))
+                    chunk = message.get("body", b"")
+                    total += len(chunk)
+                    if total > limit:  # a chunked body: stop reading at the limit
+                        return await _send_error(
+                            send, 400, input_size_message(total, limit, header_length),
+                            True)
+                    chunks.append(chunk)
+                if total > limit:
+                    return await _send_error(
+                        send, 400, input_size_message(total, limit, header_length), True)
                 body = b"".join(chunks)
             elif message["type"] != "http.request":
                 return
@@ -170,7 +257,7 @@ class _InferEndpoint:
         try:
             version = check_version(params.get("version", ""))
             if encoding:
-                body = http_codec.decompress(body, encoding)
+                body = http_codec.decompress(body, encoding, self.max_input)
             length = http_codec.parse_header_length(header_length, len(body))
             if length == 0:
                 view = self.core.get_model(name, version)

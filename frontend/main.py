@@ -41,6 +41,10 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _restrictions(text: str) -> dict[str, tuple[str, str]]:
+    return {group: (key, value) for group, (key, value) in msgspec.json.decode(text).items()}
+
+
 async def serve(args) -> int:
     loop = asyncio.get_running_loop()
     core = SchedulerCore(args.address, args.scheduler, args.segment_prefix, args.arena_bytes,
@@ -69,7 +73,9 @@ async def serve(args) -> int:
         sock = reuseport_socket(args.http_address, args.http_port)
         app = make_http_app(core, server_name=args.server_id, server_version=VERSION,
                             extensions=EXTENSIONS,
-                            header_forward=args.http_header_forward_pattern)
+                            header_forward=args.http_header_forward_pattern,
+                            restrictions=_restrictions(args.http_restricted_api),
+                            max_input_size=args.http_max_input_size)
         config = uvicorn.Config(app, lifespan="off",
                                 http="httptools", loop="none", access_log=False,
                                 # log_config None: uvicorn's records go through
@@ -86,7 +92,9 @@ async def serve(args) -> int:
         grpc_server = make_grpc_server(core, f"{args.grpc_address}:{args.grpc_port}",
                                        server_name=args.server_id,
                                        server_version=VERSION, extensions=EXTENSIONS,
-                                       header_forward=args.grpc_header_forward_pattern)
+                                       header_forward=args.grpc_header_forward_pattern,
+                                       restrictions=_restrictions(
+                                           args.grpc_restricted_protocol))
 
     core.outbox.send(args.scheduler, FrontendReady(args.index, args.address, os.getpid()))
     await core.got_state.wait()
@@ -131,6 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--http-header-forward-pattern", default="")
     p.add_argument("--grpc-header-forward-pattern", default="")
     p.add_argument("--server-id", default="shmserve", help="the server metadata's name")
+    p.add_argument("--http-restricted-api", default="{}",
+                   help="JSON {group: [header, value]}, parsed by the scheduler")
+    p.add_argument("--grpc-restricted-protocol", default="{}",
+                   help="JSON {group: [metadata key, value]}, parsed by the scheduler")
+    p.add_argument("--http-max-input-size", type=int, default=1 << 26)
     args = p.parse_args(argv)
     args.role = f"frontend[{args.index}]"
     configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))

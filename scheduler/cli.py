@@ -109,8 +109,74 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{proto}-header-forward-pattern", default="", metavar="REGEX",
                        help=f"{proto.upper()} request headers whose (lower-case) name "
                             "this regular expression matches become request parameters")
+    _add_limits(p)
     _add_triton_only(p)
     return p
+
+
+# Triton's restricted API groups (RESTRICTED_CATEGORY_NAMES, in its order); the
+# frontends' route table (frontend/restricted.py) files every route under one of them.
+RESTRICTED_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config",
+                     "model-repository", "statistics", "trace", "logging")
+GRPC_KEY_PREFIX = "triton-grpc-protocol-"  # Triton's kRestrictedProtocolHeaderTemplate
+HTTP_DEFAULT_MAX_INPUT_SIZE = 1 << 26  # 64 MiB, as tritonserver's default
+
+
+def parse_restrictions(items: list[str], flag: str, kind: str,
+                       key_prefix: str = "") -> dict[str, tuple[str, str]]:
+    """`API[,API]:KEY=VALUE` items of one flag -> {group: (header, value)}, with
+    tritonserver's errors (ValueError) for a malformed item, an unknown group, or a
+    group named in two items. `kind` is "api" (HTTP) or "protocol" (gRPC)."""
+    out: dict[str, tuple[str, str]] = {}
+    for item in items:
+        # Triton splits at the first ':' and the first '=' after it, and wants all
+        # three parts non-empty; the value may itself contain '=' or ':'.
+        groups, colon, setting = item.partition(":")
+        key, eq, value = setting.partition("=")
+        if not colon or not eq or not groups or not key or not value:
+            raise ValueError(f"--{flag} option format is '<config name>:<setting>=<value>'. "
+                             f"Got {item}")
+        for group in groups.split(","):
+            if group not in RESTRICTED_GROUPS:
+                raise ValueError(f"unknown restricted {kind} '{group}'")
+            if group in out:
+                raise ValueError(f"restricted {kind} '{group}' can not be specified in "
+                                 "multiple config groups")
+            out[group] = (key_prefix + key, value)
+    return out
+
+
+def _add_limits(p: argparse.ArgumentParser) -> None:
+    """Restricted API groups and the HTTP input size limit (frontend.restricted)."""
+    groups = ", ".join(RESTRICTED_GROUPS)
+    p.add_argument("--http-restricted-api", action="append", default=[],
+                   metavar="API[,API]:KEY=VALUE",
+                   help="HTTP requests to these API groups must carry header KEY with "
+                        f"VALUE, else 403 (repeatable; groups: {groups})")
+    # tritonserver's name is --grpc-restricted-protocol; --grpc-restricted-api is
+    # accepted too, spelled like the HTTP flag
+    p.add_argument("--grpc-restricted-protocol", "--grpc-restricted-api",
+                   dest="grpc_restricted_protocol", action="append", default=[],
+                   metavar="API[,API]:KEY=VALUE",
+                   help="gRPC calls to these API groups must carry metadata "
+                        "triton-grpc-protocol-KEY with VALUE, else UNAVAILABLE "
+                        "(repeatable)")
+    p.add_argument("--http-max-input-size", type=int,
+                   default=HTTP_DEFAULT_MAX_INPUT_SIZE, metavar="BYTES",
+                   help="largest HTTP request body (and decompressed body) accepted; "
+                        "default 64 MiB as tritonserver's")
+
+
+def _parse_limits(args: argparse.Namespace) -> None:
+    """Raises ValueError with tritonserver's words."""
+    if args.http_max_input_size <= 0:
+        raise ValueError("Error: --http-max-input-size must be greater than 0.")
+    args.http_restricted_api = parse_restrictions(
+        args.http_restricted_api, "http-restricted-api", "api")
+    args.grpc_restricted_protocol = {
+        group: (header.lower(), value) for group, (header, value) in parse_restrictions(
+            args.grpc_restricted_protocol, "grpc-restricted-protocol", "protocol",
+            GRPC_KEY_PREFIX).items()}
 
 
 # tritonserver flags that configure parts this server does not have (GPU memory pools,
@@ -257,6 +323,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.trace_config = parse_trace_config(args.trace_config)
         for flag in ("http_header_forward_pattern", "grpc_header_forward_pattern"):
             _check_regex(flag, getattr(args, flag))
+        _parse_limits(args)
     except ValueError as exc:
         parser.error(str(exc))
     if args.log_verbose < 0:

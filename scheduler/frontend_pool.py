@@ -143,6 +143,10 @@ class FrontendPool:
             "--http-header-forward-pattern", a.http_header_forward_pattern,
             "--grpc-header-forward-pattern", a.grpc_header_forward_pattern,
             "--server-id", a.server_id,
+            "--http-restricted-api", msgspec.json.encode(a.http_restricted_api).decode(),
+            "--grpc-restricted-protocol",
+            msgspec.json.encode(a.grpc_restricted_protocol).decode(),
+            "--http-max-input-size", str(a.http_max_input_size),
         ], on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())
