@@ -115,7 +115,8 @@ class RegionRegistry:
         self.by_name[call.name] = region
 
     def status(self, kind: str, name: str) -> list[RegionStatus]:
-        self._check_allowed(kind)
+        # Triton answers status even with client shm disabled (there is none to list)
+        self._check_allowed(kind, status=True)
         if name:
             region = self.by_name.get(name)
             if region is None or region.kind != kind:
@@ -151,13 +152,15 @@ class RegionRegistry:
         for r in pending:
             r.waiters.append(one_finished)
 
-    def _check_allowed(self, kind: str) -> None:
+    def _check_allowed(self, kind: str, status: bool = False) -> None:
         if kind not in (SYSTEM, CUDA):
             raise InferError(ErrorCode.INVALID_ARG, f"unknown shared memory kind '{kind}'")
-        if not self.allowed:
-            raise InferError(ErrorCode.UNAVAILABLE,
-                             f"{_what(kind)} is disabled on this server; start it with "
-                             "--allow-client-shm=true to register regions")
+        if status:
+            return
+        if not self.allowed:  # Triton's kClientShmDisabledErrorStr, code and words
+            raise InferError(ErrorCode.UNSUPPORTED,
+                             "Client shared memory is disabled. Start the server with "
+                             "'--allow-client-shm=true' to enable.")
         if kind == CUDA and not self.cuda_devices:
             raise InferError(ErrorCode.UNSUPPORTED,
                              "CUDA shared memory is not supported: this server sees no "

@@ -79,9 +79,16 @@ def test_register_checks_keys_sizes_and_names(key):
 
 
 def test_disabled_and_cuda_without_devices(key):
+    # Triton's code (UNSUPPORTED) and words, for register and unregister; status answers
     reg, _ = registry(allowed=False)
-    with pytest.raises(InferError, match="--allow-client-shm=true"):
+    with pytest.raises(InferError) as e:
         register(reg, "a", key)
+    assert (e.value.code, e.value.message) == (
+        ErrorCode.UNSUPPORTED, "Client shared memory is disabled. Start the server with "
+                               "'--allow-client-shm=true' to enable.")
+    with pytest.raises(InferError, match="'--allow-client-shm=true' to enable"):
+        reg.unregister(SYSTEM, "", lambda: None)
+    assert reg.status(SYSTEM, "") == [] and reg.status(CUDA, "") == []
     reg, _ = registry(allowed=True, gpus=0)
     with pytest.raises(InferError, match="no CUDA device") as e:
         reg.register(RegionRequest(1, "fe", "register", CUDA, "c", byte_size=16,
