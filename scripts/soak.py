@@ -8,8 +8,9 @@ and 256 KiB inputs, every --shm-every'th request through a system shared-memory 
 that the client creates, registers, uses for input and output, unregisters and
 destroys, and every --sample-secs (60: once a minute) samples:
 
-- RSS and open file descriptors of every server process, by role (scheduler,
-  frontend[i], worker <model instance>), found as the children of the scheduler's pid;
+- RSS (and its anonymous part, where a leak shows) and open file descriptors of every
+  server process, by role (scheduler, frontend[i], worker <model instance>), found as
+  the children of the scheduler's pid;
 - entries in /dev/shm: the server's own segments and the client's regions;
 - requests done and errors so far (a wrong answer counts as an error).
 
@@ -137,15 +138,25 @@ def role_of(pid: int, root: int) -> str | None:
     return os.path.basename(argv[0]) if argv else str(pid)
 
 
+_STATUS = {"VmRSS:": "rss_kib", "RssAnon:": "anon_kib", "RssFile:": "file_kib",
+           "RssShmem:": "shmem_kib"}
+
+
 def process_sample(pid: int) -> dict | None:
-    """RSS (KiB) and open fds of one process."""
+    """RSS (KiB; also split into anonymous, file-backed and shared-memory pages) and
+    open fds of one process. A leak shows in anon_kib: file pages (libraries, modules)
+    come and go with the machine's memory pressure, mapped arenas in shmem_kib."""
+    out = {}
     try:
         with open(f"/proc/{pid}/status") as f:
-            rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except (OSError, StopIteration):
+            for line in f:
+                key = _STATUS.get(line.split(maxsplit=1)[0] if line.strip() else "")
+                if key:
+                    out[key] = int(line.split()[1])
+        out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
         return None
-    return {"pid": pid, "rss_kib": rss, "fds": fds}
+    return out if "rss_kib" in out else None
 
 
 def server_sample(root: int) -> dict[str, dict]:
@@ -161,11 +172,11 @@ def server_sample(root: int) -> dict[str, dict]:
         if sample is None:
             continue
         if role in out:  # e.g. a worker and its own helper process
-            out[role]["rss_kib"] += sample["rss_kib"]
-            out[role]["fds"] += sample["fds"]
+            for key, value in sample.items():
+                out[role][key] = out[role].get(key, 0) + value
             out[role]["pids"].append(pid)
         else:
-            out[role] = {"rss_kib": sample["rss_kib"], "fds": sample["fds"], "pids": [pid]}
+            out[role] = {**sample, "pids": [pid]}
     return out
 
 
@@ -271,14 +282,19 @@ def table(report: dict) -> str:
     samples = report["samples"]
     first, last = samples[0], samples[-1]
     a, b = f"@{first['t']:.0f}s", f"@{last['t']:.0f}s"
-    rows = [("process", f"RSS MiB {a}", f"RSS MiB {b}", "dRSS MiB", f"fds {a}", f"fds {b}")]
+    rows = [("process", f"RSS MiB {a}", f"RSS MiB {b}", f"anon MiB {a}", f"anon MiB {b}",
+             "d anon", f"fds {a}", f"fds {b}")]
+
+    def mib(s, key):
+        return "-" if s is None or key not in s else f"{s[key] / 1024:.1f}"
+
     for role in sorted(set(first["processes"]) | set(last["processes"])):
         p, q = first["processes"].get(role), last["processes"].get(role)
-        rss = lambda s: "-" if s is None else f"{s['rss_kib'] / 1024:.1f}"  # noqa: E731
-        fds = lambda s: "-" if s is None else str(s["fds"])  # noqa: E731
-        delta = "-" if p is None or q is None else \
-            f"{(q['rss_kib'] - p['rss_kib']) / 1024:+.1f}"
-        rows.append((role, rss(p), rss(q), delta, fds(p), fds(q)))
+        delta = "-" if p is None or q is None or "anon_kib" not in p else \
+            f"{(q['anon_kib'] - p['anon_kib']) / 1024:+.1f}"
+        rows.append((role, mib(p, "rss_kib"), mib(q, "rss_kib"), mib(p, "anon_kib"),
+                     mib(q, "anon_kib"), delta, "-" if p is None else str(p["fds"]),
+                     "-" if q is None else str(q["fds"])))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) if c == 0 else cell.rjust(w)
                        for c, (cell, w) in enumerate(zip(r, widths))) for r in rows]

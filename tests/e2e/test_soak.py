@@ -38,6 +38,7 @@ def test_short_soak_reports_every_role_and_no_errors(tmp_path):
         assert served == models
         for role, p in sample["processes"].items():
             assert 10 * 1024 < p["rss_kib"] < 4 * 1024 * 1024, (role, p)
+            assert 0 < p["anon_kib"] <= p["rss_kib"], (role, p)
             assert 3 <= p["fds"] < 10000, (role, p)
         assert sample["dev_shm"]["server_segments"] >= 1  # arenas in use
     counts = [s["requests"] for s in samples]
