@@ -71,8 +71,12 @@ def test_counts_of_a_held_batch_under_tritons_names(held_server):
 
     # Rule: success and nv_inference_count count requests (batch items), exec_count
     # executions; the held requests formed one batch.
-    found = samples(held_server)
-    assert value(found, "nv_inference_request_success") == HOLD
+    # (polled: the answers can reach the clients before the scheduler counts the batch)
+    def counted():
+        found = samples(held_server)
+        return found if value(found, "nv_inference_request_success") == HOLD else None
+
+    found = wait_until(counted, 60, 0.1, "the held batch counted")
     assert value(found, "nv_inference_count") == HOLD
     assert value(found, "nv_inference_exec_count") == 1
     assert value(found, "nv_inference_pending_request_count") == 0
