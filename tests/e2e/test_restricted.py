@@ -125,6 +125,14 @@ def test_grpc_stream_and_health_service_are_restricted(srv):
         reply = check(grpc_health.encode_request(), timeout=30,
                       metadata=tuple(GRPC_ADMIN.items()))
         assert grpc_health.decode_response(reply) == 1  # SERVING
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch")
+        with pytest.raises(grpc.RpcError) as e:
+            next(iter(watch(grpc_health.encode_request(), timeout=30)))
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        stream = watch(grpc_health.encode_request(), timeout=30,
+                       metadata=tuple(GRPC_ADMIN.items()))
+        assert grpc_health.decode_response(next(iter(stream))) == 1
+        stream.cancel()
 
 
 def _post(srv, path, body_parts, headers, chunked=False):
