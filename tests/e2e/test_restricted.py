@@ -221,3 +221,27 @@ def test_client_shm_off_by_default_in_tritons_words(srv, protocol):
         assert (e.value.status(), e.value.message()) == (code, message)
     status = c.get_system_shared_memory_status(headers=admin)
     assert not (status if protocol == "http" else status.regions)
+
+
+def test_content_length_shorter_than_the_body_does_not_smuggle_a_request(srv):
+    """Rule: a Content-Length that understates the body cannot smuggle the rest in as
+    a request of its own: the connection is answered 400 (the declared bytes are no
+    JSON request, the rest is no HTTP) and closed; the server stays up."""
+    import socket
+    body = b'{"inputs": []}' + b"x" * LIMIT
+    with socket.create_connection(("127.0.0.1", srv.http_port), timeout=60) as sock:
+        sock.sendall(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\n"
+                     b"user-key: u\r\nContent-Length: 10\r\n\r\n" + body)
+        got = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 400")
+    assert got.count(b"HTTP/1.1 ") <= 2  # the answer, and at most a 400 for the rest
+    assert b"HTTP/1.1 200" not in got
+    _infer("http", httpclient.InferenceServerClient(srv.http_url), USER)
