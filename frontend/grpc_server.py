@@ -25,8 +25,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
 
-from . import (EXTENSIONS, classification, grpc_codec, grpc_health, settings_endpoints,
-               shm_endpoints)
+from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_endpoints,
+               settings_endpoints, shm_endpoints)
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .types import FrontendCore
@@ -115,6 +115,7 @@ class InferenceServicer:
         }
         handlers.update(shm_endpoints.grpc_method_handlers(self.core))
         handlers.update(settings_endpoints.grpc_method_handlers(self.core))
+        handlers.update(repository_endpoints.grpc_method_handlers(self.core))
         for method in s.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
             if method.name not in handlers:
                 handlers[method.name] = unary(_unimplemented(method.name),

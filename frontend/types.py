@@ -124,6 +124,18 @@ class FrontendCore(Protocol):
         """The trace extension: the global (`model` "") or a model's settings, as
         Triton's HTTP JSON, after applying `update` (None: read only)."""
 
+    async def repository_index(self, ready: bool = False) -> list:
+        """The model-repository extension's index: shm.messages.repository.IndexEntry
+        rows for every model in the repositories (only READY versions if `ready`)."""
+
+    async def repository_load(self, name: str, config: str | None = None,
+                              files: dict[str, bytes] | None = None) -> None:
+        """Load (or reload) a model, with an optional JSON config override and model
+        files ("file:<version>/<name>" -> bytes); raises InferError."""
+
+    async def repository_unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model (and, for an ensemble with `unload_dependents`, its steps)."""
+
     async def shm_call(self, op: str, kind: str, *, name: str = "", key: str = "",
                        offset: int = 0, byte_size: int = 0, device_id: int = 0,
                        raw_handle: bytes = b"") -> list:
