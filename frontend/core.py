@@ -275,10 +275,13 @@ class SchedulerCore:
         if decoupled_refusal and view.decoupled:
             raise InferError(ErrorCode.UNSUPPORTED, decoupled_refusal)
         if view.state != "READY":
-            reason = f": {view.reason}" if view.reason else ""
-            raise InferError(ErrorCode.UNAVAILABLE,
-                             f"model '{view.name}' version {view.version} is not ready"
-                             f" (state {view.state}){reason}")
+            # Triton's words for a model with no ready version (unloaded, unloading,
+            # failed), as its ModelLifeCycle answers them
+            if not request.model_version:
+                raise InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: "
+                                 f"'{view.name}' has no available versions")
+            raise InferError(ErrorCode.UNAVAILABLE, f"Request for unknown model: "
+                             f"'{view.name}' version {view.version} is not at ready state")
         return view, validate_request(request, view.config)
 
     # -- tensors ------------------------------------------------------------------------

@@ -174,11 +174,12 @@ class InferenceServicer:
             view = self.core.get_model(name, version)
         except InferError as e:
             await _abort(context, e)
-        if view.state != "READY":
-            reason = f": {view.reason}" if view.reason else ""
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"model '{view.name}' version {view.version} is not ready"
-                                f" (state {view.state}){reason}")
+        if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
+            if not version:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: "
+                                    f"'{name}' has no available versions")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"Request for unknown model: "
+                                f"'{name}' version {view.version} is not at ready state")
         return view
 
     # -- inference --------------------------------------------------------------------
