@@ -190,6 +190,8 @@ class ModelControl:
                 shutil.rmtree(temp, ignore_errors=True)
                 log.error("Poll failed for model directory '%s': %s", name, exc)
                 raise poll_failure(name) from None
+            log.info("model '%s': %d file(s) from the load request in %s", name,
+                     len(files), model_dir)
             return repository.ModelSource(name, model_dir), ("files", digest.hexdigest()), temp
         try:
             source = self.manager.scan().get(name)

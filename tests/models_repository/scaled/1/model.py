@@ -1,7 +1,9 @@
 """OUTPUT0 = INPUT0 * the config's `scale`: which config served a request shows in its
-answer. `delay_ms` slows each execution; `fail_init: "1"` refuses to initialize."""
+answer. `delay_ms` slows each execution, `init_delay_ms` initialize; `fail_init: "1"` refuses
+to initialize."""
 
 import json
+import os
 import time
 
 import numpy as np
@@ -19,6 +21,13 @@ class TritonPythonModel:
             raise RuntimeError("initialize refused: fail_init is set")
         self.scale = float(_param(config, "scale", "1"))
         self.delay = float(_param(config, "delay_ms", "0")) / 1000
+        # a test that checks loads serialise records when each initialize ran
+        marker_dir = os.environ.get("SHMSERVE_TEST_MARKER_DIR")
+        start = time.monotonic()
+        time.sleep(float(_param(config, "init_delay_ms", "0")) / 1000)
+        if marker_dir:
+            with open(os.path.join(marker_dir, f"{args['model_name']}-init.log"), "a") as f:
+                f.write(f"{self.scale} {start} {time.monotonic()}\n")
 
     def execute(self, requests):
         if self.delay:
