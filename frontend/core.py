@@ -19,7 +19,8 @@ import time
 from tritonclient.grpc import model_config_pb2
 
 from frontend.cache_key import cache_key
-from frontend.types import DecodedRequest, InferResult, ModelView, OutputTensor
+from frontend.types import (DecodedRequest, InferResult, ModelView, OutputTensor, unloaded,
+                            unloaded_error)
 from frontend.validate import validate_request
 from shm.arena import Arena, SegmentCache
 from shm.channel import Inbox, Outbox
@@ -275,13 +276,12 @@ class SchedulerCore:
         if decoupled_refusal and view.decoupled:
             raise InferError(ErrorCode.UNSUPPORTED, decoupled_refusal)
         if view.state != "READY":
-            # Triton's words for a model with no ready version (unloaded, unloading,
-            # failed), as its ModelLifeCycle answers them
-            if not request.model_version:
-                raise InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: "
-                                 f"'{view.name}' has no available versions")
-            raise InferError(ErrorCode.UNAVAILABLE, f"Request for unknown model: "
-                             f"'{view.name}' version {view.version} is not at ready state")
+            if unloaded(view):  # Triton's words for a model unloaded by the API
+                raise unloaded_error(view.name, view.version, request.model_version)
+            reason = f": {view.reason}" if view.reason else ""
+            raise InferError(ErrorCode.UNAVAILABLE,
+                             f"model '{view.name}' version {view.version} is not ready"
+                             f" (state {view.state}){reason}")
         return view, validate_request(request, view.config)
 
     # -- tensors ------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_e
                settings_endpoints, shm_endpoints)
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
-from .types import FrontendCore
+from .types import FrontendCore, unloaded, unloaded_error
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +174,13 @@ class InferenceServicer:
             view = self.core.get_model(name, version)
         except InferError as e:
             await _abort(context, e)
-        if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
-            if not version:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"Request for unknown model: "
-                                    f"'{name}' has no available versions")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"Request for unknown model: "
-                                f"'{name}' version {view.version} is not at ready state")
+        if view.state != "READY":
+            if unloaded(view):  # Triton core's ModelLifeCycle::GetModel wording
+                await _abort(context, unloaded_error(name, view.version, version))
+            reason = f": {view.reason}" if view.reason else ""
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"model '{view.name}' version {view.version} is not ready"
+                                f" (state {view.state}){reason}")
         return view
 
     # -- inference --------------------------------------------------------------------

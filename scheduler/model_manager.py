@@ -371,6 +371,8 @@ class ModelRepositoryManager:
             asyncio.get_running_loop().create_task(self._restart_instance(sched, slot))
 
     async def _restart_instance(self, sched: Scheduler, slot: InstanceSlot) -> None:
+        if not getattr(sched, "accepting", True):
+            return  # an unloading or replaced version: its instances stop anyway
         if not self.pool.restarts.allow(slot.key):
             log.error("instance '%s' of '%s' keeps dying; not restarting it", slot.name,
                       sched.name)

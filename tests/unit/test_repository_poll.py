@@ -100,3 +100,21 @@ def test_poll_failure_is_tritons_words():
     err = poll_failure("m")
     assert err.code == ErrorCode.INTERNAL
     assert err.message == "failed to load 'm', failed to poll from model repository"
+
+
+def test_http_load_parameters_decode_base64_files_and_refuse_non_strings():
+    """Rule: over HTTP `config` is a JSON string and each `file:` parameter base64;
+    other parameters are not the load's; a non-string answers Triton's JSON error
+    (500) and bad base64 a 400."""
+    from frontend.repository_endpoints import http_load_arguments
+    config, files = http_load_arguments({"config": "{}", "file:1/model.py": "AGNvZGU=",
+                                         "other": 3})
+    assert (config, files) == ("{}", {"file:1/model.py": b"\x00code"})
+    assert http_load_arguments({}) == (None, {})
+    with pytest.raises(Exception) as e:
+        http_load_arguments({"config": 5})
+    assert (e.value.code, e.value.message) == (
+        ErrorCode.INTERNAL, "attempt to access JSON non-string as string")
+    with pytest.raises(Exception) as e:
+        http_load_arguments({"config": "{}", "file:1/model.py": "!!!"})
+    assert e.value.code == ErrorCode.INVALID_ARG
