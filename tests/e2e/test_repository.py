@@ -261,6 +261,46 @@ def test_file_override_loads_a_model_from_the_request_alone(explicit, protocol):
     assert not private.exists()
 
 
+def _pending(server, model: str) -> float:
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics",
+                                timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith("nv_inference_pending_request_count{") and \
+                f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_unload_drains_queued_and_running_requests(explicit):
+    """Rule: an unload lets the requests the model has queued and running finish
+    (each succeeds), refuses new ones as Triton refuses an unloaded model, and returns
+    once the model has drained."""
+    c = client(explicit, "http")
+    c.load_model("scaled", config=scaled_config("scaled", 5, delay_ms="300"))
+    results, errors = [], []
+
+    def send(protocol):
+        try:
+            results.append(infer(explicit, protocol))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send, args=(p,)) for p in PROTOCOLS * 2]
+    for t in threads:
+        t.start()
+    # one instance: one request runs while the others wait in the queue
+    wait_until(lambda: _pending(explicit, "scaled") >= 2, 60, what="queued requests")
+    c.unload_model("scaled")
+    for t in threads:
+        t.join(60)
+    assert errors == [] and results == [5.0] * 4
+    err = error_of(infer, explicit, "grpc")
+    assert err.message() == "Request for unknown model: 'scaled' has no available versions"
+    assert entry(index(explicit, "http"), "scaled")["reason"] == "unloaded"
+
+
 def test_failing_reload_keeps_the_old_version_serving(explicit):
     """Rule (beyond Triton): a reload whose new instances fail to start answers the
     load with Triton's "load failed" error, while the old version keeps serving; the
