@@ -25,11 +25,11 @@ REPO = ROOT / "tests" / "models_repository"
 MODEL_PY = (REPO / "scaled" / "1" / "model.py").read_bytes()
 
 
-def scaled_config(name: str, scale: float, **params: str) -> str:
+def scaled_config(name: str, scale: float, policy: dict | None = None, **params: str) -> str:
     """A JSON ModelConfig for the `scaled` model code, as the load API's `config`."""
     parameters = {"scale": {"string_value": str(scale)}}
     parameters.update({k: {"string_value": v} for k, v in params.items()})
-    return json.dumps({
+    return json.dumps({**({"version_policy": policy} if policy else {}),
         "name": name, "backend": "python", "max_batch_size": 0,
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1, -1]}],
         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1, -1]}],
@@ -392,6 +392,31 @@ def test_reload_under_load_fails_no_request(explicit, repo):
     client(explicit, "http").load_model("scaled")  # unchanged now: nothing to do
     assert explicit.log().count("model 'scaled' is unchanged: not reloaded") >= 1
     assert infer(explicit, "grpc") == 2.0
+
+
+def test_a_new_version_policy_unloads_dropped_versions_and_loads_new_ones(explicit, repo):
+    """Rule: a reload whose version policy picks other versions loads the new ones and
+    unloads those it no longer picks (UNAVAILABLE "unloaded"), the others serving."""
+    shutil.copytree(repo / "scaled" / "1", repo / "scaled" / "2")
+    c = client(explicit, "grpc")
+    try:
+        c.load_model("scaled", config=scaled_config("scaled", 3, policy={"all": {}}))
+        assert [(r["version"], r["state"]) for r in index(explicit, "grpc")
+                if r["name"] == "scaled"] == [("1", "READY"), ("2", "READY")]
+        c.load_model("scaled", config=scaled_config(
+            "scaled", 4, policy={"specific": {"versions": [2]}}))
+        rows = [r for r in index(explicit, "http") if r["name"] == "scaled"]
+        assert rows == [{"name": "scaled", "version": "1", "state": "UNAVAILABLE",
+                         "reason": "unloaded"},
+                        {"name": "scaled", "version": "2", "state": "READY"}]
+        assert infer(explicit, "http") == 4.0
+        assert not c.is_model_ready("scaled", "1")
+        assert c.is_model_ready("scaled", "2")
+    finally:
+        shutil.rmtree(repo / "scaled" / "2")
+        c.load_model("scaled")  # its directory again: version 1 only
+    assert [(r["version"], r["state"]) for r in index(explicit, "grpc")
+            if r["name"] == "scaled"] == [("1", "READY"), ("2", "UNAVAILABLE")]
 
 
 # -- poll mode ----------------------------------------------------------------------------
