@@ -348,6 +348,35 @@ def test_two_loads_of_one_model_serialise(explicit):
     assert c.is_model_ready("scaled")
 
 
+def test_loads_of_different_models_run_in_parallel(explicit):
+    """Rule: loads of two different models do not wait for each other (their
+    initialize overlap, within --model-load-thread-count, 4 by default)."""
+    c = client(explicit, "http")
+    c.unload_model("scaled_b")
+    for name in ("scaled", "scaled_b"):
+        (explicit.markers / f"{name}-init.log").unlink(missing_ok=True)
+    errors = []
+
+    def load(name):
+        try:
+            client(explicit, "http").load_model(
+                name, config=scaled_config(name, 13, init_delay_ms="1500"))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(n,)) for n in ("scaled", "scaled_b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    (a_start, a_end), (b_start, b_end) = (
+        tuple(map(float, (explicit.markers / f"{n}-init.log").read_text().split()[1:3]))
+        for n in ("scaled", "scaled_b"))
+    assert a_start < b_end and b_start < a_end, "the two loads ran one after the other"
+    c.unload_model("scaled_b")
+
+
 def test_reload_under_load_fails_no_request(explicit, repo):
     """Rule (beyond Triton): while clients send requests over HTTP and gRPC, a changed
     config.pbtxt is reloaded beside the serving version; no request fails, answers
