@@ -72,6 +72,7 @@ class ModelRepositoryManager:
         # unchanged model does nothing, as in Triton
         self.sources: dict[str, repository.ModelSource] = {}
         self.fingerprints: dict[str, tuple] = {}
+        self.retiring: set[Scheduler] = set()  # versions draining before they stop
         # --model-load-thread-count: versions whose instances start at once
         self._load_slots = asyncio.Semaphore(getattr(args, "model_load_thread_count", 4))
         # latency histograms per model, unless --metrics-config turns them off
@@ -235,6 +236,7 @@ class ModelRepositoryManager:
         sched = mv.scheduler
         if sched is None:
             return
+        self.retiring.add(sched)
         sched.begin_unload()
         self._on_ready(sched)  # pump it: what is queued goes on to its instances
         deadline = time.monotonic() + self.args.exit_timeout_secs
@@ -249,6 +251,7 @@ class ModelRepositoryManager:
                 del self.by_instance[slot.key]
         await asyncio.gather(*(self.pool.drop_instance(slot) for slot in mv.slots))
         mv.slots = []
+        self.retiring.discard(sched)
 
     async def _load_ensemble_version(self, plan, version: int,
                                      replace: ModelVersion | None = None) -> bool:
@@ -442,9 +445,15 @@ class ModelRepositoryManager:
         return cached[1]
 
     def schedulers(self):
+        """Every scheduler holding requests: the table's, and those of versions a
+        reload or an unload is draining (a cancel, a dead frontend, the stop reach
+        them too)."""
+        seen = set()
         for mv in self.models.all():
             if mv.scheduler is not None:
+                seen.add(mv.scheduler)
                 yield mv.scheduler
+        yield from [s for s in self.retiring if s not in seen]
 
     def ready_versions(self, name: str = "") -> list[ModelVersion]:
         """READY versions, of one model or all, by name then version."""
