@@ -19,7 +19,8 @@ import time
 from tritonclient.grpc import model_config_pb2
 
 from frontend.cache_key import cache_key
-from frontend.types import DecodedRequest, InferResult, ModelView, OutputTensor
+from frontend.types import (DecodedRequest, InferResult, ModelView, OutputTensor, unloaded,
+                            unloaded_error)
 from frontend.validate import validate_request
 from shm.arena import Arena, SegmentCache
 from shm.channel import Inbox, Outbox
@@ -28,6 +29,7 @@ from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, D
                                    InferRequest, ModelStateUpdate, RequestedOutput,
                                    ServerState, StatsReply, StatsRequest)
 from shm.messages.regions import RegionReply, RegionRequest
+from shm.messages.repository import IndexEntry, RepositoryReply, RepositoryRequest
 from shm.log import apply_log_settings
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
@@ -150,6 +152,7 @@ class SchedulerCore:
             StatsReply: self.on_call_reply,
             LogSettingsReply: self.on_call_reply,
             TraceSettingReply: self.on_call_reply,
+            RepositoryReply: self.on_call_reply,
             LogSettings: self.on_log_settings,
         }
 
@@ -273,6 +276,8 @@ class SchedulerCore:
         if decoupled_refusal and view.decoupled:
             raise InferError(ErrorCode.UNSUPPORTED, decoupled_refusal)
         if view.state != "READY":
+            if unloaded(view):  # Triton's words for a model unloaded by the API
+                raise unloaded_error(view.name, view.version, request.model_version)
             reason = f": {view.reason}" if view.reason else ""
             raise InferError(ErrorCode.UNAVAILABLE,
                              f"model '{view.name}' version {view.version} is not ready"
@@ -331,6 +336,23 @@ class SchedulerCore:
         reply: TraceSettingReply = await self._call(
             lambda call_id: TraceSettingRequest(call_id, self.address, model, update))
         return reply.settings
+
+    # -- the model-repository extension -------------------------------------------------
+    # No timeout on these: a load runs as long as the model's instances take to start.
+
+    async def repository_index(self, ready: bool = False) -> list[IndexEntry]:
+        reply: RepositoryReply = await self._call(
+            lambda call_id: RepositoryRequest(call_id, self.address, "index", ready=ready))
+        return reply.models
+
+    async def repository_load(self, name: str, config: str | None = None,
+                              files: dict[str, bytes] | None = None) -> None:
+        await self._call(lambda call_id: RepositoryRequest(
+            call_id, self.address, "load", name, config=config, files=files or {}))
+
+    async def repository_unload(self, name: str, unload_dependents: bool = False) -> None:
+        await self._call(lambda call_id: RepositoryRequest(
+            call_id, self.address, "unload", name, unload_dependents=unload_dependents))
 
     async def _call(self, make):
         """Send the control call `make(call_id)` to the scheduler and wait for its

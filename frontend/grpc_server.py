@@ -25,12 +25,12 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
 
-from . import (EXTENSIONS, classification, grpc_codec, grpc_health, settings_endpoints,
-               shm_endpoints)
+from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_endpoints,
+               settings_endpoints, shm_endpoints)
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import RestrictionInterceptor, Restrictions
-from .types import FrontendCore
+from .types import FrontendCore, unloaded, unloaded_error
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class InferenceServicer:
         }
         handlers.update(shm_endpoints.grpc_method_handlers(self.core))
         handlers.update(settings_endpoints.grpc_method_handlers(self.core))
+        handlers.update(repository_endpoints.grpc_method_handlers(self.core))
         for method in s.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
             if method.name not in handlers:
                 handlers[method.name] = unary(_unimplemented(method.name),
@@ -180,6 +181,8 @@ class InferenceServicer:
         except InferError as e:
             await _abort(context, e)
         if view.state != "READY":
+            if unloaded(view):  # Triton core's ModelLifeCycle::GetModel wording
+                await _abort(context, unloaded_error(name, view.version, version))
             reason = f": {view.reason}" if view.reason else ""
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"model '{view.name}' version {view.version} is not ready"

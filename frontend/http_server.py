@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Route
 from shm.datatypes import from_config
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
-from . import EXTENSIONS, http_codec, settings_endpoints, shm_endpoints
+from . import EXTENSIONS, http_codec, repository_endpoints, settings_endpoints, shm_endpoints
 from .http_stream import (DisconnectWatch, GenerateEndpoint, InferStreamEndpoint,
                           check_version)
 from .header_forward import compile_pattern as header_forward_pattern
@@ -82,6 +82,7 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
         Route(versioned + "/config", handlers.model_config),
         *shm_endpoints.http_routes(core),
         *settings_endpoints.http_routes(core),
+        *repository_endpoints.http_routes(core),
         *routes,
     ]
     return _HttpApp(infer, restrictions or {}, max_input_size, routes=all_routes)

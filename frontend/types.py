@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol
 
-from shm.errors import InferError  # noqa: F401  (re-exported for codecs)
+from shm.errors import ErrorCode, InferError  # InferError re-exported for codecs
 
 
 @dataclasses.dataclass(slots=True)
@@ -124,6 +124,18 @@ class FrontendCore(Protocol):
         """The trace extension: the global (`model` "") or a model's settings, as
         Triton's HTTP JSON, after applying `update` (None: read only)."""
 
+    async def repository_index(self, ready: bool = False) -> list:
+        """The model-repository extension's index: shm.messages.repository.IndexEntry
+        rows for every model in the repositories (only READY versions if `ready`)."""
+
+    async def repository_load(self, name: str, config: str | None = None,
+                              files: dict[str, bytes] | None = None) -> None:
+        """Load (or reload) a model, with an optional JSON config override and model
+        files ("file:<version>/<name>" -> bytes); raises InferError."""
+
+    async def repository_unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model (and, for an ensemble with `unload_dependents`, its steps)."""
+
     async def shm_call(self, op: str, kind: str, *, name: str = "", key: str = "",
                        offset: int = 0, byte_size: int = 0, device_id: int = 0,
                        raw_handle: bytes = b"") -> list:
@@ -133,3 +145,20 @@ class FrontendCore(Protocol):
         `name` means every region of the kind (status, unregister). Returns a list of
         shm.messages.regions.RegionStatus (status; empty otherwise); raises InferError
         in the protocol-neutral form (code + message)."""
+
+
+def unloaded(view: ModelView) -> bool:
+    """A version unloaded (or being unloaded) by the repository API or a poll."""
+    return view.state == "UNLOADING" or (view.state == "UNAVAILABLE"
+                                         and view.reason == "unloaded")
+
+
+def unloaded_error(name: str, version: int, asked: str) -> InferError:
+    """Triton's answer for a model with no ready version after an unload: 404 /
+    NOT_FOUND when no version was named, else 503 / UNAVAILABLE."""
+    if not asked:
+        return InferError(ErrorCode.NOT_FOUND,
+                          f"Request for unknown model: '{name}' has no available versions")
+    return InferError(ErrorCode.UNAVAILABLE,
+                      f"Request for unknown model: '{name}' version {version} is not at "
+                      "ready state")

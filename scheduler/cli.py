@@ -50,10 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-config", action="append", default=[], metavar="NAME=VALUE",
                    help="counter_latencies, histogram_latencies (default true here)")
     p.add_argument("--model-control-mode", choices=("none", "poll", "explicit"),
-                   default="none", help="none or explicit (poll is refused: not built)")
+                   default="none")
     p.add_argument("--load-model", action="append", default=[], metavar="NAME")
     p.add_argument("--repository-poll-secs", type=float, default=None,
-                   help="only used by --model-control-mode=poll")
+                   help="only used by --model-control-mode=poll (default 15)")
+    p.add_argument("--model-load-thread-count", type=int, default=4,
+                   help="models loaded in parallel (Triton's default 4)")
     p.add_argument("--strict-model-config", type=_bool, default=False)
     p.add_argument("--disable-auto-complete-config", dest="strict_model_config",
                    action="store_true", help="the same as --strict-model-config=true")
@@ -190,7 +192,7 @@ IGNORED_FLAGS = (
     ("--min-supported-compute-capability", False),
     ("--buffer-manager-thread-count", False), ("--host-policy", True),
     ("--model-load-gpu-limit", True), ("--enable-peer-access", False),
-    ("--model-load-thread-count", False), ("--model-load-retry-count", False),
+    ("--model-load-retry-count", False),
     ("--http-thread-count", False), ("--grpc-infer-allocation-pool-size", False),
     ("--grpc-infer-response-compression-level", False),
     ("--grpc-keepalive-time", False), ("--grpc-keepalive-timeout", False),
@@ -257,11 +259,15 @@ def _apply_triton_only(parser: argparse.ArgumentParser, args: argparse.Namespace
         value = getattr(args, _dest(flag))
         if value is not None:
             args.trace_config.append(f"{item}={value}")
+    if args.model_load_thread_count < 1:
+        parser.error("--model-load-thread-count must be at least 1")
     if args.model_control_mode == "poll":
-        parser.error("--model-control-mode=poll is not supported: use explicit and the "
-                     "repository load/unload API, or none")
-    if args.repository_poll_secs is not None:
-        # Triton itself reads it only in poll mode, which is refused above
+        if args.repository_poll_secs is None:
+            args.repository_poll_secs = 15.0  # Triton's default
+        elif args.repository_poll_secs <= 0:
+            parser.error("--repository-poll-secs must be greater than 0")
+    elif args.repository_poll_secs is not None:
+        # Triton itself reads it only in poll mode
         args.ignored_flags.append("--repository-poll-secs")
     for name in vars(args).copy():
         if name.startswith("triton_only_"):

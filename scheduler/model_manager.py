@@ -38,6 +38,9 @@ from shm.messages.worker import LoadInstance
 
 log = logging.getLogger("shmserve.scheduler")
 
+# the reason a READY version shows in the index after a reload of it failed
+RELOAD_FAILED = "reload failed, still serving the previous load: "
+
 
 class ModelRepositoryManager:
     def __init__(self, args, pool: WorkerPool, rate_limiter: RateLimiter, gpus: int,
@@ -61,8 +64,17 @@ class ModelRepositoryManager:
         self.models = ModelTable()
         self.by_instance: dict[str, Scheduler] = {}  # instance key -> its scheduler
         self.load_seconds: dict[tuple[str, int], float] = {}
+        self.load_errors: dict[tuple[str, int], str] = {}  # the last failed load's reason
         self._generation = itertools.count(1)
         self.stopping = False
+        # the repositories' models as last scanned, and what each loaded model was
+        # loaded from (repository.fingerprint and the load's override): a load of an
+        # unchanged model does nothing, as in Triton
+        self.sources: dict[str, repository.ModelSource] = {}
+        self.fingerprints: dict[str, tuple] = {}
+        self.retiring: set[Scheduler] = set()  # versions draining before they stop
+        # --model-load-thread-count: versions whose instances start at once
+        self._load_slots = asyncio.Semaphore(getattr(args, "model_load_thread_count", 4))
         # latency histograms per model, unless --metrics-config turns them off
         self.histograms = args.allow_metrics and option_on(args.metrics_config,
                                                            "histogram_latencies")
@@ -71,7 +83,7 @@ class ModelRepositoryManager:
 
     async def load_repository(self) -> bool:
         try:
-            sources = repository.scan([os.path.abspath(p) for p in self.args.model_repository])
+            sources = self.scan()
         except Exception as exc:
             log.error("%s", exc)
             return False
@@ -90,19 +102,28 @@ class ModelRepositoryManager:
                 plans = {n: p for n, p in plans.items() if n in wanted}
         for name in plans:
             self._settled[name] = asyncio.Event()
+            self.fingerprints[name] = (repository.fingerprint(sources[name].path), None)
         results = await asyncio.gather(*(self.load_model(name, plan, plans)
                                          for name, plan in plans.items()))
         return all(results)
 
-    def _plan(self, source):
+    def scan(self) -> dict[str, repository.ModelSource]:
+        """Every model in the repositories now (raises RepositoryError)."""
+        self.sources = repository.scan(
+            [os.path.abspath(p) for p in self.args.model_repository])
+        return self.sources
+
+    def _plan(self, source, config_override: str | None = None):
         """The model's plan, or why it cannot load (a _Refused)."""
         try:
-            if self.args.strict_model_config and not (source.path / "config.pbtxt").is_file():
+            if (self.args.strict_model_config and config_override is None
+                    and not (source.path / "config.pbtxt").is_file()):
                 raise cfg.ConfigError(
                     f"model '{source.name}' has no config.pbtxt, which "
                     "--strict-model-config=true requires")
             return repository.plan_model(source, has_gpu=self.gpus > 0,
-                                         gpu_ids=list(range(self.gpus)))
+                                         gpu_ids=list(range(self.gpus)),
+                                         config_override=config_override)
         except Exception as exc:
             return _Refused(source, str(exc))
 
@@ -122,7 +143,7 @@ class ModelRepositoryManager:
             results = await asyncio.gather(*(load(plan, v) for v in plan.versions))
             return all(results)
         finally:
-            self._settled[name].set()
+            self._settled.setdefault(name, asyncio.Event()).set()
 
     async def _wait_for_steps(self, plan, plans: dict) -> None:
         """Until every model the ensemble's steps name has settled. Models of a
@@ -149,20 +170,29 @@ class ModelRepositoryManager:
                     priority=group.rate_limiter.priority))
         return slots
 
-    async def load_version(self, plan, version: int) -> bool:
+    async def load_version(self, plan, version: int,
+                           replace: ModelVersion | None = None) -> bool:
+        """Start a version's instances. With `replace` (the version serving now) this
+        is a reload without downtime: the new instances start beside the old, requests
+        keep going to the old until the new is READY, then the table switches and the
+        old drains and stops. A reload that fails leaves the old serving, its reason
+        noted on it (the index shows it)."""
         started = time.monotonic()
         mv = ModelVersion(plan.name, version, str(plan.path), config=plan.config)
-        self.models.add(mv)
-        self.publish(mv)
+        if replace is None:
+            self.models.add(mv)
+            self.publish(mv)
         slots = self._slots(plan.name, version, plan.config)
         try:
-            self.rate_limiter.check(slots)
-            # The first instance may auto-complete the config the others then get.
-            config = await self._start_instance(mv, slots[0], mv.config,
-                                                auto_complete=not self.args.strict_model_config)
-            mv.config = config
-            mv.config_json = b""  # printed again from the completed config
-            await asyncio.gather(*(self._start_instance(mv, s, config) for s in slots[1:]))
+            async with self._load_slots:
+                self.rate_limiter.check(slots)
+                # The first instance may auto-complete the config the others then get.
+                config = await self._start_instance(
+                    mv, slots[0], mv.config, auto_complete=not self.args.strict_model_config)
+                mv.config = config
+                mv.config_json = b""  # printed again from the completed config
+                await asyncio.gather(*(self._start_instance(mv, s, config)
+                                       for s in slots[1:]))
         except Exception as exc:
             reason = exc.message if isinstance(exc, InferError) else str(exc)
             log.error("failed to load '%s' version %d: %s", plan.name, version, reason)
@@ -170,7 +200,12 @@ class ModelRepositoryManager:
             mv.reason = reason
             for slot in slots:
                 await self.pool.drop_instance(slot)
-            self.publish(mv)
+            if replace is None:
+                self.publish(mv)
+            else:
+                replace.reason = f"{RELOAD_FAILED}{reason}"
+                self.publish(replace)
+            self.load_errors[(plan.name, version)] = reason
             return False
         sched = create_scheduler(plan.name, version, mv.config, self.rate_limiter,
                                  self._send_batch, self._fail, histograms=self.histograms,
@@ -183,13 +218,46 @@ class ModelRepositoryManager:
             self.by_instance[slot.key] = sched
         mv.state = ModelReadyState.READY
         self.load_seconds[(plan.name, version)] = time.monotonic() - started
-        log.info("successfully loaded '%s' version %d", plan.name, version)
-        self.publish(mv)
+        self.load_errors.pop((plan.name, version), None)
+        if replace is not None:
+            self.models.add(mv)  # the switch: requests from now on go to the new
+            log.info("successfully reloaded '%s' version %d", plan.name, version)
+            self.publish(mv)
+            await self.retire(replace)
+        else:
+            log.info("successfully loaded '%s' version %d", plan.name, version)
+            self.publish(mv)
         return True
 
-    async def _load_ensemble_version(self, plan, version: int) -> bool:
+    async def retire(self, mv: ModelVersion) -> None:
+        """Stop a version that no longer takes requests (unloaded, or replaced by a
+        reload): what it has queued and running finishes, bounded by
+        --exit-timeout-secs, then its instances stop."""
+        sched = mv.scheduler
+        if sched is None:
+            return
+        self.retiring.add(sched)
+        sched.begin_unload()
+        self._on_ready(sched)  # pump it: what is queued goes on to its instances
+        deadline = time.monotonic() + self.args.exit_timeout_secs
+        while not sched.drained and time.monotonic() < deadline and not self.stopping:
+            await asyncio.sleep(0.01)
+        if not sched.drained:
+            sched.fail_all(ErrorCode.UNAVAILABLE, f"model '{mv.name}' version {mv.version} "
+                           "was unloaded before the request finished", time.monotonic_ns())
+        self.rate_limiter.remove_owner(sched)
+        for slot in mv.slots:
+            if self.by_instance.get(slot.key) is sched:
+                del self.by_instance[slot.key]
+        await asyncio.gather(*(self.pool.drop_instance(slot) for slot in mv.slots))
+        mv.slots = []
+        self.retiring.discard(sched)
+
+    async def _load_ensemble_version(self, plan, version: int,
+                                     replace: ModelVersion | None = None) -> bool:
         mv = ModelVersion(plan.name, version, str(plan.path), config=plan.config)
-        self.models.add(mv)
+        if replace is None:
+            self.models.add(mv)
         try:
             configs = self._step_configs(plan.config)
             decoupled = ensemble.check_steps(plan.config, configs)
@@ -197,7 +265,12 @@ class ModelRepositoryManager:
             log.error("failed to load '%s' version %d: %s", plan.name, version, exc)
             mv.state = ModelReadyState.UNAVAILABLE
             mv.reason = str(exc)
-            self.publish(mv)
+            self.load_errors[(plan.name, version)] = str(exc)
+            if replace is None:
+                self.publish(mv)
+            else:
+                replace.reason = f"{RELOAD_FAILED}{exc}"
+                self.publish(replace)
             return False
         # Triton sets every ensemble's transaction policy: decoupled exactly when a
         # decoupled step is on its data flow, whatever the config said
@@ -208,8 +281,14 @@ class ModelRepositoryManager:
                                        if c.model_transaction_policy.decoupled))
         mv.scheduler.stats.cache_enabled = self.caches(mv.config)
         mv.state = ModelReadyState.READY
+        self.load_errors.pop((plan.name, version), None)
         log.info("successfully loaded '%s' version %d", plan.name, version)
-        self.publish(mv)
+        if replace is not None:
+            self.models.add(mv)
+            self.publish(mv)
+            await self.retire(replace)
+        else:
+            self.publish(mv)
         return True
 
     def _step_configs(self, config) -> dict:
@@ -295,6 +374,8 @@ class ModelRepositoryManager:
             asyncio.get_running_loop().create_task(self._restart_instance(sched, slot))
 
     async def _restart_instance(self, sched: Scheduler, slot: InstanceSlot) -> None:
+        if not getattr(sched, "accepting", True):
+            return  # an unloading or replaced version: its instances stop anyway
         if not self.pool.restarts.allow(slot.key):
             log.error("instance '%s' of '%s' keeps dying; not restarting it", slot.name,
                       sched.name)
@@ -364,9 +445,15 @@ class ModelRepositoryManager:
         return cached[1]
 
     def schedulers(self):
+        """Every scheduler holding requests: the table's, and those of versions a
+        reload or an unload is draining (a cancel, a dead frontend, the stop reach
+        them too)."""
+        seen = set()
         for mv in self.models.all():
             if mv.scheduler is not None:
+                seen.add(mv.scheduler)
                 yield mv.scheduler
+        yield from [s for s in self.retiring if s not in seen]
 
     def ready_versions(self, name: str = "") -> list[ModelVersion]:
         """READY versions, of one model or all, by name then version."""

@@ -50,6 +50,16 @@ class ModelTable:
         ready = [v for v, mv in versions.items() if mv.state is ModelReadyState.READY]
         return versions[max(ready)] if ready else None
 
+    def versions(self, name: str) -> list[ModelVersion]:
+        """Every version of `name` the table holds, ascending."""
+        return [mv for _, mv in sorted(self._models.get(name, {}).items())]
+
+    def remove(self, name: str, version: int) -> None:
+        versions = self._models.get(name, {})
+        versions.pop(version, None)
+        if not versions:
+            self._models.pop(name, None)
+
     def all(self):
         for versions in self._models.values():
             yield from versions.values()

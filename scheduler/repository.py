@@ -6,10 +6,12 @@ integers (no leading zeros), and the version policy picks among them. Reads dire
 only; loading is someone else's job.
 """
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from scheduler.config import ConfigError, load_config, normalize, validate
@@ -111,16 +113,21 @@ def missing_versions(config: ModelConfig, available: list[int]) -> list[int]:
 
 
 def plan_model(source: ModelSource, *, has_gpu: bool = False,
-               gpu_ids: list[int] | None = None) -> ModelPlan:
+               gpu_ids: list[int] | None = None,
+               config_override: str | None = None) -> ModelPlan:
     """Read, normalize and validate a model's config and choose its versions.
 
-    Raises ConfigError for the config and RepositoryError for the directory, each with
-    the reason a Triton user would see.
+    `config_override` is the load API's JSON ModelConfig, used instead of the
+    directory's config.pbtxt. Raises ConfigError for the config and RepositoryError for
+    the directory, each with the reason a Triton user would see.
     """
     path = Path(source.path)
     if not path.is_dir():
         raise RepositoryError(f"model directory '{path}' does not exist")
-    config = load_config(path)
+    if config_override is not None:
+        config = parse_override(config_override, source.name)
+    else:
+        config = load_config(path)
     available = available_versions(path)
     config = normalize(config, has_gpu=has_gpu, gpu_ids=gpu_ids,
                        model_files=_first_version_files(path, available))
@@ -129,6 +136,45 @@ def plan_model(source: ModelSource, *, has_gpu: bool = False,
     warnings = [f"version {v} is specified for model '{config.name}', but the version "
                 "directory is not present" for v in missing_versions(config, available)]
     return ModelPlan(source.name, path, config, versions, warnings)
+
+
+def parse_override(text: str, name: str) -> ModelConfig:
+    """The load API's `config` parameter: a ModelConfig in JSON. Its name defaults to
+    the model's and must equal it, as a config.pbtxt's must."""
+    try:
+        config = json_format.Parse(text, ModelConfig())
+    except (json_format.ParseError, ValueError) as e:
+        raise ConfigError(f"Invalid config override: {e}") from None
+    if not config.name:
+        config.name = name
+    elif config.name != name:
+        raise ConfigError(f"unexpected directory name '{name}' for model "
+                          f"'{config.name}', directory name must equal model name")
+    return config
+
+
+def fingerprint(model_dir: Path) -> tuple:
+    """What a change to a model directory changes: every file's relative path, size and
+    modification time (Triton compares the files' mtimes), hidden entries skipped. A
+    directory that cannot be read gives ()."""
+    rows = []
+    root = str(model_dir)
+    try:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            rel = os.path.relpath(dirpath, root)
+            rows.append((rel, "", 0, 0))  # an empty version directory counts too
+            for name in sorted(filenames):
+                if name.startswith("."):
+                    continue
+                try:
+                    st = os.stat(os.path.join(dirpath, name))
+                except OSError:
+                    continue  # removed while we walked: the next poll sees it
+                rows.append((rel, name, st.st_size, st.st_mtime_ns))
+    except OSError:
+        return ()
+    return tuple(rows)
 
 
 def _first_version_files(model_dir: Path, available: list[int]) -> list[str]:
@@ -154,4 +200,5 @@ def _usable_gpus(has_gpu: bool, gpu_ids: list[int] | None) -> list[int]:
 
 
 __all__ = ["ConfigError", "ModelPlan", "ModelSource", "RepositoryError", "available_versions",
-           "missing_versions", "plan_model", "scan", "select_versions"]
+           "fingerprint", "missing_versions", "parse_override", "plan_model", "scan",
+           "select_versions"]

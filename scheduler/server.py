@@ -25,6 +25,7 @@ from scheduler import bls, log_settings
 from scheduler.cache import ResponseCache
 from scheduler.frontend_pool import FrontendHandle, FrontendPool, PortInUse
 from scheduler.metrics import Metrics, MetricsServer
+from scheduler.model_control import ModelControl
 from scheduler.model_manager import ModelRepositoryManager
 from scheduler.models import ModelReadyState
 from scheduler.rate_limiter import InstanceSlot, RateLimiter
@@ -42,6 +43,7 @@ from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
                                    FrontendStopped, InferRequest, ServerState, StatsReply,
                                    StatsRequest)
 from shm.messages.regions import SYSTEM, RegionGone, RegionReply, RegionRequest
+from shm.messages.repository import RepositoryReply, RepositoryRequest
 from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSettingReply,
@@ -90,6 +92,8 @@ class Server:
             args, self.workers, self.rate_limiter, self.gpus,
             publish=self.frontends.broadcast, send_batch=self._send_batch, fail=self._fail,
             on_ready=self._wake, respond=self._respond, host=self)
+        self.control = ModelControl(self.manager, args)
+        self._control_calls: set[asyncio.Task] = set()
         self.handlers = {
             InferRequest: self.on_infer,
             CancelRequest: self.on_cancel,
@@ -106,6 +110,7 @@ class Server:
             CacheInsert: self.on_cache_insert,
             LogSettingsRequest: self.on_log_settings,
             TraceSettingRequest: self.on_trace_setting,
+            RepositoryRequest: self.on_repository,
         }
 
     # -- the loop -----------------------------------------------------------------------
@@ -156,6 +161,7 @@ class Server:
         try:
             self.frontends.claim_ports()  # a taken port fails now, before models load
             ok = await self.manager.load_repository()
+            self.control.start()
             for line in self.manager.models.state_table().splitlines():
                 log.info("%s", line)
             if not ok and self.args.exit_on_error:
@@ -484,6 +490,34 @@ class Server:
             reply.settings = self.trace.settings(call.model)
         self._answer(call, TraceSettingReply(call.call_id), fill)
 
+    def on_repository(self, call: RepositoryRequest) -> None:
+        """The model-repository extension. A load or unload takes as long as its
+        instances take to start or drain: it runs as a task, the loop goes on."""
+        task = self.loop.create_task(self._repository_call(call))
+        self._control_calls.add(task)
+        task.add_done_callback(self._control_calls.discard)
+
+    async def _repository_call(self, call: RepositoryRequest) -> None:
+        reply = RepositoryReply(call.call_id)
+        try:
+            if self.stopping:
+                raise InferError(ErrorCode.UNAVAILABLE, "Server is stopping")
+            if call.op == "index":
+                reply.models = self.control.index(call.ready)
+            elif call.op == "load":
+                await self.control.load(call.model, call.config, call.files)
+            elif call.op == "unload":
+                await self.control.unload(call.model, call.unload_dependents)
+            else:
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 f"unknown model repository operation '{call.op}'")
+        except InferError as exc:
+            reply.error, reply.error_code = exc.message, int(exc.code)
+        except Exception as exc:
+            log.exception("model repository call '%s' of '%s' failed", call.op, call.model)
+            reply.error, reply.error_code = str(exc), int(ErrorCode.INTERNAL)
+        self.outbox.send(call.reply_to, reply)
+
     def on_region_call(self, call: RegionRequest) -> None:
         def answer(error: InferError | None = None, regions=()) -> None:
             reply = RegionReply(call.call_id, regions=list(regions))
@@ -521,6 +555,7 @@ class Server:
 
     async def shutdown(self) -> None:
         self.stopping = self.manager.stopping = True
+        await self.control.stop_polling()  # nothing loads while we stop
         # 1. frontends stop taking requests and finish those in flight, which still
         #    run: queued requests are batched and executed meanwhile
         await self.frontends.drain(self.args.exit_timeout_secs)
@@ -534,6 +569,7 @@ class Server:
             log.warning("%d ensemble output block(s) were never released by their clients",
                         len(self.lent))
         await self.workers.stop_all()
+        self.control.remove_files()
         self.trace.close()
         if self.metrics is not None:
             await self.metrics.close()

@@ -3,6 +3,7 @@
 - `frontend`: frontend <-> scheduler (requests in, model state out, control).
 - `worker`: scheduler <-> worker (instances, batches).
 - `results`: whoever ran a request -> whoever asked (responses), and buffer releases.
+- `repository`: the model-repository extension's calls (index, load, unload).
 - `settings`: the logging and trace extensions' calls, and the log settings every
   process applies.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from shm.messages.regions import RegionReply, RegionRequest
+from shm.messages.repository import RepositoryReply, RepositoryRequest
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
@@ -145,7 +146,7 @@ class StatsReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
 
 TO_SCHEDULER_FROM_FRONTEND = (InferRequest, CancelRequest, FrontendReady, FrontendStopped,
                                RegionRequest, StatsRequest, CacheInsert,
-                               LogSettingsRequest, TraceSettingRequest)
+                               LogSettingsRequest, TraceSettingRequest, RepositoryRequest)
 FRONTEND_INBOX = (InferResponse, ModelStateUpdate, ServerState, Drain, PeerGone,
                   ReleaseBlocks, RegionReply, StatsReply, LogSettingsReply,
-                  TraceSettingReply, LogSettings)
+                  TraceSettingReply, LogSettings, RepositoryReply)

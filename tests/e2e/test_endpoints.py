@@ -29,9 +29,10 @@ def test_server_metadata(server, protocol):
     assert md["name"] == "shmserve"
     assert md["version"]
     # Rule: exactly the extensions served, spelled and ordered as Triton 2.51 lists
-    # them; "model_repository" is not served yet, so not claimed
+    # them (the real 2.51 answers this very list)
     assert md["extensions"] == [
-        "classification", "sequence", "schedule_policy", "model_configuration", "system_shared_memory",
+        "classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+        "schedule_policy", "model_configuration", "system_shared_memory",
         "cuda_shared_memory", "binary_tensor_data", "parameters", "statistics", "trace",
         "logging"]
 

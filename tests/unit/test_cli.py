@@ -27,12 +27,25 @@ def test_strict_readiness_default_true_and_false():
     assert parse_args([*BASE, "--strict-readiness=false"]).strict_readiness is False
 
 
-def test_poll_mode_refused_with_message(capsys):
-    """--model-control-mode=poll is not built: it is refused, naming the mode."""
-    with pytest.raises(SystemExit) as e:
-        parse_args([*BASE, "--model-control-mode=poll"])
-    assert e.value.code == 2
-    assert "--model-control-mode=poll is not supported" in capsys.readouterr().err
+def test_poll_mode_takes_poll_secs_with_tritons_default():
+    """--model-control-mode=poll works: --repository-poll-secs defaults to Triton's 15
+    and is not warned about there."""
+    args = parse_args([*BASE, "--model-control-mode=poll"])
+    assert args.repository_poll_secs == 15.0
+    assert "--repository-poll-secs" not in args.ignored_flags
+    args = parse_args([*BASE, "--model-control-mode=poll", "--repository-poll-secs", "2"])
+    assert args.repository_poll_secs == 2.0
+
+
+def test_bad_poll_secs_and_load_thread_count_refused(capsys):
+    """A poll interval of 0 and a load thread count of 0 are refused by name."""
+    with pytest.raises(SystemExit):
+        parse_args([*BASE, "--model-control-mode=poll", "--repository-poll-secs", "0"])
+    assert "--repository-poll-secs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args([*BASE, "--model-load-thread-count", "0"])
+    assert "--model-load-thread-count" in capsys.readouterr().err
+    assert parse_args(BASE).model_load_thread_count == 4
 
 
 def test_repository_poll_secs_warned(caplog):

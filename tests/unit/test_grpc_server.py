@@ -90,6 +90,24 @@ class FakeCore:
     def model_versions(self, name: str) -> list[ModelView]:
         return list(self.models.get(name, {}).values())
 
+    # the model-repository extension: calls recorded, an index of two rows
+    repository_calls: list = []
+
+    async def repository_index(self, ready: bool = False) -> list:
+        from shm.messages.repository import IndexEntry
+        self.repository_calls.append(("index", ready))
+        rows = [IndexEntry("identity", 1, "READY"), IndexEntry("never_loaded")]
+        return rows[:1] if ready else rows
+
+    async def repository_load(self, name, config=None, files=None) -> None:
+        self.repository_calls.append(("load", name, config, files))
+        if name == "nosuch":
+            raise InferError(ErrorCode.INTERNAL, "failed to load 'nosuch', failed to poll "
+                             "from model repository")
+
+    async def repository_unload(self, name, unload_dependents=False) -> None:
+        self.repository_calls.append(("unload", name, unload_dependents))
+
     async def infer(self, request, decoupled_refusal="") -> InferResult:
         self.requests.append(request)
         view = self.get_model(request.model_name, request.model_version)
@@ -276,16 +294,25 @@ def test_statistics_json_becomes_the_grpc_message(client):
     assert e.value.message() == "requested model 'nope' is not available"
 
 
-@pytest.mark.parametrize("call,args", [
-    ("get_model_repository_index", ()),
-    ("load_model", ("identity",)),
-    ("unload_model", ("identity",)),
-])
-def test_not_yet_implemented(client, call, args):
+def test_repository_rpcs_carry_their_parameters(client, core):
+    """Rule: RepositoryIndex lists rows as Triton (a never-loaded model by name only);
+    RepositoryModelLoad passes `config` (string_param) and `file:` (bytes_param)
+    parameters on; RepositoryModelUnload its `unload_dependents`; errors keep their
+    code and message."""
+    core.repository_calls.clear()
+    index = client.get_model_repository_index(as_json=True, client_timeout=T)
+    assert index == {"models": [{"name": "identity", "version": "1", "state": "READY"},
+                                {"name": "never_loaded"}]}
+    client.load_model("m", config='{"backend": "python"}',
+                      files={"file:1/model.py": b"\x00code"}, client_timeout=T)
+    client.unload_model("m", unload_dependents=True, client_timeout=T)
+    assert core.repository_calls == [
+        ("index", False), ("load", "m", '{"backend": "python"}', {"file:1/model.py": b"\x00code"}),
+        ("unload", "m", True)]
     with pytest.raises(InferenceServerException) as e:
-        getattr(client, call)(*args, client_timeout=T)
-    assert status_of(e) == "StatusCode.UNIMPLEMENTED"
-    assert "not supported by this server yet" in e.value.message()
+        client.load_model("nosuch", client_timeout=T)
+    assert status_of(e) == "StatusCode.INTERNAL"
+    assert e.value.message() == "failed to load 'nosuch', failed to poll from model repository"
 
 
 # ------------------------------------------------------------------------ inference

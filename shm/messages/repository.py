@@ -1,0 +1,38 @@
+"""The model-repository extension: frontend -> scheduler and back."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RepositoryRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    """One call of the model-repository extension. `op` is "index", "load" or
+    "unload". For a load, `config` is a JSON ModelConfig overriding config.pbtxt (None:
+    none given) and `files` maps "file:<version>/<name>" to the file's bytes."""
+
+    call_id: int
+    reply_to: str
+    op: str
+    model: str = ""
+    ready: bool = False  # index: only READY versions
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    unload_dependents: bool = False
+
+
+class IndexEntry(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One row of the repository index. A model never loaded has only its name, as
+    Triton lists it; `version` 0 is a model whose config failed before its versions
+    were known."""
+
+    name: str
+    version: int = 0
+    state: str = ""
+    reason: str = ""
+
+
+class RepositoryReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+    call_id: int
+    error: str = ""
+    error_code: int = 0
+    models: list[IndexEntry] = []
