@@ -300,6 +300,7 @@ class Server:
 
     def _send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
         self.outbox.send(slot.worker.address, batch)
+        self.workers.batch_sent(slot, batch.batch_id)  # the execute-timeout watch
 
     def _respond(self, req: InferRequest, response: InferResponse) -> None:
         # a response its worker relayed through BatchDone (preserve_ordering); the
