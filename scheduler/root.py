@@ -37,6 +37,7 @@ MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 BACKOFF_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # before the 1st, 2nd, ... restart in a window
 ORPHAN_DEADLINE_S = 5.0
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # forwarded to the scheduler
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -102,7 +103,9 @@ class Root:
                                           "generation": self.generation,
                                           "root": os.getpid()})
         argv = [sys.executable, "-m", "scheduler.main", *self.argv]
-        self.pid = os.posix_spawn(sys.executable, argv, env)
+        # stop signals blocked until the scheduler can take them (scheduler/main.py):
+        # a stop sent while it starts is then a clean stop, never a death by signal
+        self.pid = os.posix_spawn(sys.executable, argv, env, setsigmask=STOP_SIGNALS)
         if self.stopping:  # a signal came while it was being started
             os.kill(self.pid, signal.SIGTERM)
         return prefix, run_dir
@@ -144,7 +147,7 @@ class Root:
 
     def run(self) -> int:
         _become_subreaper()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         while True:
             prefix, run_dir = self._start()
