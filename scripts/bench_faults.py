@@ -4,10 +4,10 @@
 For each kind (worker, scheduler, frontend) and round: a fresh shmserve on
 tests/models_faults (one frontend process; `faulty` has two python instances), a load
 of `--threads` client threads (half HTTP, half gRPC) sending 20 ms requests, and one
-held 15 s request per protocol. Then the child is killed with SIGKILL and these are
+held 15 s request (HTTP and gRPC in turn, round by round). Then the child is killed with SIGKILL and these are
 taken (seconds after the kill):
 
-- held_fail: until every held request running on the killed child failed;
+- held_fail: until the held request (on the killed child's path) failed;
 - inflight_end: until every load request in flight at the kill had ended;
 - unready: how long /v2/health/ready said no (polled every 20 ms; 0 for a worker: the
   other instance serves, the server stays ready);
@@ -63,7 +63,7 @@ def _ended(fut) -> float | None:
     return getattr(fut, "ended_at", None)
 
 
-def one_round(kind: str, threads: int) -> dict:
+def one_round(kind: str, threads: int, held_protocol: str) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench-faults-"))
     markers = tmp / "markers"
     markers.mkdir()
@@ -72,11 +72,11 @@ def one_round(kind: str, threads: int) -> dict:
     try:
         with Load(srv, threads=threads, delay_ms=20) as load, ReadinessPoll(srv) as poll:
             wait_until(lambda: len(load.served_since(0)) >= 20, 30, what="load")
-            # a worker holds one request (the other instance serves the load); the
-            # scheduler and a frontend hold one of each protocol
-            protocols = ["grpc"] if kind == "worker" else list(clients.PROTOCOLS)
+            # one held request (the other instance serves the load): a killed
+            # frontend's or scheduler's request still runs in its worker until it ends
+            # (or `faulty`'s 3 s execute timeout), and two would hold both instances
             held = []
-            for p in protocols:
+            for p in [held_protocol]:
                 fut, pid = _held(srv, markers, p)
                 fut.add_done_callback(lambda f: setattr(f, "ended_at", time.monotonic()))
                 held.append((fut, pid))
@@ -112,7 +112,7 @@ def one_round(kind: str, threads: int) -> dict:
             unready = (back - killed) if down and back else 0.0
             errors = sum(1 for c in load.snapshot() if c[4] is not None)
             assert time.monotonic() < deadline
-        row = {"kind": kind, "held_fail_s": held_end, "inflight_end_s": inflight_end,
+        row = {"kind": kind, "held_over": held_protocol, "held_fail_s": held_end, "inflight_end_s": inflight_end,
                "unready_s": unready, "serving_s": serving,
                "instance_back_s": restarted if kind == "worker" else None,
                "load_errors": errors, "load_requests": len(load.snapshot())}
@@ -131,9 +131,9 @@ def main() -> None:
     p.add_argument("--json", default="")
     args = p.parse_args()
     rows = []
-    for _ in range(args.rounds):
+    for n in range(args.rounds):
         for kind in args.kinds.split(","):
-            row = one_round(kind, args.threads)
+            row = one_round(kind, args.threads, clients.PROTOCOLS[n % 2])
             rows.append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                               for k, v in row.items()}), flush=True)
