@@ -404,3 +404,17 @@ def test_sigterm_under_load_drains_and_cleans_up(tmp_path):
         srv.stop()
     assert srv.segments() == []
     assert not os.path.exists(run_dir)  # its one directory in the temp dir
+
+
+def test_sigterm_while_the_scheduler_starts_is_a_clean_stop(tmp_path):
+    """A stop sent while the scheduler is still starting (importing, loading models)
+    is honoured as a stop: exit 0 and nothing left, never a death by the signal."""
+    srv = ServerProcess(REPO, log_dir=tmp_path)
+    srv.start(wait_ready=False)
+    try:
+        wait_until(srv.scheduler_pid, TIMEOUT, what="the scheduler process")
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(TIMEOUT + 30) == 0, srv.log()[-3000:]
+    finally:
+        srv.stop()
+    assert srv.segments() == []
