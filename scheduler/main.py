@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> None:
         configure_logging("root", args.log_settings)
         if stopped:
             sys.exit(0)  # stopped before anything started
-        sys.exit(Root(argv).run())
+        # the scheduler's own stop takes at most about --exit-timeout-secs + 20 s
+        # (drain, then bounded waits for every child)
+        sys.exit(Root(argv, stop_grace=args.exit_timeout_secs + 30.0).run())
     # kill -9 of the root leaves nobody to restart or stop this process: it goes at
     # once, and its children with it (they exit when their parent dies)
     die_with_parent(signal.SIGKILL, given["root"])

@@ -74,8 +74,11 @@ def should_restart(status: int, stopping: bool) -> bool:
 
 
 class Root:
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], stop_grace: float = 90.0):
         self.argv = argv
+        # a scheduler that has not stopped this long after a stop signal is killed (it
+        # bounds its own drain by --exit-timeout-secs; this is the backstop)
+        self.stop_grace = stop_grace
         self.pid = 0  # the scheduler now running
         self.stopping = False
         self.budget = RestartBudget()
@@ -86,6 +89,7 @@ class Root:
     def _on_signal(self, sig, _frame) -> None:
         if not self.stopping:
             log.info("%s: stopping the scheduler", signal.Signals(sig).name)
+            signal.setitimer(signal.ITIMER_REAL, self.stop_grace)
         self.stopping = True
         if self.pid:
             try:
@@ -145,10 +149,17 @@ class Root:
                 killed = True
             time.sleep(0.01)
 
+    def _on_stop_overdue(self, _sig, _frame) -> None:
+        if self.pid:
+            log.error("the scheduler did not stop within %.0fs; killing it",
+                      self.stop_grace)
+            os.kill(self.pid, signal.SIGKILL)
+
     def run(self) -> int:
         _become_subreaper()
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGALRM, self._on_stop_overdue)
         while True:
             prefix, run_dir = self._start()
             status = self._wait_scheduler()

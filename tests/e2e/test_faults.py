@@ -418,3 +418,20 @@ def test_sigterm_while_the_scheduler_starts_is_a_clean_stop(tmp_path):
     finally:
         srv.stop()
     assert srv.segments() == []
+
+
+def test_scheduler_stuck_in_its_stop_is_killed_by_the_root(tmp_path):
+    """The root bounds a stop: a scheduler that has not exited --exit-timeout-secs +
+    30 s after SIGTERM (here: frozen with SIGSTOP) is killed, its children exit, nothing
+    is left in /dev/shm, and the exit status says it was killed (128 + 9)."""
+    srv, _ = _start(tmp_path, "--exit-timeout-secs=1")
+    scheduler, children = srv.scheduler_pid(), srv.children()
+    try:
+        os.kill(scheduler, signal.SIGSTOP)
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(1 + 30 + TIMEOUT) == 128 + signal.SIGKILL
+        assert "did not stop within 31s; killing it" in srv.log()
+    finally:
+        srv.stop()
+    assert not [p for p in children + [scheduler] if os.path.exists(f"/proc/{p}")]
+    assert srv.segments() == []
