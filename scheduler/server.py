@@ -58,9 +58,12 @@ class Server:
     def __init__(self, args):
         self.args = args
         self.loop = asyncio.get_running_loop()
-        # Everything this server puts in /dev/shm starts with this prefix.
-        self.shm_prefix = f"shmserve-{os.getpid():x}{secrets.token_hex(2)}-"
-        self.run_dir = tempfile.mkdtemp(prefix="shmserve-")
+        # Everything this server puts in /dev/shm starts with this prefix; the root
+        # process (scheduler/root.py) chooses it, and the socket directory, so that it
+        # can clean up after a scheduler that was killed.
+        self.shm_prefix = getattr(args, "shm_prefix", "") or \
+            f"shmserve-{os.getpid():x}{secrets.token_hex(2)}-"
+        self.run_dir = getattr(args, "run_dir", "") or tempfile.mkdtemp(prefix="shmserve-")
         self.address = ipc_address(self.run_dir, "scheduler")
         self.inbox = Inbox(self.address, SCHEDULER_INBOX)
         self.outbox = Outbox(self.loop)
@@ -303,6 +306,7 @@ class Server:
 
     def _send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
         self.outbox.send(slot.worker.address, batch)
+        self.workers.batch_sent(slot, batch.batch_id)  # the execute-timeout watch
 
     def _respond(self, req: InferRequest, response: InferResponse) -> None:
         # a response its worker relayed through BatchDone (preserve_ordering); the

@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import signal
 import time
 from typing import Callable
 
 import msgspec
+import orjson
 
 from scheduler import exec_env
 from scheduler.rate_limiter import InstanceSlot
@@ -30,6 +32,28 @@ log = logging.getLogger("shmserve.scheduler")
 # A child that keeps dying is not restarted forever.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
+# How often running batches are checked against their execute timeout.
+WATCH_PERIOD_S = 0.1
+
+
+def execute_timeout(config_json: bytes, backend_config: dict[str, str]) -> float:
+    """A python instance's execute timeout in seconds, 0 for none (Triton's default:
+    its python backend never times out an execute; its stub-timeout-seconds bounds
+    only the stub's start and messages). Set per model with the config parameter
+    `EXECUTE_TIMEOUT_SECS`, or for every python model with
+    `--backend-config=python,execute-timeout-secs=N`; the model's own wins. An instance
+    whose execute runs longer is killed (its requests fail) and restarted."""
+    try:
+        params = orjson.loads(config_json).get("parameters") or {}
+        value = (params.get("EXECUTE_TIMEOUT_SECS") or {}).get("string_value")
+    except (orjson.JSONDecodeError, AttributeError):
+        value = None
+    if value is None:
+        value = backend_config.get("execute-timeout-secs")
+    try:
+        return max(float(value), 0.0) if value is not None else 0.0
+    except ValueError:
+        raise RuntimeError(f"execute timeout must be a number of seconds, got {value!r}")
 
 
 class WorkerHandle:
@@ -46,6 +70,7 @@ class WorkerHandle:
         self.ready: asyncio.Future = asyncio.get_running_loop().create_future()
         self.loads: dict[str, asyncio.Future] = {}
         self.slots: list[InstanceSlot] = []
+        self.killed_for = ""  # why the pool killed it (a hung execute), if it did
 
 
 class RestartPolicy:
@@ -90,6 +115,10 @@ class WorkerPool:
         self.restarts = RestartPolicy()
         self.stopping = False
         self._gen = itertools.count(1)
+        self.timeouts: dict[str, float] = {}  # instance key -> execute timeout (s)
+        # instance key -> (slot, batch id, monotonic deadline) of batches being watched
+        self._running: dict[str, tuple[InstanceSlot, int, float]] = {}
+        self._watch: asyncio.TimerHandle | None = None
 
     # -- instances ----------------------------------------------------------------------
 
@@ -101,7 +130,9 @@ class WorkerPool:
             device = f"gpu:{slot.device_id}" if slot.kind == "KIND_GPU" else "cpu"
             worker = await self._device_worker(device)
         else:
+            timeout = execute_timeout(msg.config, msg.backend_config)
             worker = await self._spawn(slot.key, **await self._exec_env(msg))
+            self.timeouts[slot.key] = timeout
         slot.worker = worker
         worker.slots.append(slot)
         self.worker_of[slot.key] = worker
@@ -128,6 +159,43 @@ class WorkerPool:
     def broadcast(self, msg) -> None:
         for worker in self.workers.values():
             self.outbox.send(worker.address, msg)
+
+    # -- hung executes ------------------------------------------------------------------
+
+    def batch_sent(self, slot: InstanceSlot, batch_id: int) -> None:
+        """`slot` runs `batch_id` from now: watch it if its model has a timeout."""
+        timeout = self.timeouts.get(slot.key)
+        if not timeout:
+            return
+        self._running[slot.key] = (slot, batch_id, time.monotonic() + timeout)
+        if self._watch is None:
+            self._watch = self.loop.call_later(WATCH_PERIOD_S, self._check_running)
+
+    def _check_running(self) -> None:
+        self._watch = None
+        now = time.monotonic()
+        for key, (slot, batch_id, deadline) in list(self._running.items()):
+            if slot.batch != batch_id or slot.worker is None:
+                del self._running[key]  # done (or lost) in time
+            elif now > deadline:
+                del self._running[key]
+                self._kill_hung(slot)
+        if self._running and not self.stopping:
+            self._watch = self.loop.call_later(WATCH_PERIOD_S, self._check_running)
+
+    def _kill_hung(self, slot: InstanceSlot) -> None:
+        """A python instance stuck in execute: its thread cannot be stopped from
+        outside, so its process is killed; the death path fails its requests and
+        restarts the instance, and the other instances keep serving."""
+        worker = slot.worker
+        if worker is None or worker.device or worker.child is None:
+            return
+        timeout = self.timeouts.get(slot.key, 0.0)
+        worker.killed_for = (f"was killed: execute ran longer than the execute timeout "
+                             f"of {timeout:g}s")
+        log.error("instance '%s' is stuck in execute for more than %gs; killing its "
+                  "process", slot.name, timeout)
+        worker.child.signal(signal.SIGKILL)
 
     # -- processes ----------------------------------------------------------------------
 
@@ -185,6 +253,9 @@ class WorkerPool:
 
     async def stop_all(self) -> None:
         self.stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         await asyncio.gather(*(self._stop(w) for w in list(self.workers.values())))
 
     # -- messages and deaths ------------------------------------------------------------
@@ -212,7 +283,7 @@ class WorkerPool:
             self.outbox.send(peer, gone)
         # other workers too: through BLS they read its arena and hold blocks for it
         self.broadcast(gone)
-        how = describe_exit(returncode)
+        how = worker.killed_for or describe_exit(returncode)
         error = RuntimeError(f"worker process for {worker.name} {how} while starting")
         if not worker.ready.done():
             worker.ready.set_exception(error)

@@ -11,20 +11,21 @@ _PR_SET_PDEATHSIG = 1
 _parent = 0  # the pid of the scheduler that started this process
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
+def die_with_parent(sig: int = signal.SIGTERM, expected: int = 0) -> None:
     """Ask the kernel to send `sig` when the parent dies, and check it has not already.
 
     A child started by the scheduler must never outlive it: its arenas would stay in
-    /dev/shm and its ports bound.
+    /dev/shm and its ports bound. `expected`: the parent's pid when known (the root
+    may be pid 1 in a container, which otherwise reads as "re-parented to init").
     """
     global _parent
-    parent = _parent = os.getppid()
+    parent = _parent = expected or os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent or parent == 1:
+    if os.getppid() != parent or (parent == 1 and not expected):
         os.kill(os.getpid(), sig)
 
 

@@ -43,6 +43,11 @@ def wait_until(predicate, timeout: float, interval: float = 0.05, what: str = "c
         time.sleep(interval)
 
 
+def _pgrep_children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
 class ServerProcess:
     """`shmserve` as a user starts it, with its log in a file."""
 
@@ -101,10 +106,23 @@ class ServerProcess:
         prefix = f"shmserve-{self.proc.pid:x}"
         return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
 
+    def scheduler_pid(self) -> int:
+        """The scheduler process: the one child of the root (`shmserve`) process,
+        which restarts it when it is killed; 0 while none runs."""
+        for pid in _pgrep_children(self.proc.pid):
+            # right after a scheduler died, its children are the root's for a moment
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"scheduler.main" in f.read():
+                        return pid
+            except OSError:
+                continue
+        return 0
+
     def children(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
-                             text=True).stdout
-        return [int(p) for p in out.split()]
+        """The scheduler's children: the frontends and the workers."""
+        pid = self.scheduler_pid()
+        return _pgrep_children(pid) if pid else []
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 60.0) -> int:
         if self.proc is None or self.proc.poll() is not None:
@@ -113,7 +131,9 @@ class ServerProcess:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            for pid in self.children():
+            for pid in self.children() + [self.scheduler_pid()]:
+                if not pid:
+                    continue
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self.proc.kill()

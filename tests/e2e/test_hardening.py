@@ -270,8 +270,10 @@ def _slow_request(srv, protocol, delay_ms):
 
 @pytest.mark.parametrize("protocol", clients.PROTOCOLS)
 def test_kill9_scheduler_fails_in_flight_and_children_exit(tmp_path, protocol):
-    """kill -9 of the root process: an in-flight request fails within seconds (no
-    hang), every child exits at once, and no segment is left in /dev/shm."""
+    """kill -9 of the root process (nobody is left to restart the scheduler): the
+    scheduler dies with it, an in-flight request fails within seconds (no hang), every
+    child exits at once, and no segment is left in /dev/shm. (kill -9 of the scheduler
+    alone restarts it: tests/e2e/test_faults.py.)"""
     markers = tmp_path / "markers"
     markers.mkdir()
     srv = ServerProcess(DEFAULT_REPOS, log_dir=tmp_path,
