@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     if given["generation"] == 0:  # said once, not again after every restart
         warn_ignored(args)
     args.shm_prefix, args.run_dir = given["prefix"], given["run_dir"]
+    args.state_dir = given.get("state_dir", "")
     from scheduler.server import Server
 
     async def run() -> int:

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from scheduler import poller, repository
+from scheduler.control_journal import Journal, read_files
 from scheduler.model_manager import ModelRepositoryManager, _Refused, _step_models
 from scheduler.models import ModelReadyState, ModelVersion
 from shm.errors import ErrorCode, InferError
@@ -59,6 +60,12 @@ class ModelControl:
         # model name -> the private directory holding the files its load carried
         self.temp_dirs: dict[str, list[str]] = {}
         self._polled: dict[str, tuple] = {}
+        # the API's calls, for a scheduler the root restarts (None: no root)
+        state_dir = getattr(args, "state_dir", "")
+        self.journal = Journal(state_dir)
+        # files a load carries are kept beside the journal, so that a restarted
+        # scheduler can load them again (the root removes them at exit)
+        self.files_root = state_dir or None
         self.poller = (poller.Poller(self.poll, args.repository_poll_secs)
                        if self.mode == "poll" else None)
 
@@ -117,6 +124,33 @@ class ModelControl:
                    files: dict[str, bytes] | None = None) -> None:
         self._allowed()
         await self._load(name, config, files or {})
+        self.journal.loaded(name, config, self._files_dir(name) if files else None)
+
+    def _files_dir(self, name: str) -> str | None:
+        dirs = self.temp_dirs.get(name)
+        return os.path.join(dirs[-1], name) if dirs else None
+
+    async def _replay_load(self, entry) -> None:
+        files = read_files(entry.files_dir) if entry.files_dir else {}
+        await self._load(entry.name, entry.config, files)
+        if entry.files_dir and self._files_dir(entry.name) != entry.files_dir:
+            _remove(os.path.dirname(entry.files_dir))  # copied to a new one
+            self.journal.loaded(entry.name, entry.config, self._files_dir(entry.name))
+
+    async def replay(self) -> None:
+        """Repeat, in order, the API calls a scheduler before this one answered (it
+        was killed and the root restarted it): the same models serve again."""
+        for entry in self.journal.replay_order():
+            try:
+                if entry.op == "unload":
+                    await self._unload(entry.name, entry.unload_dependents)
+                else:
+                    await self._replay_load(entry)
+                log.info("restored the %s of '%s' made before the restart", entry.op,
+                         entry.name)
+            except (InferError, OSError) as exc:
+                log.error("could not repeat the %s of '%s' after the restart: %s",
+                          entry.op, entry.name, getattr(exc, "message", exc))
 
     async def _load(self, name: str, config: str | None, files: dict[str, bytes]) -> None:
         async with self._lock(name):
@@ -175,7 +209,7 @@ class ModelControl:
                 log.error("Poll failed for model directory '%s': Load parameter 'config' "
                           "must be specified for model file override", name)
                 raise poll_failure(name)
-            temp = tempfile.mkdtemp(prefix="shmserve-model-")
+            temp = tempfile.mkdtemp(prefix="shmserve-model-", dir=self.files_root)
             model_dir = Path(temp) / name
             digest = hashlib.sha256(config.encode())
             try:
@@ -233,6 +267,7 @@ class ModelControl:
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         self._allowed()
         await self._unload(name, unload_dependents)
+        self.journal.unloaded(name, unload_dependents)
 
     async def _unload(self, name: str, unload_dependents: bool = False) -> None:
         m = self.manager

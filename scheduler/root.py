@@ -83,6 +83,9 @@ class Root:
         self.stopping = False
         self.budget = RestartBudget()
         self.generation = 0
+        # outlives every scheduler generation: what one must tell the next (the
+        # repository API's calls, scheduler/control_journal.py); removed at exit
+        self.state_dir = ""
 
     # -- signals ------------------------------------------------------------------------
 
@@ -105,6 +108,7 @@ class Root:
         env = dict(os.environ)
         env[SUPERVISED_ENV] = json.dumps({"prefix": prefix, "run_dir": run_dir,
                                           "generation": self.generation,
+                                          "state_dir": self.state_dir,
                                           "root": os.getpid()})
         argv = [sys.executable, "-m", "scheduler.main", *self.argv]
         # stop signals blocked until the scheduler can take them (scheduler/main.py):
@@ -156,6 +160,13 @@ class Root:
             os.kill(self.pid, signal.SIGKILL)
 
     def run(self) -> int:
+        self.state_dir = tempfile.mkdtemp(prefix="shmserve-state-")
+        try:
+            return self._run()
+        finally:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def _run(self) -> int:
         _become_subreaper()
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)

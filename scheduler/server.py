@@ -164,6 +164,7 @@ class Server:
         try:
             self.frontends.claim_ports()  # a taken port fails now, before models load
             ok = await self.manager.load_repository()
+            await self.control.replay()  # after a restart by the root: the API's calls
             self.control.start()
             for line in self.manager.models.state_table().splitlines():
                 log.info("%s", line)

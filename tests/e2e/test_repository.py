@@ -479,3 +479,43 @@ def test_poll_mode_applies_added_changed_and_removed_models(tmp_path):
         assert "scaled_ens" not in {r["name"] for r in index(srv, "http")}
     finally:
         srv.stop_checked()
+
+
+# -- a restarted scheduler keeps what the API did ---------------------------------------
+
+def test_restarted_scheduler_repeats_the_apis_loads_and_unloads(tmp_path, repo):
+    """Rule: after kill -9 of the scheduler the root starts a new one, which serves the
+    models the repository API left serving, not only the command line's: a config
+    override, a model loaded from the request's files, and an unload all hold; the
+    files' private copy is removed when the server stops."""
+    import os
+    import signal
+    srv = ServerProcess(repo, "--model-control-mode=explicit", "--load-model", "scaled",
+                        log_dir=tmp_path).start()
+    try:
+        c = client(srv, "http")
+        c.load_model("scaled_b", config=scaled_config("scaled_b", 3))
+        c.load_model("restored", config=scaled_config("restored", 4),
+                     files={"file:1/model.py": MODEL_PY})
+        c.unload_model("scaled")
+        private = Path(re.search(r"model 'restored': 1 file\(s\) from the load request in "
+                                 r"(\S+)", srv.log()).group(1))
+        old = srv.scheduler_pid()
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: srv.scheduler_pid() not in (0, old), 60, what="a new scheduler")
+
+        def restored() -> bool:
+            try:
+                return client(srv, "http").is_model_ready("restored")
+            except Exception:
+                return False
+        wait_until(restored, 120, what="the file-loaded model back")
+        for protocol in PROTOCOLS:
+            assert infer(srv, protocol, "scaled_b") == 3.0
+            assert infer(srv, protocol, "restored") == 4.0
+            assert entry(index(srv, protocol), "scaled")["reason"] == "unloaded"
+        assert "restored the unload of 'scaled'" in srv.log()
+        assert not private.exists(), "the copy the dead scheduler read is replaced"
+    finally:
+        srv.stop_checked()
+    assert not private.parent.parent.exists(), "the root's state directory is left"
