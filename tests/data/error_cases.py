@@ -191,6 +191,11 @@ def model_not_ready(c):
     c.infer("err_broken", [c.tensor("INPUT0", _x()[0])])
 
 
+@case("infer on a named version that failed to load")
+def model_not_ready_version(c):
+    c.infer("err_broken", [c.tensor("INPUT0", _x()[0])], version="1")
+
+
 @case("metadata of an unknown model")
 def metadata_unknown_model(c):
     c.client.get_model_metadata("no_such_model")
@@ -401,7 +406,7 @@ def shm_output_offset_out_of_range(c):
 
 
 @case("unregister a region while a request is using it; then the request's answer")
-def shm_unregister_in_use(c):
+def shm_unregister_in_use(c, name="in"):
     c.region("in", F32, fill=_x()[0])
     marker = os.path.join(tempfile.mkdtemp(prefix="errtab-"), "held")
     worker = c.new_client()
@@ -416,7 +421,7 @@ def shm_unregister_in_use(c):
                 raise RuntimeError("the held request never started")
             time.sleep(0.01)
         try:
-            c.client.unregister_system_shared_memory("in")
+            c.client.unregister_system_shared_memory(name)
             unregister = outcome_ok(c.protocol)
         except tu.InferenceServerException as e:
             unregister = outcome_of(c.protocol, e)
@@ -489,7 +494,7 @@ def http_binary_size_without_header(c):
     body = _json_input()
     del body["inputs"][0]["data"]
     body["inputs"][0]["parameters"] = {"binary_data_size": 16}
-    c.raw("POST", INFER, json.dumps(body).encode() + bytes(16))
+    c.raw("POST", INFER, body)
 
 
 @case("Inference-Header-Content-Length longer than the body", protocols=("http",))
@@ -549,6 +554,11 @@ def http_json_shm_unknown(c):
     body["inputs"][0]["parameters"] = {"shared_memory_region": "nope",
                                        "shared_memory_byte_size": 16}
     c.raw("POST", INFER, body)
+
+
+@case("unregister every region while a request is using one")
+def shm_unregister_all_in_use(c):
+    return shm_unregister_in_use(c, name="")
 
 
 @case("system shm register with a JSON body missing 'key'", protocols=("http",))
