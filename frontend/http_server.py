@@ -26,7 +26,7 @@ from .http_stream import (DisconnectWatch, GenerateEndpoint, InferStreamEndpoint
                           check_version)
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
-from .types import FrontendCore, ModelView
+from .types import FrontendCore, ModelView, not_ready_error
 
 logger = logging.getLogger(__name__)
 
@@ -276,14 +276,7 @@ class _Handlers:
         version = check_version(request.path_params.get("version", ""))
         view = self.core.get_model(name, version)
         if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
-            if not version:
-                raise InferError(
-                    ErrorCode.NOT_FOUND,
-                    f"Request for unknown model: '{name}' has no available versions")
-            raise InferError(
-                ErrorCode.UNAVAILABLE,
-                f"Request for unknown model: '{name}' version {view.version} is not at "
-                "ready state")
+            raise not_ready_error(view, version)
         return view
 
     async def model_metadata(self, request: Request) -> Response:

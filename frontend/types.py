@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol
 
-from shm.errors import InferError  # noqa: F401  (re-exported for codecs)
+from shm.errors import ErrorCode, InferError  # noqa: F401  (re-exported for codecs)
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,6 +80,18 @@ class ModelView:
     cache: bool = False  # its responses are cached: compute each request's cache key
     decoupled: bool = False  # model_transaction_policy { decoupled: true }
     cache_outputs: list | None = None  # the config's outputs, keyed for "every output"
+
+
+def not_ready_error(view: ModelView, version: str) -> InferError:
+    """A model (or the version asked for) that is not READY, in Triton core's words
+    (ModelLifeCycle::GetModel, checked on 2.51): with no version named, nothing is
+    available (404); a named version is not at ready state (503). Why it is not ready
+    is in the log and the repository index, as with Triton."""
+    if not version:
+        return InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: "
+                                               f"'{view.name}' has no available versions")
+    return InferError(ErrorCode.UNAVAILABLE, f"Request for unknown model: '{view.name}' "
+                                             f"version {view.version} is not at ready state")
 
 
 class FrontendCore(Protocol):

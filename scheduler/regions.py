@@ -4,8 +4,9 @@ Every register, status and unregister call of every frontend comes here, so ther
 one table and no frontend can race another. A request names regions; `resolve` checks
 them when it arrives and turns each name into what a worker needs (the POSIX key or the
 CUDA IPC handle, and the registration's uid), and the request counts as a user of its
-regions until it finishes. Unregistering a region takes its name away at once; the
-call is answered, and workers told to unmap, once its last user has finished.
+regions until it finishes. A client's unregister of a region in use is refused, in
+Triton's words (2.51 does so); the server's own (a region that faulted a worker) takes
+the name away at once and tells workers to unmap once its last user has finished.
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ class RegionRegistry:
                                  " invalid args")
             region.key, region.offset = call.key, call.offset
         else:
+            if not self.cuda_devices:
+                # Triton 2.51 without a GPU: 400 and these words (its cudaIpcOpenMemHandle
+                # fails); why goes to the log
+                log.info("CUDA shared memory region %r refused: this server sees no CUDA "
+                         "device", call.name)
+                raise InferError(ErrorCode.INVALID_ARG,
+                                 "failed to register shared memory region: invalid args")
             if not 0 <= call.device_id < self.cuda_devices:
                 raise InferError(ErrorCode.INVALID_ARG,
                                  f"failed to register CUDA shared memory region "
@@ -124,20 +132,34 @@ class RegionRegistry:
             return [region.status()]
         return [r.status() for r in self.by_name.values() if r.kind == kind]
 
-    def unregister(self, kind: str, name: str, done: Callable[[], None]) -> None:
-        """Take the region(s) away; `done` runs once none is in use any more (maybe now)."""
+    def unregister(self, kind: str, name: str, done: Callable[[], None],
+                   force: bool = False) -> None:
+        """Take the region(s) away; `done` runs once none is in use any more (maybe now).
+        Without `force` a region in use stays, and the call fails naming it (when all
+        are unregistered, the free ones go); an unknown name is no error (Triton's)."""
         self._check_allowed(kind)
         if name:
             region = self.by_name.get(name)
             regions = [region] if region is not None and region.kind == kind else []
         else:
             regions = [r for r in self.by_name.values() if r.kind == kind]
+        busy = [] if force else [r for r in regions if r.users]
+        if busy:
+            regions = [r for r in regions if not r.users]
         pending = [r for r in regions if r.users]
         for r in regions:
             del self.by_name[r.name]
             r.gone = True
             if not r.users:
                 self.on_gone(r)
+        if busy:  # Triton 2.51's words and status (INTERNAL)
+            if name:
+                raise InferError(ErrorCode.INTERNAL,
+                                 f"Cannot unregister shared memory region '{name}', it is "
+                                 "currently in use.")
+            raise InferError(ErrorCode.INTERNAL,
+                             f"Failed to unregister the following {_kind_word(kind)} shared"
+                             " memory regions: " + "".join(f"{r.name} ," for r in busy))
         if not pending:
             done()
             return
@@ -158,10 +180,6 @@ class RegionRegistry:
             raise InferError(ErrorCode.UNAVAILABLE,
                              f"{_what(kind)} is disabled on this server; start it with "
                              "--allow-client-shm=true to register regions")
-        if kind == CUDA and not self.cuda_devices:
-            raise InferError(ErrorCode.UNSUPPORTED,
-                             "CUDA shared memory is not supported: this server sees no "
-                             "CUDA device")
 
     # -- requests ---------------------------------------------------------------------
 
@@ -183,14 +201,16 @@ class RegionRegistry:
 
     def _resolve(self, ref: TensorRef, what: str) -> Region:
         region = self.by_name.get(ref.segment)
-        if region is None:
-            raise InferError(ErrorCode.INVALID_ARG,
+        if region is None:  # Triton 2.51: 404 / NOT_FOUND
+            raise InferError(ErrorCode.NOT_FOUND,
                              f"Unable to find shared memory region: '{ref.segment}'")
         if ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > region.byte_size:
+            # Triton's text, word for word; the numbers go to the log
+            log.info("%s: offset %d + byte size %d > the %d bytes of region '%s'", what,
+                     ref.offset, ref.nbytes, region.byte_size, region.name)
             raise InferError(ErrorCode.INVALID_ARG,
                              f"Invalid offset + byte size for shared memory region: "
-                             f"'{region.name}' ({what}: offset {ref.offset} + byte size "
-                             f"{ref.nbytes} > region size {region.byte_size})")
+                             f"'{region.name}'")
         ref.region = region.uid
         if region.kind == SYSTEM:
             ref.segment = region.key
@@ -218,5 +238,9 @@ class RegionRegistry:
                     w()
 
 
+def _kind_word(kind: str) -> str:
+    return "system" if kind == SYSTEM else "cuda"
+
+
 def _what(kind: str) -> str:
-    return "system shared memory" if kind == SYSTEM else "CUDA shared memory"
+    return "system shared memory" if kind == SYSTEM else "cuda shared memory"  # Triton's

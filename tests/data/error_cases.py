@@ -290,6 +290,12 @@ def batch_zero(c):
     c.infer("err_id", [c.tensor("INPUT0", z), c.tensor("INPUT1", z)])
 
 
+@case("a batch of zero carrying one batch's bytes")
+def batch_zero_with_data(c):
+    c.infer("err_id", [c.tensor("INPUT0", _x(), shape=[0, 4]),
+                       c.tensor("INPUT1", _x(), shape=[0, 4])])
+
+
 @case("the shape promises more bytes than were sent")
 def byte_size_mismatch(c):
     c.infer("err_id", [c.tensor("INPUT0", _x(), shape=[1, 5]), c.tensor("INPUT1", _x())])
