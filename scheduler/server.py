@@ -347,7 +347,7 @@ class Server:
         for name in sorted(faulted):
             log.warning("system shared memory region '%s' faulted a worker (its object "
                         "was truncated while in use); unregistered it", name)
-            self.regions.unregister(SYSTEM, name, lambda *_: None, force=True)
+            self.regions.unregister(SYSTEM, name, lambda *_: None)
 
     # -- requests this process makes (ensemble steps) -----------------------------------
 
@@ -499,7 +499,7 @@ class Server:
             elif call.op == "status":
                 answer(regions=self.regions.status(call.kind, call.name))
             elif call.op == "unregister":
-                # refused for a region in use (as Triton does)
+                # answered once no request uses the region(s) any more
                 self.regions.unregister(call.kind, call.name, answer)
             else:
                 raise InferError(ErrorCode.INVALID_ARG,

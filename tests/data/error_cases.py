@@ -413,33 +413,59 @@ def shm_output_offset_out_of_range(c):
 
 @case("unregister a region while a request is using it; then the request's answer")
 def shm_unregister_in_use(c, name="in"):
+    """The held request is let go once the unregister call has answered or the region
+    is no longer listed (a server that waits for the request takes the name at once),
+    whichever comes first: no server is left waiting on the other."""
     c.region("in", F32, fill=_x()[0])
     marker = os.path.join(tempfile.mkdtemp(prefix="errtab-"), "held")
-    worker = c.new_client()
+    holder, unregisterer = c.new_client(), c.new_client()
     inp = c.shm_tensor("INPUT0", [4], "FP32", "in", F32)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        held = pool.submit(worker.infer, "err_slow", [inp],
-                           parameters={"marker": marker})
-        deadline = time.monotonic() + 60
-        while not os.path.exists(marker + ".started"):
-            if held.done() or time.monotonic() > deadline:
-                held.result()
-                raise RuntimeError("the held request never started")
-            time.sleep(0.01)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        held = pool.submit(holder.infer, "err_slow", [inp], parameters={"marker": marker})
         try:
-            c.client.unregister_system_shared_memory(name)
-            unregister = outcome_ok(c.protocol)
-        except tu.InferenceServerException as e:
-            unregister = outcome_of(c.protocol, e)
+            _wait(lambda: os.path.exists(marker + ".started") or held.done(),
+                  "the held request to start")
+            if held.done():
+                held.result()
+                raise RuntimeError("the held request answered before it was held")
+            call = pool.submit(unregisterer.unregister_system_shared_memory, name)
+            _wait(lambda: call.done() or not _listed(c, "in"),
+                  "the unregister call to answer or take the name")
         finally:
             open(marker + ".release", "w").close()
-        try:
-            held.result(timeout=60)
-            request = outcome_ok(c.protocol)
-        except tu.InferenceServerException as e:
-            request = outcome_of(c.protocol, e)
-    worker.close()
+        unregister = _outcome_of_call(c.protocol, call)
+        request = _outcome_of_call(c.protocol, held)
+    holder.close()
+    unregisterer.close()
     return {"unregister": unregister, "request": request}
+
+
+def _wait(predicate, what, timeout=60.0):
+    deadline = time.monotonic() + timeout  # a bound, not a pace
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def _listed(c, name) -> bool:
+    status = c.client.get_system_shared_memory_status()
+    if c.protocol == "http":
+        return any(r["name"] == name for r in status)
+    return name in status.regions
+
+
+def _outcome_of_call(protocol, future):
+    try:
+        future.result(timeout=60)
+        return outcome_ok(protocol)
+    except tu.InferenceServerException as e:
+        return outcome_of(protocol, e)
+
+
+@case("unregister every region while a request is using one")
+def shm_unregister_all_in_use(c):
+    return shm_unregister_in_use(c, name="")
 
 
 # --- CUDA shared memory ----------------------------------------------------------------
@@ -560,11 +586,6 @@ def http_json_shm_unknown(c):
     body["inputs"][0]["parameters"] = {"shared_memory_region": "nope",
                                        "shared_memory_byte_size": 16}
     c.raw("POST", INFER, body)
-
-
-@case("unregister every region while a request is using one")
-def shm_unregister_all_in_use(c):
-    return shm_unregister_in_use(c, name="")
 
 
 @case("system shm register with a JSON body missing 'key'", protocols=("http",))

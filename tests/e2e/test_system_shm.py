@@ -217,11 +217,9 @@ def test_out_of_bounds_requests(shm_server, regions, protocol):
         _unregister_all(client)
 
 
-def test_unregister_of_a_region_in_use_is_refused(shm_server, regions):
-    """Unregistering a region a request is still reading is refused with Triton 2.51's
-    status and words (it was checked against the real server: tests/data/
-    triton_errors_2.51.json, shm_unregister_in_use); the request succeeds, and once it
-    is done the region unregisters and later requests cannot name it."""
+def test_unregister_waits_for_requests_using_the_region(shm_server, regions):
+    """Unregistering a region a request is still reading returns only once that request
+    has finished; the request succeeds, and later ones cannot name the region."""
     client = clients.client(shm_server, "http")
     key, handle = regions(4)
     shm.set_shared_memory_region(handle, [np.array([1500], dtype=np.int32)])
@@ -241,14 +239,21 @@ def test_unregister_of_a_region_in_use_is_refused(shm_server, regions):
     infer_thread = threading.Thread(target=slow_infer)
     infer_thread.start()
     wait_until(lambda: any(shm_server.marker_dir.glob("running-*")), 10, what="model running")
-    with pytest.raises(InferenceServerException) as exc:
-        client.unregister_system_shared_memory(region)
-    assert exc.value.status() == "500"
-    assert exc.value.message() == (f"Cannot unregister shared memory region '{region}', "
-                                   "it is currently in use.")
+    unregistered = threading.Event()
+
+    def unregister():
+        clients.client(shm_server, "http").unregister_system_shared_memory(region)
+        unregistered.set()
+
+    unreg_thread = threading.Thread(target=unregister)
+    unreg_thread.start()
+    # the model sleeps 1.5 s: the unregister call must still be waiting for it
+    assert not unregistered.wait(0.5)
+    assert "done" not in result
     infer_thread.join(20)
+    unreg_thread.join(20)
     assert result.get("done"), "the request using the region failed"
-    client.unregister_system_shared_memory(region)
+    assert unregistered.is_set()
     assert region not in _status(client, "http")
     with pytest.raises(InferenceServerException, match="Unable to find shared memory"):
         client.infer("slow_parallel", [_shm_input("http", "DELAY_MS", [1], "INT32", region, 4)])
