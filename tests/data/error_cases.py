@@ -296,6 +296,12 @@ def batch_zero_with_data(c):
                        c.tensor("INPUT1", _x(), shape=[0, 4])])
 
 
+@case("a batch of zero carrying two items' bytes")
+def batch_zero_with_more_data(c):
+    c.infer("err_id", [c.tensor("INPUT0", _x(batch=2), shape=[0, 4]),
+                       c.tensor("INPUT1", _x(batch=2), shape=[0, 4])])
+
+
 @case("the shape promises more bytes than were sent")
 def byte_size_mismatch(c):
     c.infer("err_id", [c.tensor("INPUT0", _x(), shape=[1, 5]), c.tensor("INPUT1", _x())])
