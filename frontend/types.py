@@ -85,13 +85,17 @@ class ModelView:
 def not_ready_error(view: ModelView, version: str) -> InferError:
     """A model (or the version asked for) that is not READY, in Triton core's words
     (ModelLifeCycle::GetModel, checked on 2.51): with no version named, nothing is
-    available (404); a named version is not at ready state (503). Why it is not ready
-    is in the log and the repository index, as with Triton."""
+    available (404); a named version is not at ready state (503). Triton stops there;
+    we add why (a load error names the model's file and line), after ': ', so the one
+    who sent the request sees what to fix; the status and the words before are Triton's
+    (a listed difference in tests/e2e/test_error_table.py)."""
+    why = f": {view.reason}" if view.reason else ""
     if not version:
         return InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: "
-                                               f"'{view.name}' has no available versions")
-    return InferError(ErrorCode.UNAVAILABLE, f"Request for unknown model: '{view.name}' "
-                                             f"version {view.version} is not at ready state")
+                                               f"'{view.name}' has no available versions{why}")
+    return InferError(ErrorCode.UNAVAILABLE,
+                      f"Request for unknown model: '{view.name}' version {view.version} is "
+                      f"not at ready state{why}")
 
 
 class FrontendCore(Protocol):

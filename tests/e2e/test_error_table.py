@@ -43,6 +43,14 @@ def _all_ok(protocol: str) -> dict:
     return {**ok, "after": {"unregister": ok, "request": ok}}
 
 
+_NOT_READY = "Request for unknown model: 'err_broken' has no available versions"
+_NOT_READY_WHY = (
+    "Triton's status and words, then why the model is not ready (its load error, which "
+    "names the model's file and line), so the one who sent the request sees what to fix "
+    "without the server's log; clients that match Triton's text by prefix or on the code "
+    "see no difference")
+_WHY = "RuntimeError: err_broken never loads"
+
 _WAIT_FOR_USERS = (
     "Triton 2.51 refuses to unregister a region a request is using (500, INTERNAL). Here "
     "a response reaches its client straight from the worker, before the scheduler hears "
@@ -76,6 +84,11 @@ DELIBERATE = {
     "http_json_data_count": Differs(_CLIENT_ERROR_500, ("http",), status=400),
     "http_json_data_wrong_type": Differs(_CLIENT_ERROR_500, ("http",), status=400),
     "http_shape_not_ints": Differs(_CLIENT_ERROR_500, ("http",), status=400),
+    "model_not_ready": Differs(_NOT_READY_WHY, message_prefix=_NOT_READY + ": "),
+    "metadata_not_ready": Differs(_NOT_READY_WHY, message_prefix=_NOT_READY + ": "),
+    "model_not_ready_version": Differs(
+        _NOT_READY_WHY, message_prefix="Request for unknown model: 'err_broken' version 1 "
+                                       "is not at ready state: "),
     "shm_unregister_in_use": Differs(_WAIT_FOR_USERS, outcome=_all_ok),
     "shm_unregister_all_in_use": Differs(_WAIT_FOR_USERS, outcome=_all_ok),
 }
@@ -136,6 +149,8 @@ def test_error_case_matches_triton(table_server, case, protocol):
     differs = DELIBERATE.get(case.id)
     if differs is not None and protocol in differs.protocols and differs.message_prefix:
         assert got.get("message", "").startswith(differs.message_prefix), got
+        if differs.reason is _NOT_READY_WHY:
+            assert _WHY in got["message"], got
         got = {k: v for k, v in got.items() if k != "message"}
         want = {k: v for k, v in want.items() if k != "message"}
     assert got == want
