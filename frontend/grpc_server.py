@@ -174,7 +174,7 @@ class InferenceServicer:
         except InferError as e:
             await _abort(context, e)
         if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
-            await _abort(context, not_ready_error(view, version))
+            await _abort(context, not_ready_error(view, version, why=False))
         return view
 
     # -- inference --------------------------------------------------------------------

@@ -276,7 +276,7 @@ class _Handlers:
         version = check_version(request.path_params.get("version", ""))
         view = self.core.get_model(name, version)
         if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
-            raise not_ready_error(view, version)
+            raise not_ready_error(view, version, why=False)
         return view
 
     async def model_metadata(self, request: Request) -> Response:

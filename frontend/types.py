@@ -82,14 +82,15 @@ class ModelView:
     cache_outputs: list | None = None  # the config's outputs, keyed for "every output"
 
 
-def not_ready_error(view: ModelView, version: str) -> InferError:
+def not_ready_error(view: ModelView, version: str, why: bool = True) -> InferError:
     """A model (or the version asked for) that is not READY, in Triton core's words
     (ModelLifeCycle::GetModel, checked on 2.51): with no version named, nothing is
     available (404); a named version is not at ready state (503). Triton stops there;
-    we add why (a load error names the model's file and line), after ': ', so the one
-    who sent the request sees what to fix; the status and the words before are Triton's
-    (a listed difference in tests/e2e/test_error_table.py)."""
-    why = f": {view.reason}" if view.reason else ""
+    for a request (`why`) we add why (a load error names the model's file and line),
+    after ': ', so the one who sent it sees what to fix; the status and the words before
+    are Triton's (a listed difference in tests/e2e/test_error_table.py). Metadata and
+    config calls answer exactly as Triton."""
+    why = f": {view.reason}" if (why and view.reason) else ""
     if not version:
         return InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: "
                                                f"'{view.name}' has no available versions{why}")

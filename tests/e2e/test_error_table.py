@@ -48,7 +48,7 @@ _NOT_READY_WHY = (
     "Triton's status and words, then why the model is not ready (its load error, which "
     "names the model's file and line), so the one who sent the request sees what to fix "
     "without the server's log; clients that match Triton's text by prefix or on the code "
-    "see no difference")
+    "see no difference (metadata and config calls answer exactly as Triton)")
 _WHY = "RuntimeError: err_broken never loads"
 
 _WAIT_FOR_USERS = (
@@ -85,7 +85,6 @@ DELIBERATE = {
     "http_json_data_wrong_type": Differs(_CLIENT_ERROR_500, ("http",), status=400),
     "http_shape_not_ints": Differs(_CLIENT_ERROR_500, ("http",), status=400),
     "model_not_ready": Differs(_NOT_READY_WHY, message_prefix=_NOT_READY + ": "),
-    "metadata_not_ready": Differs(_NOT_READY_WHY, message_prefix=_NOT_READY + ": "),
     "model_not_ready_version": Differs(
         _NOT_READY_WHY, message_prefix="Request for unknown model: 'err_broken' version 1 "
                                        "is not at ready state: "),
