@@ -24,7 +24,7 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -149,7 +149,6 @@ class Case:
     rule: str
     fn: Callable[[Ctx], object]
     protocols: tuple = PROTOCOLS
-    tags: tuple = field(default_factory=tuple)
 
 
 CASES: list[Case] = []
