@@ -19,8 +19,8 @@ import time
 from tritonclient.grpc import model_config_pb2
 
 from frontend.cache_key import cache_key
-from frontend.types import (DecodedRequest, InferResult, ModelView, OutputTensor, unloaded,
-                            unloaded_error)
+from frontend.types import (DecodedRequest, InferResult, ModelView, OutputTensor,
+                            not_ready_error)
 from frontend.validate import validate_request
 from shm.arena import Arena, SegmentCache
 from shm.channel import Inbox, Outbox
@@ -276,12 +276,7 @@ class SchedulerCore:
         if decoupled_refusal and view.decoupled:
             raise InferError(ErrorCode.UNSUPPORTED, decoupled_refusal)
         if view.state != "READY":
-            if unloaded(view):  # Triton's words for a model unloaded by the API
-                raise unloaded_error(view.name, view.version, request.model_version)
-            reason = f": {view.reason}" if view.reason else ""
-            raise InferError(ErrorCode.UNAVAILABLE,
-                             f"model '{view.name}' version {view.version} is not ready"
-                             f" (state {view.state}){reason}")
+            raise not_ready_error(view, request.model_version)
         return view, validate_request(request, view.config)
 
     # -- tensors ------------------------------------------------------------------------
@@ -528,9 +523,12 @@ def _user_parameters(params: dict) -> dict:
 
 
 def _version_number(version: str) -> int:
-    """A version as a URL or a gRPC field spells it."""
+    """A version as a URL or a gRPC field spells it (Triton's words for a bad one)."""
     try:
         return int(version)
     except ValueError:
         raise InferError(ErrorCode.INVALID_ARG,
-                         f"failed to parse model version '{version}'") from None
+                         f"failed to get model version from specified version string "
+                         f"'{version}' (details: stol), version should be an integral "
+                         "value > 0") from None
+

@@ -200,18 +200,10 @@ def request_from_message(msg, raws) -> DecodedRequest:
         else:
             raise _bad(f"unable to find data for input tensor '{name}' for model "
                        f"'{model}' in request.")
-        size = element_size(datatype) if is_known(datatype) else _unknown(datatype, name, model)
-        if size is not None:
-            expected = size
-            for d in shape:
-                if d < 0:
-                    raise _bad(f"invalid shape {shape} for input '{name}' for model "
-                               f"'{model}': dimensions must not be negative")
-                expected *= d
-            got = len(buf) if type(buf) is bytes else memoryview(buf).nbytes
-            if got != expected:
-                raise _bad(f"input byte size mismatch for input '{name}' for model "
-                           f"'{model}'. Expected {expected}, got {got}")
+        if not is_known(datatype):
+            _unknown(datatype, name, model)
+        # shapes and byte sizes are checked against the model (validate.py), after its
+        # name, count, datatype and shape checks: Triton's order and words
         inputs.append(DecodedInput(name, datatype, shape, buf, params))
     if iraw != nraw:
         raise _bad(f"expected {iraw} raw_input_contents (one per input not in shared "

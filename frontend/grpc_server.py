@@ -30,7 +30,7 @@ from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_e
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import RestrictionInterceptor, Restrictions
-from .types import FrontendCore, unloaded, unloaded_error
+from .types import FrontendCore, not_ready_error
 
 log = logging.getLogger(__name__)
 
@@ -180,13 +180,8 @@ class InferenceServicer:
             view = self.core.get_model(name, version)
         except InferError as e:
             await _abort(context, e)
-        if view.state != "READY":
-            if unloaded(view):  # Triton core's ModelLifeCycle::GetModel wording
-                await _abort(context, unloaded_error(name, view.version, version))
-            reason = f": {view.reason}" if view.reason else ""
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"model '{view.name}' version {view.version} is not ready"
-                                f" (state {view.state}){reason}")
+        if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
+            await _abort(context, not_ready_error(view, version, why=False))
         return view
 
     # -- inference --------------------------------------------------------------------

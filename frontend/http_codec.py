@@ -63,6 +63,17 @@ _SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'd
 # for INT32 and true for FP32)
 _JSON_KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"}
 _RESERVED_PARAMS = {"sequence_start", "sequence_end", "binary_data_output"}
+# the tail of Triton's "Unable to parse '<field>': ..." messages, in the words of its
+# JSON accessors (triton_json.h); the FP and unsigned ones were checked on 2.51
+_NOT_ARRAY = "attempt to access JSON non-array as array"
+_JSON_ACCESS = {
+    **{t: "attempt to access JSON non-number as double" for t in ("FP16", "FP32", "FP64")},
+    **{t: "attempt to access JSON non-unsigned-integer as unsigned-integer"
+       for t in ("UINT8", "UINT16", "UINT32", "UINT64")},
+    **{t: "attempt to access JSON non-signed-integer as signed-integer"
+       for t in ("INT8", "INT16", "INT32", "INT64")},
+    "BOOL": "attempt to access JSON non-boolean as boolean",
+}
 
 
 def _bad(message: str) -> InferError:
@@ -152,7 +163,9 @@ def decode_infer_request(body, header_length: int | None, model_name: str,
 
     inputs_json = request.get("inputs")
     if type(inputs_json) is not list:
-        raise _bad("Unable to parse 'inputs'")
+        raise _bad("Unable to parse 'inputs': " + (
+            "attempt to access non-existing object member 'inputs'"
+            if inputs_json is None else _NOT_ARRAY))
     inputs = []
     pos = end
     for item in inputs_json:
@@ -172,19 +185,16 @@ def decode_infer_request(body, header_length: int | None, model_name: str,
             raise _bad("Unable to parse 'datatype'")
         shape = item.get("shape")
         if type(shape) is not list:
-            raise _bad("Unable to parse 'shape'")
+            raise _bad("Unable to parse 'shape': " + _NOT_ARRAY)
         for d in shape:
             if type(d) is not int or d < 0:
-                raise _bad("Unable to parse 'shape'")
+                raise _bad("Unable to parse 'shape': " + _JSON_ACCESS["UINT64"])
 
         if size is not None:
             if type(size) is not int or size < 0:
                 raise _bad("Unable to parse 'binary_data_size'")
-            if size and header_length is None:
-                raise _bad(
-                    "must specify valid 'Inference-Header-Content-Length' in request "
-                    "header and 'binary_data_size' when passing inputs in binary data "
-                    "format")
+            # without Inference-Header-Content-Length the body is all JSON, so the
+            # binary part is missing: Triton 2.51 says so in these words
             if pos + size > len(body):
                 raise _bad(
                     f"unexpected size for input '{name}', expecting "
@@ -336,13 +346,11 @@ def _json_to_raw(name: str, datatype: str, shape: list[int], data):
     try:
         arr = np.array(data)
     except (ValueError, TypeError):  # ragged nesting
-        raise _bad(f"{_SHAPE_MISMATCH} of input '{name}'")
+        raise _bad(_SHAPE_MISMATCH)
     if arr.size != count and count:
-        raise _bad(f"{_SHAPE_MISMATCH} of input '{name}': shape {shape} needs {count} "
-                   f"element(s), 'data' holds {arr.size}")
+        raise _bad(_SHAPE_MISMATCH)  # Triton's words, exactly: no counts
     if arr.dtype.kind not in _JSON_KINDS.get(datatype, "iu"):
-        raise _bad(f"Unable to parse 'data': input '{name}' holds a value that is not "
-                   f"of type {datatype}")
+        raise _bad(f"Unable to parse 'data': {_JSON_ACCESS[datatype]}")
     arr = arr.astype(NUMPY[datatype], copy=False).reshape(-1)
     return memoryview(arr).cast("B")
 

@@ -28,7 +28,7 @@ from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import (HTTP_DEFAULT_MAX_INPUT_SIZE, Restrictions, http_refusal,
                          input_size_message)
-from .types import FrontendCore, ModelView
+from .types import FrontendCore, ModelView, not_ready_error
 
 logger = logging.getLogger(__name__)
 
@@ -364,14 +364,7 @@ class _Handlers:
         version = check_version(request.path_params.get("version", ""))
         view = self.core.get_model(name, version)
         if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
-            if not version:
-                raise InferError(
-                    ErrorCode.NOT_FOUND,
-                    f"Request for unknown model: '{name}' has no available versions")
-            raise InferError(
-                ErrorCode.UNAVAILABLE,
-                f"Request for unknown model: '{name}' version {view.version} is not at "
-                "ready state")
+            raise not_ready_error(view, version, why=False)
         return view
 
     async def model_metadata(self, request: Request) -> Response:

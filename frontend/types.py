@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Protocol
 
-from shm.errors import ErrorCode, InferError  # InferError re-exported for codecs
+from shm.errors import ErrorCode, InferError  # noqa: F401  (re-exported for codecs)
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,6 +80,24 @@ class ModelView:
     cache: bool = False  # its responses are cached: compute each request's cache key
     decoupled: bool = False  # model_transaction_policy { decoupled: true }
     cache_outputs: list | None = None  # the config's outputs, keyed for "every output"
+
+
+def not_ready_error(view: ModelView, version: str, why: bool = True) -> InferError:
+    """A model (or the version asked for) that is not READY, in Triton core's words
+    (ModelLifeCycle::GetModel, checked on 2.51): with no version named, nothing is
+    available (404); a named version is not at ready state (503). Triton stops there;
+    for a request (`why`) we add why (a load error names the model's file and line),
+    after ': ', so the one who sent it sees what to fix; the status and the words before
+    are Triton's (a listed difference in tests/e2e/test_error_table.py). Metadata and
+    config calls answer exactly as Triton."""
+    # an unload is no failure to explain: Triton's words alone
+    why = f": {view.reason}" if (why and view.reason and not unloaded(view)) else ""
+    if not version:
+        return InferError(ErrorCode.NOT_FOUND, f"Request for unknown model: "
+                                               f"'{view.name}' has no available versions{why}")
+    return InferError(ErrorCode.UNAVAILABLE,
+                      f"Request for unknown model: '{view.name}' version {view.version} is "
+                      f"not at ready state{why}")
 
 
 class FrontendCore(Protocol):
@@ -151,14 +169,3 @@ def unloaded(view: ModelView) -> bool:
     """A version unloaded (or being unloaded) by the repository API or a poll."""
     return view.state == "UNLOADING" or (view.state == "UNAVAILABLE"
                                          and view.reason == "unloaded")
-
-
-def unloaded_error(name: str, version: int, asked: str) -> InferError:
-    """Triton's answer for a model with no ready version after an unload: 404 /
-    NOT_FOUND when no version was named, else 503 / UNAVAILABLE."""
-    if not asked:
-        return InferError(ErrorCode.NOT_FOUND,
-                          f"Request for unknown model: '{name}' has no available versions")
-    return InferError(ErrorCode.UNAVAILABLE,
-                      f"Request for unknown model: '{name}' version {version} is not at "
-                      "ready state")

@@ -171,8 +171,12 @@ def test_load_failure_with_exit_on_error_false(tmp_path):
             assert not c.is_model_ready("crashing")
             with pytest.raises(tu.InferenceServerException) as exc:
                 c.infer("crashing", [infer_input(protocol, "X", np.ones(1, np.float32), "FP32")])
-            expected = "503" if protocol == "http" else "StatusCode.UNAVAILABLE"
+            # Triton 2.51's status and words for a model that failed to load, then the
+            # reason (tests/data/triton_errors_2.51.json: model_not_ready)
+            expected = "404" if protocol == "http" else "StatusCode.NOT_FOUND"
             assert exc.value.status() == expected
+            assert exc.value.message().startswith(
+                "Request for unknown model: 'crashing' has no available versions: ")
             assert "cannot open weights file" in exc.value.message()
         with urllib.request.urlopen(f"http://{srv.http_url}/v2/health/ready", timeout=5) as r:
             assert r.status == 200

@@ -147,7 +147,9 @@ def test_statistics_do_not_count_warmup(warm_server, protocol):
 def test_failed_warmup_leaves_the_model_unavailable_with_its_reason(warm_server, protocol,
                                                                     model, reason):
     """Rule: a failing warmup fails the load with its reason: the model is not ready,
-    requests to it are refused with that reason, and the server serves the others."""
+    requests to it are refused with Triton 2.51's status and words for a model that
+    failed to load (tests/data/triton_errors_2.51.json: model_not_ready) and that
+    reason, and the server serves the others."""
     c = client(warm_server, protocol)
     assert c.is_server_live()
     assert not c.is_model_ready(model)
@@ -155,7 +157,10 @@ def test_failed_warmup_leaves_the_model_unavailable_with_its_reason(warm_server,
         _infer(warm_server, protocol, model,
                {"INPUT0": (np.ones((1, 4) if model.startswith("onnx") else (4,),
                                    np.float32), "FP32")})
-    assert "UNAVAILABLE" in str(info.value) and reason in str(info.value)
+    assert info.value.status() == ("404" if protocol == "http" else "StatusCode.NOT_FOUND")
+    assert info.value.message().startswith(f"Request for unknown model: '{model}' has no "
+                                           "available versions: ")
+    assert reason in info.value.message()
     assert c.is_model_ready("warmup_probe")
 
 

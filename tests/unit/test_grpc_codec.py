@@ -174,26 +174,38 @@ def test_missing_data():
     assert err.message == "unable to find data for input tensor 'X' for model 'm' in request."
 
 
+def size_error(data) -> InferError:
+    """The byte-size check a decoded input gets once its model is known (validate.py
+    runs it after the name, count, datatype and shape checks, in Triton's order)."""
+    from frontend.validate import check_input_byte_size
+    if not isinstance(data, bytes):
+        data = data.SerializeToString()
+    inp = decode_infer_request(data).inputs[0]
+    with pytest.raises(InferError) as info:
+        check_input_byte_size(inp, "m", "[request id: <id_unknown>] ")
+    return info.value
+
+
 @pytest.mark.parametrize("nbytes", [60, 68, 0])
 def test_raw_size_mismatch(nbytes):
     msg = service_pb2.ModelInferRequest(model_name="m")
     msg.inputs.add(name="X", datatype="FP32", shape=[1, 16])
     msg.raw_input_contents.append(b"\0" * nbytes)
-    err = decode_error(msg)
+    err = size_error(msg)
     assert err.code == ErrorCode.INVALID_ARG
-    assert err.message == (f"input byte size mismatch for input 'X' for model 'm'. "
-                           f"Expected 64, got {nbytes}")
+    assert err.message == (f"[request id: <id_unknown>] input byte size mismatch for "
+                           f"input 'X' for model 'm'. Expected 64, got {nbytes}")
 
 
 def test_typed_count_mismatch():
-    err = decode_error(typed_request("X", "FP32", [1, 4], fp32_contents=[1, 2, 3]))
+    err = size_error(typed_request("X", "FP32", [1, 4], fp32_contents=[1, 2, 3]))
     assert "Expected 16, got 12" in err.message
 
 
 def test_negative_dimension_and_unknown_datatype():
     msg = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[b"\0" * 4])
     msg.inputs.add(name="X", datatype="FP32", shape=[-1])
-    assert "must not be negative" in decode_error(msg).message
+    assert "Expected -4, got 4" in size_error(msg).message
     msg.inputs[0].shape[:] = [1]
     msg.inputs[0].datatype = "FP8"
     assert "invalid datatype 'FP8'" in decode_error(msg).message

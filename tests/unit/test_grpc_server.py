@@ -20,6 +20,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from frontend.grpc_server import make_grpc_server, server_options
+from frontend.validate import check_input_byte_size
 from frontend.types import InferResult, ModelView, OutputTensor
 from shm.errors import ErrorCode, InferError
 
@@ -120,6 +121,8 @@ class FakeCore:
                 raise InferError(ErrorCode.INVALID_ARG,
                                  f"unexpected inference input '{inp.name}' for model "
                                  f"'{view.name}'")
+            if inp.data is not None:  # the real core's validation checks sizes
+                check_input_byte_size(inp, view.name)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -277,8 +280,14 @@ def test_metadata_errors(client, call):
     assert "unknown model: 'nonexistent'" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
         getattr(client, call)("down", client_timeout=T)
+    # Triton 2.51 (tests/data/triton_errors_2.51.json: metadata_not_ready)
+    assert status_of(e) == "StatusCode.NOT_FOUND"
+    assert e.value.message() == "Request for unknown model: 'down' has no available versions"
+    with pytest.raises(InferenceServerException) as e:
+        getattr(client, call)("down", "1", client_timeout=T)
     assert status_of(e) == "StatusCode.UNAVAILABLE"
-    assert "failed to load" in e.value.message()
+    assert e.value.message() == ("Request for unknown model: 'down' version 1 is not at "
+                                 "ready state")
 
 
 def test_statistics_json_becomes_the_grpc_message(client):

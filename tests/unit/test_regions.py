@@ -90,10 +90,14 @@ def test_disabled_and_cuda_without_devices(key):
         reg.unregister(SYSTEM, "", lambda: None)
     assert reg.status(SYSTEM, "") == [] and reg.status(CUDA, "") == []
     reg, _ = registry(allowed=True, gpus=0)
-    with pytest.raises(InferError, match="no CUDA device") as e:
+    # Triton 2.51 on a machine without a GPU: 400 "invalid args"; status and
+    # unregister answer as for any unknown region
+    with pytest.raises(InferError) as e:
         reg.register(RegionRequest(1, "fe", "register", CUDA, "c", byte_size=16,
                                    raw_handle=bytes(64)))
-    assert e.value.code == ErrorCode.UNSUPPORTED
+    assert e.value.code == ErrorCode.INVALID_ARG
+    assert e.value.message == "failed to register shared memory region: invalid args"
+    assert reg.status(CUDA, "") == []
     reg, _ = registry(allowed=True, gpus=1)
     with pytest.raises(InferError, match="64 bytes"):
         reg.register(RegionRequest(1, "fe", "register", CUDA, "c", byte_size=16,
@@ -123,6 +127,9 @@ def test_resolve_checks_bounds_and_rewrites_to_the_object(key):
 
 
 def test_unregister_waits_for_the_last_user(key):
+    """Unregistering a region in use takes the name at once and answers, and frees the
+    region, when its last user is done (Triton 2.51 refuses instead: see DELIBERATE in
+    tests/e2e/test_error_table.py for why we wait)."""
     reg, gone = registry()
     register(reg, "a", key)
     first, second = request(1, ref("a")), request(2, ref("a"))

@@ -1,0 +1,14 @@
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """OUTPUT0 = INPUT0, OUTPUT1 = INPUT1."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", a), pb_utils.Tensor("OUTPUT1", b)]))
+        return responses
