@@ -1,0 +1,628 @@
+"""The client processes of scripts/bench (scheduler/bench.py): what one process runs
+for one point of the sweep (its streams, their tensors and shared-memory regions, the
+client technique, closed or open loop), and the pool of spawned processes that run a
+point together. A client module, never imported by the server's processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+# Value written into element 0 of each request's input: a stale output region (the server
+# did not write it) then shows as a mismatch. 127 is exact in every numeric dtype.
+_STAMP_MODULUS = 127
+
+# ----------------------------------------------------------------------------------------
+# one point in one process
+
+
+@dataclass
+class PointSpec:
+    """What one client process runs for one point."""
+
+    url: str
+    protocol: str
+    impl: str
+    model: str
+    timeout: float  # seconds one request may take before it counts as an error
+    shape: list
+    dtype: str
+    input_name: str
+    output_name: str
+    streams: int
+    shm: str  # "none" | "system" | "cuda"
+    verify: bool
+    warmup: float
+    duration: float
+    max_requests: int | None  # this process's share
+    tag: str = ""  # makes shared-memory names unique
+    stream_offset: int = 0
+    cuda_device: int = 0  # where --shm cuda puts the regions
+
+
+class Recorder:
+    """Decides when streams stop and keeps what the measurement window saw. Shared by
+    the streams of one process (the GIL makes the appends and counters safe)."""
+
+    def __init__(self, t0: float, warmup: float, duration: float, max_requests):
+        self.start = t0 + warmup
+        self.deadline = self.start + duration
+        self.max_requests = max_requests
+        self.issued = 0  # requests sent inside the window
+        self.latencies: list[float] = []
+        self.last_done = None
+        self.errors = 0
+        self.mismatches = 0
+        self.first_error = ""
+        self.cpu_start = None
+        self.wall_start = None
+        self.stopped = False
+        self._lock = threading.Lock()
+
+    def stop(self):
+        """End the point early: every stream stops before its next send."""
+        self.stopped = True
+
+    def next(self) -> bool:
+        """Called before each send: False when the stream should stop."""
+        now = time.perf_counter()
+        if self.stopped or now >= self.deadline:
+            return False
+        if now >= self.start:
+            with self._lock:
+                if self.cpu_start is None:
+                    self.cpu_start = _cpu_seconds()
+                    self.wall_start = now
+                if self.max_requests is not None and self.issued >= self.max_requests:
+                    return False
+                self.issued += 1
+        return True
+
+    def done(self, t_send: float, ok: bool):
+        t = time.perf_counter()
+        if not ok:
+            self.mismatches += 1
+        if self.start <= t_send and t <= self.deadline:
+            self.latencies.append(t - t_send)
+            self.last_done = t
+
+    def error(self, exc: BaseException):
+        self.errors += 1
+        if not self.first_error:
+            self.first_error = f"{type(exc).__name__}: {exc}"[:500]
+
+    def result(self) -> dict:
+        now = time.perf_counter()
+        cpu = (_cpu_seconds() - self.cpu_start) if self.cpu_start is not None else 0.0
+        if self.max_requests is not None and self.issued >= self.max_requests \
+                and self.last_done is not None:
+            seconds = self.last_done - self.start  # budget reached before the deadline
+        else:
+            seconds = min(now, self.deadline) - self.start
+        cpu_wall = (now - self.wall_start) if self.wall_start is not None else 0.0
+        return {
+            "latencies": self.latencies,
+            "seconds": max(seconds, 0.0),
+            "errors": self.errors,
+            "mismatches": self.mismatches,
+            "first_error": self.first_error,
+            # CPU over the window, rescaled to the window's length (the tail while
+            # in-flight requests drain is not in the window but is in the CPU sample)
+            "cpu_s": cpu * (seconds / cpu_wall) if cpu_wall > 0 else 0.0,
+        }
+
+
+def _cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)  # all threads of this process
+    return ru.ru_utime + ru.ru_stime
+
+
+def _stamp_value(seq: int, np_dtype):
+    import numpy as np
+    if np_dtype == np.bool_:
+        return bool(seq % 2)
+    return seq % _STAMP_MODULUS
+
+
+class Stream:
+    """One closed-loop stream's tensors: its input, its expected output and, with shared
+    memory, its two regions: system (POSIX) or CUDA (device memory, shared by IPC
+    handle). With CUDA regions the input lives on the device and the output stays there:
+    checking it costs a device-to-host copy, stamping one a host-to-device copy, so both
+    happen only with verification on."""
+
+    def __init__(self, spec: PointSpec, index: int, mod, np_dtype):
+        import numpy as np
+        self.spec = spec
+        self.mod = mod  # tritonclient.http or tritonclient.grpc (both have InferInput)
+        rng = np.random.default_rng(index + 1)
+        if np_dtype == np.bool_:
+            data = rng.integers(0, 2, size=spec.shape).astype(np.bool_)
+        elif np.issubdtype(np_dtype, np.integer):
+            data = rng.integers(0, 100, size=spec.shape).astype(np_dtype)
+        else:
+            data = rng.random(size=spec.shape).astype(np_dtype)
+        self.expected = data
+        self.seq = 0
+        self.nbytes = data.nbytes
+        self.input = mod.InferInput(spec.input_name, list(spec.shape), spec.dtype)
+        self.output = mod.InferRequestedOutput(spec.output_name)
+        self.in_handle = self.out_handle = None
+        self.in_view = self.out_view = None
+        self.in_name = self.out_name = ""
+        if spec.shm == "none":
+            # the data never changes, so it is serialized once; an HTTP/gRPC response
+            # carries its own bytes, so a stale output cannot go unnoticed
+            self.input.set_data_from_numpy(data)
+        else:
+            base = f"bench_{spec.tag}_{spec.stream_offset + index}"
+            self.in_name, self.out_name = base + "_in", base + "_out"
+
+    # shared memory lifecycle: create_regions / register / unregister / destroy
+
+    def create_regions(self):
+        if self.spec.shm == "cuda":
+            return self._create_cuda_regions()
+        import tritonclient.utils.shared_memory as shm
+        self.in_handle = shm.create_shared_memory_region(
+            self.in_name, "/" + self.in_name, self.nbytes, create_only=True)
+        self.out_handle = shm.create_shared_memory_region(
+            self.out_name, "/" + self.out_name, self.nbytes, create_only=True)
+        self.in_view = shm.get_contents_as_numpy(
+            self.in_handle, self.expected.dtype, self.expected.shape)
+        self.out_view = shm.get_contents_as_numpy(
+            self.out_handle, self.expected.dtype, self.expected.shape)
+        self.in_view[...] = self.expected
+        self.input.set_shared_memory(self.in_name, self.nbytes)
+        self.output.set_shared_memory(self.out_name, self.nbytes)
+
+    def _create_cuda_regions(self):
+        import tritonclient.utils.cuda_shared_memory as cudashm
+        dev = self.spec.cuda_device
+        self.in_handle = cudashm.create_shared_memory_region(self.in_name, self.nbytes, dev)
+        self.out_handle = cudashm.create_shared_memory_region(self.out_name, self.nbytes, dev)
+        cudashm.set_shared_memory_region(self.in_handle, [self.expected])
+        self.input.set_shared_memory(self.in_name, self.nbytes)
+        self.output.set_shared_memory(self.out_name, self.nbytes)
+
+    def register(self, control, registered: list):
+        """Register both regions with the server through the blocking `control` client,
+        appending each name to `registered` once the server has it."""
+        for name, h in ((self.in_name, self.in_handle), (self.out_name, self.out_handle)):
+            if self.spec.shm == "cuda":
+                import tritonclient.utils.cuda_shared_memory as cudashm
+                control.register_cuda_shared_memory(name, cudashm.get_raw_handle(h),
+                                                    self.spec.cuda_device, self.nbytes)
+            else:
+                control.register_system_shared_memory(name, "/" + name, self.nbytes)
+            registered.append(name)
+
+    def destroy_regions(self):
+        if self.spec.shm == "cuda":
+            import tritonclient.utils.cuda_shared_memory as shm
+        else:
+            import tritonclient.utils.shared_memory as shm
+        self.in_view = self.out_view = None  # views pin the mapping
+        for h, name in ((self.in_handle, self.in_name), (self.out_handle, self.out_name)):
+            if h is not None:
+                try:
+                    shm.destroy_shared_memory_region(h)
+                except Exception as e:  # keep going: the segment must not outlive us
+                    print(f"bench: destroying shm region {name} failed: {e}",
+                          file=sys.stderr)
+                    if self.spec.shm == "system":
+                        try:
+                            os.unlink("/dev/shm/" + name)
+                        except OSError:
+                            pass
+        self.in_handle = self.out_handle = None
+
+    def prepare(self):
+        """Before each send: with shm, stamp a fresh value into the input region."""
+        if self.in_view is not None:
+            self.seq += 1
+            v = _stamp_value(self.seq, self.expected.dtype)
+            self.expected.flat[0] = v
+            self.in_view.flat[0] = v
+        elif self.spec.shm == "cuda" and self.spec.verify:
+            import tritonclient.utils.cuda_shared_memory as cudashm
+            self.seq += 1
+            self.expected.flat[0] = _stamp_value(self.seq, self.expected.dtype)
+            cudashm.set_shared_memory_region(self.in_handle, [self.expected])
+
+    def check(self, result) -> bool:
+        if not self.spec.verify:
+            return True
+        import numpy as np
+        if self.out_view is not None:
+            return np.array_equal(self.out_view, self.expected)
+        if self.spec.shm == "cuda":
+            import tritonclient.utils.cuda_shared_memory as cudashm
+            got = cudashm.get_contents_as_numpy(self.out_handle, self.expected.dtype,
+                                                self.expected.shape)
+            return np.array_equal(got, self.expected)
+        out = result.as_numpy(self.spec.output_name)
+        return out is not None and out.shape == self.expected.shape and \
+            np.array_equal(out, self.expected)
+
+
+def _infer_kwargs(stream: Stream) -> dict:
+    kw = {"inputs": [stream.input], "outputs": [stream.output]}
+    if stream.mod.__name__.startswith("tritonclient.grpc"):
+        kw["client_timeout"] = stream.spec.timeout  # HTTP clients take it at creation
+    return kw
+
+
+def _sync_stream(stream: Stream, infer, model: str, rec: Recorder, sleep=time.sleep):
+    """Closed loop over a blocking infer call (threads, greenlets)."""
+    kw = _infer_kwargs(stream)
+    while rec.next():
+        stream.prepare()
+        t = time.perf_counter()
+        try:
+            res = infer(model, **kw)
+        except Exception as e:
+            rec.error(e)
+            sleep(0.01)  # a dead server must not turn the loop into a spin
+            continue
+        rec.done(t, stream.check(res))
+
+
+async def _async_stream(stream: Stream, client, model: str, rec: Recorder):
+    kw = _infer_kwargs(stream)
+    while rec.next():
+        stream.prepare()
+        t = time.perf_counter()
+        try:
+            res = await client.infer(model, **kw)
+        except Exception as e:
+            rec.error(e)
+            await asyncio.sleep(0.01)
+            continue
+        rec.done(t, stream.check(res))
+
+
+def _run_grpc_callback(streams, spec, rec):
+    """Each stream's next request is sent from the previous one's completion callback
+    (run on grpc's own thread): no thread or event loop per stream."""
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(spec.url)
+    finished = threading.Semaphore(0)
+
+    def issue(stream, kw):
+        # a loop, not recursion, so a run of send failures cannot grow the stack
+        while rec.next():
+            stream.prepare()
+            t = time.perf_counter()
+
+            def callback(result, error, stream=stream, kw=kw, t=t):
+                try:
+                    if error is not None:
+                        rec.error(error)
+                        time.sleep(0.01)
+                    else:
+                        rec.done(t, stream.check(result))
+                except BaseException as e:  # an exception here would end the stream
+                    rec.error(e)
+                issue(stream, kw)
+
+            try:
+                client.async_infer(spec.model, callback=callback, **kw)
+                return
+            except Exception as e:
+                rec.error(e)
+                time.sleep(0.01)
+        finished.release()
+
+    try:
+        for s in streams:
+            issue(s, _infer_kwargs(s))
+        for _ in streams:
+            finished.acquire()
+    finally:
+        client.close()
+
+
+def _run_grpc_threads(streams, spec, rec):
+    import tritonclient.grpc as grpcclient
+    client = grpcclient.InferenceServerClient(spec.url)
+    try:
+        threads = [threading.Thread(target=_sync_stream,
+                                    args=(s, client.infer, spec.model, rec), daemon=True)
+                   for s in streams]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        client.close()
+
+
+def _run_grpc_aio(streams, spec, rec):
+    import tritonclient.grpc.aio as aioclient
+
+    async def main():
+        client = aioclient.InferenceServerClient(spec.url)
+        try:
+            await asyncio.gather(*(_async_stream(s, client, spec.model, rec)
+                                   for s in streams))
+        finally:
+            await client.close()
+    asyncio.run(main())
+
+
+def _run_http_gevent(streams, spec, rec):
+    import gevent
+    import tritonclient.http as httpclient
+    # one keep-alive connection per stream, as a closed-loop HTTP/1.1 client needs
+    client = httpclient.InferenceServerClient(
+        spec.url, concurrency=len(streams), network_timeout=spec.timeout,
+        connection_timeout=spec.timeout)
+    try:
+        gs = [gevent.spawn(_sync_stream, s, client.infer, spec.model, rec, gevent.sleep)
+              for s in streams]
+        gevent.joinall(gs, raise_error=True)
+    finally:
+        client.close()
+
+
+def _run_http_aio(streams, spec, rec):
+    import tritonclient.http.aio as aioclient
+
+    async def main():
+        client = aioclient.InferenceServerClient(spec.url, conn_limit=len(streams),
+                                                 conn_timeout=spec.timeout)
+        try:
+            await asyncio.gather(*(_async_stream(s, client, spec.model, rec)
+                                   for s in streams))
+        finally:
+            await client.close()
+    asyncio.run(main())
+
+
+RUNNERS = {
+    "grpc-callback": _run_grpc_callback,
+    "grpc-threads": _run_grpc_threads,
+    "grpc-aio": _run_grpc_aio,
+    "http-gevent": _run_http_gevent,
+    "http-aio": _run_http_aio,
+}
+
+
+class PointSession:
+    """Set up one point in this process (streams, shm regions registered with the
+    server), run it, and undo the setup even when something failed."""
+
+    def __init__(self, spec: PointSpec):
+        from tritonclient.utils import triton_to_np_dtype
+        self.spec = spec
+        np_dtype = triton_to_np_dtype(spec.dtype)
+        if np_dtype is None or spec.dtype == "BYTES":
+            raise ValueError(f"unsupported --dtype {spec.dtype} (numeric types only)")
+        if spec.protocol == "grpc":
+            import tritonclient.grpc as mod
+        else:
+            import tritonclient.http as mod
+        self.mod = mod
+        self.control = None  # a blocking client for registration, off the measured path
+        self.streams = [Stream(spec, i, mod, np_dtype) for i in range(spec.streams)]
+        self.registered: list[str] = []
+
+    def setup(self):
+        if self.spec.shm == "none":
+            return
+        self.control = self.mod.InferenceServerClient(self.spec.url)
+        for s in self.streams:
+            s.create_regions()
+            s.register(self.control, self.registered)
+
+    def run(self, t0: float) -> dict:
+        global _running
+        rec = Recorder(t0, self.spec.warmup, self.spec.duration, self.spec.max_requests)
+        _running = rec
+        try:
+            RUNNERS[self.spec.impl](self.streams, self.spec, rec)
+        finally:
+            _running = None
+        if _signalled:  # the streams were stopped by a signal: unwind now
+            raise SystemExit(128 + _signalled)
+        return rec.result()
+
+    def teardown(self):
+        for name in self.registered:  # only names the control client registered
+            try:
+                if self.spec.shm == "cuda":
+                    self.control.unregister_cuda_shared_memory(name)
+                else:
+                    self.control.unregister_system_shared_memory(name)
+            except Exception as e:
+                print(f"bench: unregistering {name} failed: {e}", file=sys.stderr)
+        self.registered = []
+        for s in self.streams:
+            s.destroy_regions()
+        if self.control is not None:
+            try:
+                self.control.close()
+            except Exception:
+                pass
+            self.control = None
+
+
+# ----------------------------------------------------------------------------------------
+# client processes
+
+
+_running: Recorder | None = None  # the point this client process is measuring
+_signalled = 0
+
+
+def _on_signal(signum, frame):
+    """SIGINT/SIGTERM in a client process: stop the streams (they finish their in-flight
+    request and return) or, outside a run, unwind at once; either way the finally
+    blocks unregister and destroy the shm regions. Later signals are ignored so they
+    cannot cut that cleanup short."""
+    global _signalled
+    _signalled = signum
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if _running is not None:
+        _running.stop()  # raising here could land in any stream's greenlet or callback
+        return
+    raise SystemExit(128 + signum)
+
+
+def _worker_main(conn):
+    """A client process: for each point, set up, report ready, wait for the common start
+    time, run, tear down, report. SIGTERM and Ctrl-C unwind through the teardown."""
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        while _serve_one_point(conn):
+            pass
+    except (KeyboardInterrupt, SystemExit):
+        pass
+
+
+def _serve_one_point(conn) -> bool:
+    try:
+        msg = conn.recv()
+    except EOFError:
+        return False
+    if msg[0] == "exit":
+        return False
+    session = None
+    try:
+        try:
+            session = PointSession(PointSpec(**msg[1]))
+            session.setup()
+            conn.send(("ready", None))
+        except Exception as e:
+            conn.send(("ready", f"setup failed: {type(e).__name__}: {e}"))
+        cmd = conn.recv()
+        if cmd[0] != "go" or session is None:
+            conn.send(("result", None))
+            return True
+        try:
+            result = session.run(cmd[1])
+        except Exception as e:  # a client bug must not leave the parent waiting
+            result = {"latencies": [], "seconds": 0.0, "errors": 1, "mismatches": 0,
+                      "cpu_s": 0.0, "first_error": f"client failed: "
+                                                   f"{type(e).__name__}: {e}"[:500]}
+        conn.send(("result", result))
+        return True
+    finally:
+        if session is not None:
+            session.teardown()
+
+
+class SetupError(Exception):
+    """A point could not be set up (e.g. the server refused a shm region)."""
+
+
+class ClientPool:
+    """`n` spawned client processes, kept across points so each point starts at once."""
+
+    def __init__(self, n: int, window_file: str | None = None):
+        self.n = n
+        self.workers = []
+        # where to announce each point's measured window (CLOCK_MONOTONIC seconds), so
+        # a caller sampling CPU times can sample inside it
+        self.window_file = window_file
+        self._start()
+
+    def _start(self):
+        ctx = multiprocessing.get_context("spawn")
+        for _ in range(self.n):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+            p.start()
+            child.close()
+            self.workers.append((p, parent))
+
+    def run_point(self, specs: list[PointSpec]) -> list[dict]:
+        try:
+            return self._run_point(specs)
+        except RuntimeError:
+            # a worker died or hangs: it may still answer later, so start afresh
+            self.close(now=True)
+            self._start()
+            raise
+
+    def _run_point(self, specs: list[PointSpec]) -> list[dict]:
+        used = self.workers[: len(specs)]
+        for (_, conn), spec in zip(used, specs):
+            conn.send(("point", asdict(spec)))
+        problems = [m for m in (self._recv(w, "ready", 300) for w in used) if m]
+        if problems:
+            for _, conn in used:
+                conn.send(("abort", None))
+            for w in used:
+                self._recv(w, "result", 60)
+            raise SetupError("; ".join(problems))
+        t0 = time.perf_counter() + 0.05  # CLOCK_MONOTONIC: the same clock in every process
+        for _, conn in used:
+            conn.send(("go", t0))
+        if self.window_file:
+            start = t0 + specs[0].warmup
+            tmp = self.window_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"start": start, "end": start + specs[0].duration}, f)
+            os.replace(tmp, self.window_file)  # readers never see half a file
+        # streams stop issuing at the deadline; the last request may take `timeout`
+        wait = specs[0].warmup + specs[0].duration + specs[0].timeout + 60
+        return [self._recv(w, "result", wait) for w in used]
+
+    @staticmethod
+    def _recv(worker, kind, timeout):
+        proc, conn = worker
+        deadline = time.monotonic() + timeout
+        while not conn.poll(0.5):
+            if not proc.is_alive():
+                raise RuntimeError(f"client process {proc.pid} died "
+                                   f"(exit code {proc.exitcode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"client process {proc.pid} sent no {kind!r} "
+                                   f"within {timeout:.0f}s")
+        tag, payload = conn.recv()
+        if tag != kind:
+            raise RuntimeError(f"client process {proc.pid} sent {tag!r}, not {kind!r}")
+        return payload
+
+    def close(self, now: bool = False):
+        """Stop the client processes. `now` (an interrupt, a broken point): SIGTERM at
+        once, which stops a running point early; otherwise ask them to exit."""
+        for p, conn in self.workers:
+            try:
+                if now:
+                    p.terminate()
+                else:
+                    conn.send(("exit", None))
+            except Exception:
+                pass
+        for p, conn in self.workers:
+            p.join(timeout=30)  # room for in-flight requests and the shm teardown
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+            conn.close()
+        self.workers = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close(now=exc_type is not None)
+
+
