@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from dataclasses import asdict, dataclass
 
 # Value written into element 0 of each request's input: a stale output region (the server
@@ -34,11 +35,9 @@ class PointSpec:
     impl: str
     model: str
     timeout: float  # seconds one request may take before it counts as an error
-    shape: list
-    dtype: str
-    input_name: str
-    output_name: str
-    streams: int
+    inputs: list  # [{"name", "datatype", "shape"}]: every input of a request
+    outputs: list  # [{"name", "datatype", "nbytes"}]: the outputs asked for (-1: unknown)
+    streams: int  # closed loop: concurrent streams; open loop: requests in flight at most
     shm: str  # "none" | "system" | "cuda"
     verify: bool
     warmup: float
@@ -47,21 +46,32 @@ class PointSpec:
     tag: str = ""  # makes shared-memory names unique
     stream_offset: int = 0
     cuda_device: int = 0  # where --shm cuda puts the regions
+    input_data: str = "random"  # "random" | "zero" | a perf_analyzer JSON data file
+    output_shm_size: int = 102400  # bytes of an output region whose size is unknown
+    request_rate: float = 0.0  # > 0: open loop at this many requests/s (this process)
+    distribution: str = "constant"  # of the open loop's send times: or "poisson"
+    rate_phase: float = 0.0  # seconds this process's constant schedule is shifted by
 
 
 class Recorder:
     """Decides when streams stop and keeps what the measurement window saw. Shared by
-    the streams of one process (the GIL makes the appends and counters safe)."""
+    the streams of one process (the GIL makes the appends and counters safe). In the
+    open loop (`drain`) a request sent inside the window counts however late it
+    answers, and its latency runs from its scheduled send time."""
 
-    def __init__(self, t0: float, warmup: float, duration: float, max_requests):
+    def __init__(self, t0: float, warmup: float, duration: float, max_requests,
+                 drain: bool = False):
         self.start = t0 + warmup
         self.deadline = self.start + duration
         self.max_requests = max_requests
+        self.drain = drain
         self.issued = 0  # requests sent inside the window
         self.latencies: list[float] = []
         self.last_done = None
         self.errors = 0
         self.mismatches = 0
+        self.late = 0  # open loop: in-window sends that left after their time
+        self.unsent = 0  # open loop: in-window sends that never left
         self.first_error = ""
         self.cpu_start = None
         self.wall_start = None
@@ -91,7 +101,7 @@ class Recorder:
         t = time.perf_counter()
         if not ok:
             self.mismatches += 1
-        if self.start <= t_send and t <= self.deadline:
+        if self.start <= t_send and (self.drain or t <= self.deadline):
             self.latencies.append(t - t_send)
             self.last_done = t
 
@@ -104,7 +114,7 @@ class Recorder:
         now = time.perf_counter()
         cpu = (_cpu_seconds() - self.cpu_start) if self.cpu_start is not None else 0.0
         if self.max_requests is not None and self.issued >= self.max_requests \
-                and self.last_done is not None:
+                and self.last_done is not None and not self.drain:
             seconds = self.last_done - self.start  # budget reached before the deadline
         else:
             seconds = min(now, self.deadline) - self.start
@@ -118,6 +128,9 @@ class Recorder:
             # CPU over the window, rescaled to the window's length (the tail while
             # in-flight requests drain is not in the window but is in the CPU sample)
             "cpu_s": cpu * (seconds / cpu_wall) if cpu_wall > 0 else 0.0,
+            "sent": self.issued,
+            "late": self.late,
+            "unsent": self.unsent,
         }
 
 
@@ -133,130 +146,187 @@ def _stamp_value(seq: int, np_dtype):
     return seq % _STAMP_MODULUS
 
 
-class Stream:
-    """One closed-loop stream's tensors: its input, its expected output and, with shared
-    memory, its two regions: system (POSIX) or CUDA (device memory, shared by IPC
-    handle). With CUDA regions the input lives on the device and the output stays there:
-    checking it costs a device-to-host copy, stamping one a host-to-device copy, so both
-    happen only with verification on."""
+class _Tensor:
+    """One input or output of a stream: its InferInput / InferRequestedOutput and, with
+    shared memory, its region (handle, name, size, and a numpy view of a system one)."""
 
-    def __init__(self, spec: PointSpec, index: int, mod, np_dtype):
-        import numpy as np
+    def __init__(self, name: str, datatype: str, nbytes: int, request):
+        self.name, self.datatype, self.nbytes = name, datatype, nbytes
+        self.request = request
+        self.region = ""
+        self.handle = None
+        self.view = None
+        self.data = None  # an input's values; an output's expected values (or None)
+
+
+def _byte_size(arr) -> int:
+    """Bytes of a tensor on the wire: raw for numbers, length-prefixed for BYTES."""
+    if arr.dtype != object:
+        return arr.nbytes
+    from tritonclient.utils import serialize_byte_tensor
+    ser = serialize_byte_tensor(arr)
+    return len(ser.item()) if ser.size == 1 and ser.dtype == object else ser.nbytes
+
+
+class Stream:
+    """One stream's tensors: every input of a request, its requested outputs, the
+    outputs it expects back (an identity model's output k is its input k) and, with
+    shared memory, a region per tensor: system (POSIX) or CUDA (device memory, shared
+    by IPC handle). With CUDA regions the inputs live on the device and the outputs
+    stay there: checking them costs a device-to-host copy, stamping one a host-to-device
+    copy, so both happen only with verification on."""
+
+    def __init__(self, spec: PointSpec, index: int, mod, entries=None):
+        from scheduler.bench_inputs import TensorSpec, make_arrays
         self.spec = spec
         self.mod = mod  # tritonclient.http or tritonclient.grpc (both have InferInput)
-        rng = np.random.default_rng(index + 1)
-        if np_dtype == np.bool_:
-            data = rng.integers(0, 2, size=spec.shape).astype(np.bool_)
-        elif np.issubdtype(np_dtype, np.integer):
-            data = rng.integers(0, 100, size=spec.shape).astype(np_dtype)
-        else:
-            data = rng.random(size=spec.shape).astype(np_dtype)
-        self.expected = data
+        specs = [TensorSpec(**t) for t in spec.inputs]
+        arrays = make_arrays(specs, spec.input_data, spec.stream_offset + index, entries)
         self.seq = 0
-        self.nbytes = data.nbytes
-        self.input = mod.InferInput(spec.input_name, list(spec.shape), spec.dtype)
-        self.output = mod.InferRequestedOutput(spec.output_name)
-        self.in_handle = self.out_handle = None
-        self.in_view = self.out_view = None
-        self.in_name = self.out_name = ""
+        self.inputs, self.outputs = [], []
+        for t in specs:
+            data = arrays[t.name]
+            x = _Tensor(t.name, t.datatype, _byte_size(data),
+                        mod.InferInput(t.name, list(data.shape), t.datatype))
+            x.data = data
+            self.inputs.append(x)
+        for k, o in enumerate(spec.outputs):
+            pair = self.inputs[k] if k < len(self.inputs) else None
+            nbytes = o["nbytes"] if o.get("nbytes", -1) > 0 else \
+                max(pair.nbytes if pair else 0, spec.output_shm_size)
+            y = _Tensor(o["name"], o.get("datatype") or (pair.datatype if pair else ""),
+                        nbytes, mod.InferRequestedOutput(o["name"]))
+            if spec.verify and pair is not None and pair.datatype == y.datatype:
+                y.data = pair.data  # an identity model echoes the same array
+                if o.get("nbytes", -1) <= 0:
+                    y.nbytes = max(pair.nbytes, 1)
+            self.outputs.append(y)
         if spec.shm == "none":
             # the data never changes, so it is serialized once; an HTTP/gRPC response
             # carries its own bytes, so a stale output cannot go unnoticed
-            self.input.set_data_from_numpy(data)
+            for x in self.inputs:
+                x.request.set_data_from_numpy(x.data)
         else:
             base = f"bench_{spec.tag}_{spec.stream_offset + index}"
-            self.in_name, self.out_name = base + "_in", base + "_out"
+            for k, x in enumerate(self.inputs):
+                x.region = f"{base}_in{k}"
+            for k, y in enumerate(self.outputs):
+                y.region = f"{base}_out{k}"
+
+    @property
+    def expected(self):
+        """The first input (what an identity model's first output must equal)."""
+        return self.inputs[0].data
+
+    def _tensors(self):
+        return self.inputs + self.outputs
 
     # shared memory lifecycle: create_regions / register / unregister / destroy
 
     def create_regions(self):
         if self.spec.shm == "cuda":
-            return self._create_cuda_regions()
-        import tritonclient.utils.shared_memory as shm
-        self.in_handle = shm.create_shared_memory_region(
-            self.in_name, "/" + self.in_name, self.nbytes, create_only=True)
-        self.out_handle = shm.create_shared_memory_region(
-            self.out_name, "/" + self.out_name, self.nbytes, create_only=True)
-        self.in_view = shm.get_contents_as_numpy(
-            self.in_handle, self.expected.dtype, self.expected.shape)
-        self.out_view = shm.get_contents_as_numpy(
-            self.out_handle, self.expected.dtype, self.expected.shape)
-        self.in_view[...] = self.expected
-        self.input.set_shared_memory(self.in_name, self.nbytes)
-        self.output.set_shared_memory(self.out_name, self.nbytes)
-
-    def _create_cuda_regions(self):
-        import tritonclient.utils.cuda_shared_memory as cudashm
-        dev = self.spec.cuda_device
-        self.in_handle = cudashm.create_shared_memory_region(self.in_name, self.nbytes, dev)
-        self.out_handle = cudashm.create_shared_memory_region(self.out_name, self.nbytes, dev)
-        cudashm.set_shared_memory_region(self.in_handle, [self.expected])
-        self.input.set_shared_memory(self.in_name, self.nbytes)
-        self.output.set_shared_memory(self.out_name, self.nbytes)
+            import tritonclient.utils.cuda_shared_memory as cudashm
+            dev = self.spec.cuda_device
+            for t in self._tensors():
+                t.handle = cudashm.create_shared_memory_region(t.region, t.nbytes, dev)
+            for x in self.inputs:
+                cudashm.set_shared_memory_region(x.handle, [x.data])
+        else:
+            import tritonclient.utils.shared_memory as shm
+            for t in self._tensors():
+                t.handle = shm.create_shared_memory_region(t.region, "/" + t.region,
+                                                           t.nbytes, create_only=True)
+            for x in self.inputs:
+                if x.data.dtype == object:
+                    shm.set_shared_memory_region(x.handle, [x.data])
+                else:
+                    x.view = shm.get_contents_as_numpy(x.handle, x.data.dtype,
+                                                       x.data.shape)
+                    x.view[...] = x.data
+            for y in self.outputs:
+                if y.data is not None and y.data.dtype != object:
+                    y.view = shm.get_contents_as_numpy(y.handle, y.data.dtype,
+                                                       y.data.shape)
+        for t in self._tensors():
+            t.request.set_shared_memory(t.region, t.nbytes)
 
     def register(self, control, registered: list):
-        """Register both regions with the server through the blocking `control` client,
+        """Register every region with the server through the blocking `control` client,
         appending each name to `registered` once the server has it."""
-        for name, h in ((self.in_name, self.in_handle), (self.out_name, self.out_handle)):
+        for t in self._tensors():
             if self.spec.shm == "cuda":
                 import tritonclient.utils.cuda_shared_memory as cudashm
-                control.register_cuda_shared_memory(name, cudashm.get_raw_handle(h),
-                                                    self.spec.cuda_device, self.nbytes)
+                control.register_cuda_shared_memory(t.region, cudashm.get_raw_handle(t.handle),
+                                                    self.spec.cuda_device, t.nbytes)
             else:
-                control.register_system_shared_memory(name, "/" + name, self.nbytes)
-            registered.append(name)
+                control.register_system_shared_memory(t.region, "/" + t.region, t.nbytes)
+            registered.append(t.region)
 
     def destroy_regions(self):
         if self.spec.shm == "cuda":
             import tritonclient.utils.cuda_shared_memory as shm
         else:
             import tritonclient.utils.shared_memory as shm
-        self.in_view = self.out_view = None  # views pin the mapping
-        for h, name in ((self.in_handle, self.in_name), (self.out_handle, self.out_name)):
-            if h is not None:
-                try:
-                    shm.destroy_shared_memory_region(h)
-                except Exception as e:  # keep going: the segment must not outlive us
-                    print(f"bench: destroying shm region {name} failed: {e}",
-                          file=sys.stderr)
-                    if self.spec.shm == "system":
-                        try:
-                            os.unlink("/dev/shm/" + name)
-                        except OSError:
-                            pass
-        self.in_handle = self.out_handle = None
+        for t in self._tensors():
+            t.view = None  # views pin the mapping
+        for t in self._tensors():
+            if t.handle is None:
+                continue
+            try:
+                shm.destroy_shared_memory_region(t.handle)
+            except Exception as e:  # keep going: the segment must not outlive us
+                print(f"bench: destroying shm region {t.region} failed: {e}",
+                      file=sys.stderr)
+                if self.spec.shm == "system":
+                    try:
+                        os.unlink("/dev/shm/" + t.region)
+                    except OSError:
+                        pass
+            t.handle = None
 
     def prepare(self):
-        """Before each send: with shm, stamp a fresh value into the input region."""
-        if self.in_view is not None:
-            self.seq += 1
-            v = _stamp_value(self.seq, self.expected.dtype)
-            self.expected.flat[0] = v
-            self.in_view.flat[0] = v
-        elif self.spec.shm == "cuda" and self.spec.verify:
-            import tritonclient.utils.cuda_shared_memory as cudashm
-            self.seq += 1
-            self.expected.flat[0] = _stamp_value(self.seq, self.expected.dtype)
-            cudashm.set_shared_memory_region(self.in_handle, [self.expected])
+        """Before each send: with shm, stamp a fresh value into each numeric input's
+        region, so a stale output (the server did not write it) shows."""
+        if self.spec.shm == "none" or (self.spec.shm == "cuda" and not self.spec.verify):
+            return
+        self.seq += 1
+        for x in self.inputs:
+            if x.data.dtype == object or x.data.size == 0:
+                continue
+            v = _stamp_value(self.seq, x.data.dtype)
+            x.data.flat[0] = v
+            if x.view is not None:
+                x.view.flat[0] = v
+            elif self.spec.shm == "cuda":
+                import tritonclient.utils.cuda_shared_memory as cudashm
+                cudashm.set_shared_memory_region(x.handle, [x.data])
 
     def check(self, result) -> bool:
         if not self.spec.verify:
             return True
         import numpy as np
-        if self.out_view is not None:
-            return np.array_equal(self.out_view, self.expected)
-        if self.spec.shm == "cuda":
-            import tritonclient.utils.cuda_shared_memory as cudashm
-            got = cudashm.get_contents_as_numpy(self.out_handle, self.expected.dtype,
-                                                self.expected.shape)
-            return np.array_equal(got, self.expected)
-        out = result.as_numpy(self.spec.output_name)
-        return out is not None and out.shape == self.expected.shape and \
-            np.array_equal(out, self.expected)
+        for y in self.outputs:
+            if y.data is None:
+                continue
+            if self.spec.shm == "system":
+                if y.view is None:
+                    continue  # BYTES in a region: not read back
+                got = y.view
+            elif self.spec.shm == "cuda":
+                if y.data.dtype == object:
+                    continue
+                import tritonclient.utils.cuda_shared_memory as cudashm
+                got = cudashm.get_contents_as_numpy(y.handle, y.data.dtype, y.data.shape)
+            else:
+                got = result.as_numpy(y.name)
+            if got is None or got.shape != y.data.shape or not np.array_equal(got, y.data):
+                return False
+        return True
 
 
 def _infer_kwargs(stream: Stream) -> dict:
-    kw = {"inputs": [stream.input], "outputs": [stream.output]}
+    kw = {"inputs": [x.request for x in stream.inputs],
+          "outputs": [y.request for y in stream.outputs]}
     if stream.mod.__name__.startswith("tritonclient.grpc"):
         kw["client_timeout"] = stream.spec.timeout  # HTTP clients take it at creation
     return kw
@@ -389,6 +459,32 @@ def _run_http_aio(streams, spec, rec):
     asyncio.run(main())
 
 
+def _run_open(streams, spec, rec, t0):
+    """The open loop (--request-rate): asyncio clients of either protocol, requests sent
+    on this process's schedule from t0 (warmup included) to the window's end."""
+    from scheduler.bench_open import run_open_loop, send_times
+    seed = zlib.crc32(spec.tag.encode()) + spec.stream_offset  # reproducible
+    times = send_times(spec.request_rate, spec.distribution, t0, rec.deadline, seed,
+                       spec.rate_phase)
+    kws = {id(s): _infer_kwargs(s) for s in streams}
+    if spec.protocol == "grpc":
+        import tritonclient.grpc.aio as aioclient
+        make = lambda: aioclient.InferenceServerClient(spec.url)  # noqa: E731
+    else:
+        import tritonclient.http.aio as aioclient
+        make = lambda: aioclient.InferenceServerClient(  # noqa: E731
+            spec.url, conn_limit=len(streams), conn_timeout=spec.timeout)
+
+    async def main():
+        client = make()
+        try:
+            await run_open_loop(streams, lambda s: client.infer(spec.model, **kws[id(s)]),
+                                rec, times)
+        finally:
+            await client.close()
+    asyncio.run(main())
+
+
 RUNNERS = {
     "grpc-callback": _run_grpc_callback,
     "grpc-threads": _run_grpc_threads,
@@ -403,18 +499,19 @@ class PointSession:
     server), run it, and undo the setup even when something failed."""
 
     def __init__(self, spec: PointSpec):
-        from tritonclient.utils import triton_to_np_dtype
         self.spec = spec
-        np_dtype = triton_to_np_dtype(spec.dtype)
-        if np_dtype is None or spec.dtype == "BYTES":
-            raise ValueError(f"unsupported --dtype {spec.dtype} (numeric types only)")
         if spec.protocol == "grpc":
             import tritonclient.grpc as mod
         else:
             import tritonclient.http as mod
         self.mod = mod
         self.control = None  # a blocking client for registration, off the measured path
-        self.streams = [Stream(spec, i, mod, np_dtype) for i in range(spec.streams)]
+        entries = None
+        if spec.input_data not in ("random", "zero"):
+            from scheduler.bench_inputs import TensorSpec, load_input_data
+            entries = load_input_data(spec.input_data,
+                                      [TensorSpec(**t) for t in spec.inputs])
+        self.streams = [Stream(spec, i, mod, entries) for i in range(spec.streams)]
         self.registered: list[str] = []
 
     def setup(self):
@@ -427,10 +524,14 @@ class PointSession:
 
     def run(self, t0: float) -> dict:
         global _running
-        rec = Recorder(t0, self.spec.warmup, self.spec.duration, self.spec.max_requests)
+        rec = Recorder(t0, self.spec.warmup, self.spec.duration, self.spec.max_requests,
+                       drain=self.spec.request_rate > 0)
         _running = rec
         try:
-            RUNNERS[self.spec.impl](self.streams, self.spec, rec)
+            if self.spec.request_rate > 0:
+                _run_open(self.streams, self.spec, rec, t0)
+            else:
+                RUNNERS[self.spec.impl](self.streams, self.spec, rec)
         finally:
             _running = None
         if _signalled:  # the streams were stopped by a signal: unwind now
@@ -548,16 +649,18 @@ class ClientPool:
             child.close()
             self.workers.append((p, parent))
 
-    def run_point(self, specs: list[PointSpec]) -> list[dict]:
+    def run_point(self, specs: list[PointSpec], on_window=None) -> list[dict]:
+        """Run one point; `on_window(start, end)` (perf_counter seconds of the measured
+        window) is called once the clients have started, to sample inside the window."""
         try:
-            return self._run_point(specs)
+            return self._run_point(specs, on_window)
         except RuntimeError:
             # a worker died or hangs: it may still answer later, so start afresh
             self.close(now=True)
             self._start()
             raise
 
-    def _run_point(self, specs: list[PointSpec]) -> list[dict]:
+    def _run_point(self, specs: list[PointSpec], on_window=None) -> list[dict]:
         used = self.workers[: len(specs)]
         for (_, conn), spec in zip(used, specs):
             conn.send(("point", asdict(spec)))
@@ -577,6 +680,9 @@ class ClientPool:
             with open(tmp, "w") as f:
                 json.dump({"start": start, "end": start + specs[0].duration}, f)
             os.replace(tmp, self.window_file)  # readers never see half a file
+        if on_window is not None:
+            start = t0 + specs[0].warmup
+            on_window(start, start + specs[0].duration)
         # streams stop issuing at the deadline; the last request may take `timeout`
         wait = specs[0].warmup + specs[0].duration + specs[0].timeout + 60
         return [self._recv(w, "result", wait) for w in used]

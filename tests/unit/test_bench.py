@@ -90,8 +90,15 @@ def test_cli_rejects_bad_values():
     with pytest.raises(SystemExit):
         bench.config_from_args(p.parse_args(["--client-processes", "0"]))
     with pytest.raises(SystemExit):
-        bench.config_from_args(p.parse_args(["--dtype", "BYTES"]))
+        bench.config_from_args(p.parse_args(["--dtype", "FP8"]))
     assert bench.config_from_args(p.parse_args(["--dtype", "int8"])).dtype == "INT8"
+    assert bench.config_from_args(p.parse_args(["--dtype", "bytes"])).dtype == "BYTES"
+    for bad in (["--percentile", "100"], ["--max-trials", "0"], ["-b", "0"],
+                ["--input-data", "/nonexistent.json"]):
+        with pytest.raises(SystemExit):
+            bench.config_from_args(p.parse_args(bad))
+    with pytest.raises(SystemExit):
+        p.parse_args(["--request-rate", "0"])
 
 
 # --- splitting work over client processes ---------------------------------------------
@@ -295,10 +302,11 @@ def test_steal_share():
 
 def _spec(**kw):
     args = dict(url="127.0.0.1:1", protocol="http", impl="http-gevent",
-                model="identity_fp32", timeout=5.0, shape=[1, 16], dtype="FP32",
-                input_name="INPUT0", output_name="OUTPUT0", streams=1, shm="none",
-                verify=True, warmup=0, duration=1, max_requests=None,
-                tag=f"test{os.getpid()}")
+                model="identity_fp32", timeout=5.0,
+                inputs=[{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16]}],
+                outputs=[{"name": "OUTPUT0", "datatype": "FP32", "nbytes": -1}],
+                streams=1, shm="none", verify=True, warmup=0, duration=1,
+                max_requests=None, tag=f"test{os.getpid()}")
     args.update(kw)
     return bench.PointSpec(**args)
 
@@ -308,13 +316,13 @@ class _Result:
         self.arr = arr
 
     def as_numpy(self, name):
-        return self.arr
+        return self.arr if not isinstance(self.arr, dict) else self.arr.get(name)
 
 
 def test_stream_verifies_outputs():
     np = pytest.importorskip("numpy")
     httpclient = pytest.importorskip("tritonclient.http")
-    s = bench.Stream(_spec(), 0, httpclient, np.float32)
+    s = bench.Stream(_spec(), 0, httpclient)
     s.prepare()
     assert s.check(_Result(s.expected.copy()))
     wrong = s.expected.copy()
@@ -322,8 +330,32 @@ def test_stream_verifies_outputs():
     assert not s.check(_Result(wrong))
     assert not s.check(_Result(None))
     assert not s.check(_Result(s.expected.reshape(16)))  # wrong shape
-    off = bench.Stream(_spec(verify=False), 0, httpclient, np.float32)
+    off = bench.Stream(_spec(verify=False), 0, httpclient)
     assert off.check(_Result(None))
+
+
+def test_stream_sends_every_input_and_checks_every_output():
+    """Two inputs, two outputs: output k is checked against input k; BYTES inputs
+    are filled too."""
+    np = pytest.importorskip("numpy")
+    httpclient = pytest.importorskip("tritonclient.http")
+    spec = _spec(inputs=[{"name": "A", "datatype": "INT32", "shape": [2, 3]},
+                         {"name": "B", "datatype": "BYTES", "shape": [2]}],
+                 outputs=[{"name": "X", "datatype": "INT32", "nbytes": 24},
+                          {"name": "Y", "datatype": "BYTES", "nbytes": -1}])
+    s = bench.Stream(spec, 1, httpclient)
+    assert [x.name for x in s.inputs] == ["A", "B"]
+    assert s.inputs[0].data.dtype == np.int32 and s.inputs[0].data.shape == (2, 3)
+    assert s.inputs[1].data.dtype == object and all(
+        isinstance(v, bytes) and len(v) == 16 for v in s.inputs[1].data)
+    good = {"X": s.inputs[0].data.copy(), "Y": s.inputs[1].data.copy()}
+    assert s.check(_Result(good))
+    bad = dict(good, Y=np.array([b"a", b"b"], dtype=object))
+    assert not s.check(_Result(bad))
+    from scheduler import bench_client
+    kw = bench_client._infer_kwargs(s)
+    assert [i.name() for i in kw["inputs"]] == ["A", "B"]
+    assert [o.name() for o in kw["outputs"]] == ["X", "Y"]
 
 
 def test_stream_shm_regions_stamp_and_clean_up():
@@ -331,22 +363,23 @@ def test_stream_shm_regions_stamp_and_clean_up():
     httpclient = pytest.importorskip("tritonclient.http")
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
-    s = bench.Stream(_spec(shm="system"), 3, httpclient, np.float32)
+    s = bench.Stream(_spec(shm="system"), 3, httpclient)
+    inp, out = s.inputs[0], s.outputs[0]
     s.create_regions()
     try:
-        assert os.path.exists("/dev/shm/" + s.in_name)
-        assert os.path.exists("/dev/shm/" + s.out_name)
+        assert os.path.exists("/dev/shm/" + inp.region)
+        assert os.path.exists("/dev/shm/" + out.region)
         s.prepare()
-        assert np.array_equal(s.in_view, s.expected)
+        assert np.array_equal(inp.view, s.expected)
         assert not s.check(None)  # the "server" wrote nothing: stale output
-        s.out_view[...] = s.in_view  # what an identity model does
+        out.view[...] = inp.view  # what an identity model does
         assert s.check(None)
         s.prepare()  # a new stamp: last request's output no longer matches
         assert not s.check(None)
     finally:
         s.destroy_regions()
-    assert not os.path.exists("/dev/shm/" + s.in_name)
-    assert not os.path.exists("/dev/shm/" + s.out_name)
+    assert not os.path.exists("/dev/shm/" + inp.region)
+    assert not os.path.exists("/dev/shm/" + out.region)
 
 
 # --- scripts/bench_scheduler.py -----------------------------------------------------------
