@@ -82,12 +82,13 @@ class Recorder:
         """End the point early: every stream stops before its next send."""
         self.stopped = True
 
-    def next(self) -> bool:
-        """Called before each send: False when the stream should stop."""
+    def next(self, at: float | None = None) -> bool:
+        """Called before each send: False when the stream should stop. `at`: the
+        send's scheduled time (open loop), which decides whether it is in the window."""
         now = time.perf_counter()
         if self.stopped or now >= self.deadline:
             return False
-        if now >= self.start:
+        if (now if at is None else at) >= self.start:
             with self._lock:
                 if self.cpu_start is None:
                     self.cpu_start = _cpu_seconds()

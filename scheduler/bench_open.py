@@ -58,6 +58,10 @@ class Pacer:
             return None
         return self.times[self.i] - now
 
+    def peek(self) -> float:
+        """The next send's scheduled time."""
+        return self.times[self.i]
+
     def take(self, now: float) -> float:
         """The next send leaves now: its scheduled time (what latency counts from)."""
         t = self.times[self.i]
@@ -99,7 +103,7 @@ async def run_open_loop(streams, infer, rec, times: list[float], clock=time.perf
             await asyncio.sleep(wait)
             continue
         stream = await free.get()
-        if not rec.next():  # past the window, out of budget, or stopped
+        if not rec.next(pacer.peek()):  # past the window, out of budget, or stopped
             free.put_nowait(stream)
             break
         task = asyncio.create_task(one(stream, pacer.take(clock())))
