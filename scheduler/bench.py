@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Closed-loop load generator for any server that speaks Triton's protocols.
+"""Load generator for any server that speaks Triton's protocols.
 
-Each point of the sweep runs `c` concurrent streams; a stream sends its next request as
-soon as the previous one answered. The client is the same for every server (tritonclient,
-one technique per protocol, chosen by measurement below), so numbers from two servers
-measured with this script can be compared. It is a client, not part of the server: it
-sits in this package only so that installing shmserve gives it as `shmserve-bench`
-(`scripts/bench` runs the same main).
+Each point of the sweep runs `c` concurrent streams (closed loop: a stream sends its
+next request as soon as the previous one answered), or, with --request-rate, sends on a
+fixed schedule whatever the server answers (open loop, scheduler/bench_open.py). Every
+input of the model is read from its metadata and filled with random data, zeros or
+perf_analyzer's JSON input data (scheduler/bench_inputs.py). The client is the same for
+every server (tritonclient, one technique per protocol, chosen by measurement below),
+so numbers from two servers measured with this script can be compared. It is a client,
+not part of the server: it sits in this package only so that installing shmserve gives
+it as `shmserve-bench` (`scripts/bench` runs the same main).
 
     shmserve-bench --url 127.0.0.1:8001 --protocol grpc --model identity_fp32 \
         --shape 1,16 --concurrency 1,4,16 --duration 5 --json /tmp/bench.json
+    shmserve-bench --model add_sub --request-rate 100,200 --percentile 95 \
+        --csv /tmp/bench.csv --plot /tmp/bench.png
 
 A point's row: requests completed inside the measurement window, throughput, latency
 percentiles of those requests, errors (any phase), output mismatches, and the client's
@@ -17,7 +22,11 @@ CPU share (CPU seconds of all client processes / wall seconds of the window; 1.0
 core busy, so on a 2-core machine the server gets what the client leaves), then the
 1-minute load average and the share of CPU time the hypervisor stole during the point:
 on a shared VM, stalls of 0.1-1 s hit both servers alike only over many rounds, so read
-throughput with those two columns in view (p50 is far less sensitive to them).
+throughput with those two columns in view (p50 is far less sensitive to them). Under
+the row: CPU microseconds per request of each server process by role and of the client
+(the server's processes sampled from /proc inside the window: found from the local port,
+or --server-pid; scheduler/bench_procs.py), the server's queue and compute split from
+its statistics endpoint, and the open loop's pacing (scheduler/bench_report.py).
 
 Client techniques. Chosen by client CPU per request (getrusage of the client process),
 the cost that decides how much load one client core can generate. Measured on the 2-core
