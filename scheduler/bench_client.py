@@ -160,12 +160,20 @@ class _Tensor:
         self.data = None  # an input's values; an output's expected values (or None)
 
 
+def _region_value(arr):
+    """What goes into a shm region: the array, or for BYTES its serialized form (each
+    element length-prefixed), which tritonclient's region setters expect as given."""
+    if arr.dtype != object:
+        return arr
+    from tritonclient.utils import serialize_byte_tensor
+    return serialize_byte_tensor(arr)
+
+
 def _byte_size(arr) -> int:
     """Bytes of a tensor on the wire: raw for numbers, length-prefixed for BYTES."""
     if arr.dtype != object:
         return arr.nbytes
-    from tritonclient.utils import serialize_byte_tensor
-    ser = serialize_byte_tensor(arr)
+    ser = _region_value(arr)
     return len(ser.item()) if ser.size == 1 and ser.dtype == object else ser.nbytes
 
 
@@ -231,7 +239,7 @@ class Stream:
             for t in self._tensors():
                 t.handle = cudashm.create_shared_memory_region(t.region, t.nbytes, dev)
             for x in self.inputs:
-                cudashm.set_shared_memory_region(x.handle, [x.data])
+                cudashm.set_shared_memory_region(x.handle, [_region_value(x.data)])
         else:
             import tritonclient.utils.shared_memory as shm
             for t in self._tensors():
@@ -239,7 +247,7 @@ class Stream:
                                                            t.nbytes, create_only=True)
             for x in self.inputs:
                 if x.data.dtype == object:
-                    shm.set_shared_memory_region(x.handle, [x.data])
+                    shm.set_shared_memory_region(x.handle, [_region_value(x.data)])
                 else:
                     x.view = shm.get_contents_as_numpy(x.handle, x.data.dtype,
                                                        x.data.shape)

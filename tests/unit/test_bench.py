@@ -723,3 +723,26 @@ def test_collapsed_stacks_top_functions():
     assert incl["loop (a.py:5)"] == 9 and incl["main (a.py:1)"] == 10
     top = bench_procs.format_top("frontend 0", 42, own, incl, total, n=2)
     assert "decode (b.py:9)" in top and "send" not in top and "60.0%" in top
+
+
+def test_stream_bytes_inputs_go_into_regions_serialized():
+    """A BYTES input's region holds Triton's serialized form (length-prefixed)."""
+    np = pytest.importorskip("numpy")
+    httpclient = pytest.importorskip("tritonclient.http")
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    spec = _spec(shm="system", verify=False,
+                 inputs=[{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1]}],
+                 outputs=[{"name": "UPPER", "datatype": "BYTES", "nbytes": -1}])
+    s = bench.Stream(spec, 0, httpclient)
+    x = s.inputs[0]
+    assert x.nbytes == 4 + bench_inputs.STRING_LENGTH
+    s.create_regions()
+    try:
+        with open("/dev/shm/" + x.region, "rb") as f:
+            raw = f.read()
+        assert int.from_bytes(raw[:4], "little") == bench_inputs.STRING_LENGTH
+        assert raw[4:x.nbytes] == x.data.flat[0]
+        assert s.outputs[0].nbytes == spec.output_shm_size  # unknown: the default size
+    finally:
+        s.destroy_regions()
