@@ -427,8 +427,11 @@ class ServerProbe:
 
     def _start_profile(self, seconds: float):
         role = self.cfg.profile_role
-        pids = sorted(p for p, r in self.sampler.roles.items()
-                      if r == role or r.startswith(role + " "))
+        # "worker" means this model's worker first; "frontend" the first frontend
+        mine = f"worker {self.cfg.model}/"
+        pids = sorted((p for p, r in self.sampler.roles.items()
+                       if r == role or r.startswith(role + " ")),
+                      key=lambda p: (not self.sampler.roles[p].startswith(mine), p))
         if not pids:
             return None, (f"# profile: no process has role {role!r} (roles: "
                           f"{', '.join(sorted(set(self.sampler.roles.values())))})")

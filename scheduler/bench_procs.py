@@ -286,7 +286,8 @@ class PySpy:
         os.close(fd)
         self.proc = subprocess.Popen(
             [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-             "--rate", str(rate), "--format", "raw", "--nonblocking", "--output", self.path],
+             "--rate", str(rate), "--format", "raw", "--function", "--nonblocking",
+             "--output", self.path],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def finish(self, timeout: float = 60.0) -> tuple[Counter, Counter, int, str]:
