@@ -69,7 +69,7 @@ from scheduler.bench_client import (  # noqa: F401
 )
 from scheduler.bench_inputs import (
     DEFAULT_VARIABLE_DIM, OutputSpec, TensorSpec, Workload, fetch_model_info,
-    parse_named_shape, workload_from_metadata,
+    load_input_data, parse_named_shape, workload_from_metadata,
 )
 from scheduler.bench_procs import (
     PySpy, RoleSampler, find_server, format_top, group_roles, wait_until,
@@ -706,6 +706,8 @@ def resolve_workloads(cfg: BenchConfig, args) -> list[Workload]:
         if args.dtype:
             for t in work.inputs:
                 t.datatype = args.dtype
+        if cfg.input_data not in ("random", "zero"):
+            load_input_data(cfg.input_data, work.inputs)  # its errors, said up front
         out.append(work)
     return out
 
@@ -849,7 +851,7 @@ def main(argv=None) -> int:
     try:
         cfg.workloads = resolve_workloads(cfg, args)
     except Exception as e:  # the server is down, the model unknown, a --shape wrong
-        print(f"bench: cannot read {cfg.model}'s inputs from {cfg.url}: "
+        print(f"bench: {cfg.model}'s inputs (from {cfg.url}): "
               f"{type(e).__name__}: {e}", file=sys.stderr)
         return 1
     pid, note = find_server_pid(cfg)

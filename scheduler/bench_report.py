@@ -46,7 +46,7 @@ def read_stats(control, model: str) -> dict | None:
     through a blocking tritonclient (HTTP or gRPC); None where the server has none."""
     try:
         if control.__class__.__module__.startswith("tritonclient.grpc"):
-            doc = control.get_inference_statistics(model, as_json=True)
+            doc = control.get_inference_statistics(model, as_json=True, client_timeout=10)
         else:
             doc = control.get_inference_statistics(model)
     except Exception:

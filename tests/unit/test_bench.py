@@ -746,3 +746,33 @@ def test_stream_bytes_inputs_go_into_regions_serialized():
         assert s.outputs[0].nbytes == spec.output_shm_size  # unknown: the default size
     finally:
         s.destroy_regions()
+
+
+def test_unknown_server_pid_is_said_not_zeroed():
+    """A remote server: no CPU by role, a note saying why, the client's own figure."""
+    cfg = bench.config_from_args(bench.build_parser().parse_args(
+        ["--url", "10.1.2.3:8001"]))
+    pid, note = bench.find_server_pid(cfg)
+    assert pid is None and "not local" in note
+    probe = bench.ServerProbe(cfg, pid, note)
+    probe.last = {"server_stats": {}, "cpu_s": None, "profile": ""}
+    row = _row()
+    probe.fill(row)
+    assert set(row.cpu_us) == {"client"} and row.cpu_note == note
+    assert "not local" in bench_report.cpu_line(row.cpu_us, row.cpu_note)
+    cfg.server_pid = 4242
+    assert bench.find_server_pid(cfg) == (4242, "")
+
+
+def test_listening_port_leads_to_this_process():
+    """find_server: the process holding a listening socket on the port, climbed to
+    the top of its server (here: this test process, not a server)."""
+    import socket
+    if not os.path.exists("/proc/net/tcp"):
+        pytest.skip("no /proc/net/tcp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert os.getpid() in bench_procs.listening_pids(port)
+        assert bench_procs.find_server(port) == os.getpid()
