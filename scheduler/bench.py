@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Closed-loop load generator for any server that speaks Triton's protocols.
+"""Load generator for any server that speaks Triton's protocols.
 
-Each point of the sweep runs `c` concurrent streams; a stream sends its next request as
-soon as the previous one answered. The client is the same for every server (tritonclient,
-one technique per protocol, chosen by measurement below), so numbers from two servers
-measured with this script can be compared. It is a client, not part of the server: it
-sits in this package only so that installing shmserve gives it as `shmserve-bench`
-(`scripts/bench` runs the same main).
+Each point of the sweep runs `c` concurrent streams (closed loop: a stream sends its
+next request as soon as the previous one answered), or, with --request-rate, sends on a
+fixed schedule whatever the server answers (open loop, scheduler/bench_open.py). Every
+input of the model is read from its metadata and filled with random data, zeros or
+perf_analyzer's JSON input data (scheduler/bench_inputs.py). The client is the same for
+every server (tritonclient, one technique per protocol, chosen by measurement below),
+so numbers from two servers measured with this script can be compared. It is a client,
+not part of the server: it sits in this package only so that installing shmserve gives
+it as `shmserve-bench` (`scripts/bench` runs the same main).
 
     shmserve-bench --url 127.0.0.1:8001 --protocol grpc --model identity_fp32 \
         --shape 1,16 --concurrency 1,4,16 --duration 5 --json /tmp/bench.json
+    shmserve-bench --model add_sub --request-rate 100,200 --percentile 95 \
+        --csv /tmp/bench.csv --plot /tmp/bench.png
 
 A point's row: requests completed inside the measurement window, throughput, latency
 percentiles of those requests, errors (any phase), output mismatches, and the client's
@@ -17,7 +22,11 @@ CPU share (CPU seconds of all client processes / wall seconds of the window; 1.0
 core busy, so on a 2-core machine the server gets what the client leaves), then the
 1-minute load average and the share of CPU time the hypervisor stole during the point:
 on a shared VM, stalls of 0.1-1 s hit both servers alike only over many rounds, so read
-throughput with those two columns in view (p50 is far less sensitive to them).
+throughput with those two columns in view (p50 is far less sensitive to them). Under
+the row: CPU microseconds per request of each server process by role and of the client
+(the server's processes sampled from /proc inside the window: found from the local port,
+or --server-pid; scheduler/bench_procs.py), the server's queue and compute split from
+its statistics endpoint, and the open loop's pacing (scheduler/bench_report.py).
 
 Client techniques. Chosen by client CPU per request (getrusage of the client process),
 the cost that decides how much load one client core can generate. Measured on the 2-core
@@ -44,19 +53,30 @@ min / 25th percentile / median):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import math
-import multiprocessing
 import os
 import platform
-import resource
 import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
+
+# the client processes; the tests and compare.py read these names from here too
+from scheduler.bench_client import (  # noqa: F401
+    RUNNERS, ClientPool, PointSession, PointSpec, Recorder, SetupError, Stream,
+)
+from scheduler.bench_inputs import (
+    DEFAULT_VARIABLE_DIM, OutputSpec, TensorSpec, Workload, fetch_model_info,
+    load_input_data, parse_named_shape, workload_from_metadata,
+)
+from scheduler.bench_procs import (
+    PySpy, RoleSampler, find_server, format_top, group_roles, wait_until,
+)
+from scheduler.bench_report import (
+    cpu_line, is_stable, plot_files, read_stats, server_line, server_split, write_csv,
+)
 
 DEFAULT_IMPL = {"grpc": "grpc-callback", "http": "http-gevent"}
 IMPLS = {
@@ -65,9 +85,6 @@ IMPLS = {
 }
 NUMERIC_DTYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
                   "INT64", "FP16", "FP32", "FP64")
-# Value written into element 0 of each request's input: a stale output region (the server
-# did not write it) then shows as a mismatch. 127 is exact in every numeric dtype.
-_STAMP_MODULUS = 127
 
 
 # ----------------------------------------------------------------------------------------
@@ -165,6 +182,22 @@ class Row:
     first_error: str = ""
     loadavg: float = math.nan  # 1-minute load average after the point: a noise hint
     steal: float = math.nan  # share of the machine's CPU time the hypervisor took
+    inputs: str = ""  # every input sent, NAME:[shape] ...
+    batch_size: int = 1
+    p95_ms: float = math.nan
+    percentile: float | None = None  # --percentile P: pct_ms is that percentile
+    pct_ms: float = math.nan
+    request_rate: float = 0.0  # open loop: the target rate (0: closed loop)
+    achieved_rate: float = math.nan  # open loop: requests sent per second of the window
+    late: int = 0  # open loop: sends that left more than 1 ms after their time
+    unsent: int = 0  # open loop: sends of the window that never left
+    client_us: float = math.nan  # the client's CPU microseconds per request
+    cpu_us: dict = field(default_factory=dict)  # role -> CPU us per request, client too
+    cpu_note: str = ""  # why the server's roles are missing, when they are
+    server_stats: dict = field(default_factory=dict)  # the statistics endpoint's split
+    trials: int = 1  # windows measured for this point (--max-trials)
+    stable: bool | None = None  # whether the last windows met the stability rule
+    profile: str = ""  # --profile-role: the top functions of that role
 
 
 COLUMNS = [
@@ -173,7 +206,7 @@ COLUMNS = [
     ("proto", 5, lambda r: r.protocol),
     ("shape", 12, lambda r: format_shape(r.shape)),
     ("shm", 6, lambda r: r.shm),
-    ("conc", 4, lambda r: str(r.concurrency)),
+    ("conc", 4, lambda r: f"{r.request_rate:g}/s" if r.request_rate else str(r.concurrency)),
     ("requests", 8, lambda r: str(r.requests)),
     ("infer/s", 9, lambda r: f"{r.throughput:.1f}"),
     ("p50 ms", 8, lambda r: _ms(r.p50_ms)),
@@ -204,14 +237,15 @@ def format_table(rows) -> str:
 
 
 def summarize(parts: list[dict], *, protocol, shape, dtype, concurrency, shm, impl,
-              model="", url="", server="") -> Row:
+              model="", url="", server="", inputs="", batch_size=1, percentile_q=None,
+              request_rate=0.0) -> Row:
     """Merge the per-process results of one point into a Row."""
     lat = [x for p in parts for x in p["latencies"]]
     n = len(lat)
     seconds = max((p["seconds"] for p in parts), default=0.0)
     cpu = sum(p["cpu_s"] for p in parts)
     first_error = next((p["first_error"] for p in parts if p["first_error"]), "")
-    return Row(
+    row = Row(
         protocol=protocol, shape=list(shape), dtype=dtype, concurrency=concurrency,
         shm=shm, requests=n, seconds=round(seconds, 4),
         throughput=(n / seconds) if seconds > 0 else 0.0,
@@ -223,7 +257,58 @@ def summarize(parts: list[dict], *, protocol, shape, dtype, concurrency, shm, im
         client_cpu=(cpu / seconds) if seconds > 0 else 0.0,
         client_processes=len(parts), client_impl=impl, model=model, url=url,
         server=server, first_error=first_error, loadavg=loadavg(),
+        inputs=inputs, batch_size=batch_size, p95_ms=percentile(lat, 95) * 1e3,
+        request_rate=request_rate, client_us=(cpu / n * 1e6) if n else math.nan,
     )
+    if percentile_q is not None:
+        row.percentile, row.pct_ms = percentile_q, percentile(lat, percentile_q) * 1e3
+    if request_rate:
+        sent = sum(p.get("sent", 0) for p in parts)
+        row.achieved_rate = sent / seconds if seconds > 0 else 0.0
+        row.late = sum(p.get("late", 0) for p in parts)
+        row.unsent = sum(p.get("unsent", 0) for p in parts)
+    return row
+
+
+def merge_trials(trials: list[Row], stable: bool | None, count: int) -> Row:
+    """One row from the last windows of a point, as perf_analyzer reports a stable
+    measurement: rates and latencies averaged over the windows, counts added up, CPU
+    and the server's split weighted by each window's requests."""
+    if len(trials) == 1:
+        out = trials[0]
+        out.trials, out.stable = count, stable
+        return out
+    k = len(trials)
+    out = Row(**{**asdict(trials[-1]), "cpu_us": {}, "server_stats": {}})
+
+    def mean(name):
+        values = [getattr(r, name) for r in trials]
+        if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+            return math.nan
+        return sum(values) / k
+    for name in ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
+                 "pct_ms", "client_cpu", "client_us", "achieved_rate"):
+        setattr(out, name, mean(name))
+    for name in ("requests", "errors", "mismatches", "late", "unsent"):
+        setattr(out, name, sum(getattr(r, name) for r in trials))
+    out.seconds = round(sum(r.seconds for r in trials), 4)
+    n = sum(r.requests for r in trials)
+    if n:
+        for role in trials[-1].cpu_us:
+            if all(role in r.cpu_us and r.cpu_us[role] is not None for r in trials):
+                out.cpu_us[role] = round(sum(r.cpu_us[role] * r.requests
+                                             for r in trials) / n, 1)
+    counted = [r.server_stats for r in trials if r.server_stats.get("requests")]
+    if counted:
+        total = sum(s["requests"] for s in counted)
+        out.server_stats = {"requests": total}
+        for key in counted[0]:
+            if key != "requests":
+                out.server_stats[key] = round(
+                    sum(s[key] * s["requests"] for s in counted) / total, 2)
+    out.first_error = next((r.first_error for r in trials if r.first_error), "")
+    out.trials, out.stable = count, stable
+    return out
 
 
 def row_to_json(row: Row) -> dict:
@@ -235,617 +320,14 @@ def row_to_json(row: Row) -> dict:
 
 
 # ----------------------------------------------------------------------------------------
-# one point in one process
-
-
-@dataclass
-class PointSpec:
-    """What one client process runs for one point."""
-
-    url: str
-    protocol: str
-    impl: str
-    model: str
-    timeout: float  # seconds one request may take before it counts as an error
-    shape: list
-    dtype: str
-    input_name: str
-    output_name: str
-    streams: int
-    shm: str  # "none" | "system" | "cuda"
-    verify: bool
-    warmup: float
-    duration: float
-    max_requests: int | None  # this process's share
-    tag: str = ""  # makes shared-memory names unique
-    stream_offset: int = 0
-    cuda_device: int = 0  # where --shm cuda puts the regions
-
-
-class Recorder:
-    """Decides when streams stop and keeps what the measurement window saw. Shared by
-    the streams of one process (the GIL makes the appends and counters safe)."""
-
-    def __init__(self, t0: float, warmup: float, duration: float, max_requests):
-        self.start = t0 + warmup
-        self.deadline = self.start + duration
-        self.max_requests = max_requests
-        self.issued = 0  # requests sent inside the window
-        self.latencies: list[float] = []
-        self.last_done = None
-        self.errors = 0
-        self.mismatches = 0
-        self.first_error = ""
-        self.cpu_start = None
-        self.wall_start = None
-        self.stopped = False
-        self._lock = threading.Lock()
-
-    def stop(self):
-        """End the point early: every stream stops before its next send."""
-        self.stopped = True
-
-    def next(self) -> bool:
-        """Called before each send: False when the stream should stop."""
-        now = time.perf_counter()
-        if self.stopped or now >= self.deadline:
-            return False
-        if now >= self.start:
-            with self._lock:
-                if self.cpu_start is None:
-                    self.cpu_start = _cpu_seconds()
-                    self.wall_start = now
-                if self.max_requests is not None and self.issued >= self.max_requests:
-                    return False
-                self.issued += 1
-        return True
-
-    def done(self, t_send: float, ok: bool):
-        t = time.perf_counter()
-        if not ok:
-            self.mismatches += 1
-        if self.start <= t_send and t <= self.deadline:
-            self.latencies.append(t - t_send)
-            self.last_done = t
-
-    def error(self, exc: BaseException):
-        self.errors += 1
-        if not self.first_error:
-            self.first_error = f"{type(exc).__name__}: {exc}"[:500]
-
-    def result(self) -> dict:
-        now = time.perf_counter()
-        cpu = (_cpu_seconds() - self.cpu_start) if self.cpu_start is not None else 0.0
-        if self.max_requests is not None and self.issued >= self.max_requests \
-                and self.last_done is not None:
-            seconds = self.last_done - self.start  # budget reached before the deadline
-        else:
-            seconds = min(now, self.deadline) - self.start
-        cpu_wall = (now - self.wall_start) if self.wall_start is not None else 0.0
-        return {
-            "latencies": self.latencies,
-            "seconds": max(seconds, 0.0),
-            "errors": self.errors,
-            "mismatches": self.mismatches,
-            "first_error": self.first_error,
-            # CPU over the window, rescaled to the window's length (the tail while
-            # in-flight requests drain is not in the window but is in the CPU sample)
-            "cpu_s": cpu * (seconds / cpu_wall) if cpu_wall > 0 else 0.0,
-        }
-
-
-def _cpu_seconds() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)  # all threads of this process
-    return ru.ru_utime + ru.ru_stime
-
-
-def _stamp_value(seq: int, np_dtype):
-    import numpy as np
-    if np_dtype == np.bool_:
-        return bool(seq % 2)
-    return seq % _STAMP_MODULUS
-
-
-class Stream:
-    """One closed-loop stream's tensors: its input, its expected output and, with shared
-    memory, its two regions: system (POSIX) or CUDA (device memory, shared by IPC
-    handle). With CUDA regions the input lives on the device and the output stays there:
-    checking it costs a device-to-host copy, stamping one a host-to-device copy, so both
-    happen only with verification on."""
-
-    def __init__(self, spec: PointSpec, index: int, mod, np_dtype):
-        import numpy as np
-        self.spec = spec
-        self.mod = mod  # tritonclient.http or tritonclient.grpc (both have InferInput)
-        rng = np.random.default_rng(index + 1)
-        if np_dtype == np.bool_:
-            data = rng.integers(0, 2, size=spec.shape).astype(np.bool_)
-        elif np.issubdtype(np_dtype, np.integer):
-            data = rng.integers(0, 100, size=spec.shape).astype(np_dtype)
-        else:
-            data = rng.random(size=spec.shape).astype(np_dtype)
-        self.expected = data
-        self.seq = 0
-        self.nbytes = data.nbytes
-        self.input = mod.InferInput(spec.input_name, list(spec.shape), spec.dtype)
-        self.output = mod.InferRequestedOutput(spec.output_name)
-        self.in_handle = self.out_handle = None
-        self.in_view = self.out_view = None
-        self.in_name = self.out_name = ""
-        if spec.shm == "none":
-            # the data never changes, so it is serialized once; an HTTP/gRPC response
-            # carries its own bytes, so a stale output cannot go unnoticed
-            self.input.set_data_from_numpy(data)
-        else:
-            base = f"bench_{spec.tag}_{spec.stream_offset + index}"
-            self.in_name, self.out_name = base + "_in", base + "_out"
-
-    # shared memory lifecycle: create_regions / register / unregister / destroy
-
-    def create_regions(self):
-        if self.spec.shm == "cuda":
-            return self._create_cuda_regions()
-        import tritonclient.utils.shared_memory as shm
-        self.in_handle = shm.create_shared_memory_region(
-            self.in_name, "/" + self.in_name, self.nbytes, create_only=True)
-        self.out_handle = shm.create_shared_memory_region(
-            self.out_name, "/" + self.out_name, self.nbytes, create_only=True)
-        self.in_view = shm.get_contents_as_numpy(
-            self.in_handle, self.expected.dtype, self.expected.shape)
-        self.out_view = shm.get_contents_as_numpy(
-            self.out_handle, self.expected.dtype, self.expected.shape)
-        self.in_view[...] = self.expected
-        self.input.set_shared_memory(self.in_name, self.nbytes)
-        self.output.set_shared_memory(self.out_name, self.nbytes)
-
-    def _create_cuda_regions(self):
-        import tritonclient.utils.cuda_shared_memory as cudashm
-        dev = self.spec.cuda_device
-        self.in_handle = cudashm.create_shared_memory_region(self.in_name, self.nbytes, dev)
-        self.out_handle = cudashm.create_shared_memory_region(self.out_name, self.nbytes, dev)
-        cudashm.set_shared_memory_region(self.in_handle, [self.expected])
-        self.input.set_shared_memory(self.in_name, self.nbytes)
-        self.output.set_shared_memory(self.out_name, self.nbytes)
-
-    def register(self, control, registered: list):
-        """Register both regions with the server through the blocking `control` client,
-        appending each name to `registered` once the server has it."""
-        for name, h in ((self.in_name, self.in_handle), (self.out_name, self.out_handle)):
-            if self.spec.shm == "cuda":
-                import tritonclient.utils.cuda_shared_memory as cudashm
-                control.register_cuda_shared_memory(name, cudashm.get_raw_handle(h),
-                                                    self.spec.cuda_device, self.nbytes)
-            else:
-                control.register_system_shared_memory(name, "/" + name, self.nbytes)
-            registered.append(name)
-
-    def destroy_regions(self):
-        if self.spec.shm == "cuda":
-            import tritonclient.utils.cuda_shared_memory as shm
-        else:
-            import tritonclient.utils.shared_memory as shm
-        self.in_view = self.out_view = None  # views pin the mapping
-        for h, name in ((self.in_handle, self.in_name), (self.out_handle, self.out_name)):
-            if h is not None:
-                try:
-                    shm.destroy_shared_memory_region(h)
-                except Exception as e:  # keep going: the segment must not outlive us
-                    print(f"bench: destroying shm region {name} failed: {e}",
-                          file=sys.stderr)
-                    if self.spec.shm == "system":
-                        try:
-                            os.unlink("/dev/shm/" + name)
-                        except OSError:
-                            pass
-        self.in_handle = self.out_handle = None
-
-    def prepare(self):
-        """Before each send: with shm, stamp a fresh value into the input region."""
-        if self.in_view is not None:
-            self.seq += 1
-            v = _stamp_value(self.seq, self.expected.dtype)
-            self.expected.flat[0] = v
-            self.in_view.flat[0] = v
-        elif self.spec.shm == "cuda" and self.spec.verify:
-            import tritonclient.utils.cuda_shared_memory as cudashm
-            self.seq += 1
-            self.expected.flat[0] = _stamp_value(self.seq, self.expected.dtype)
-            cudashm.set_shared_memory_region(self.in_handle, [self.expected])
-
-    def check(self, result) -> bool:
-        if not self.spec.verify:
-            return True
-        import numpy as np
-        if self.out_view is not None:
-            return np.array_equal(self.out_view, self.expected)
-        if self.spec.shm == "cuda":
-            import tritonclient.utils.cuda_shared_memory as cudashm
-            got = cudashm.get_contents_as_numpy(self.out_handle, self.expected.dtype,
-                                                self.expected.shape)
-            return np.array_equal(got, self.expected)
-        out = result.as_numpy(self.spec.output_name)
-        return out is not None and out.shape == self.expected.shape and \
-            np.array_equal(out, self.expected)
-
-
-def _infer_kwargs(stream: Stream) -> dict:
-    kw = {"inputs": [stream.input], "outputs": [stream.output]}
-    if stream.mod.__name__.startswith("tritonclient.grpc"):
-        kw["client_timeout"] = stream.spec.timeout  # HTTP clients take it at creation
-    return kw
-
-
-def _sync_stream(stream: Stream, infer, model: str, rec: Recorder, sleep=time.sleep):
-    """Closed loop over a blocking infer call (threads, greenlets)."""
-    kw = _infer_kwargs(stream)
-    while rec.next():
-        stream.prepare()
-        t = time.perf_counter()
-        try:
-            res = infer(model, **kw)
-        except Exception as e:
-            rec.error(e)
-            sleep(0.01)  # a dead server must not turn the loop into a spin
-            continue
-        rec.done(t, stream.check(res))
-
-
-async def _async_stream(stream: Stream, client, model: str, rec: Recorder):
-    kw = _infer_kwargs(stream)
-    while rec.next():
-        stream.prepare()
-        t = time.perf_counter()
-        try:
-            res = await client.infer(model, **kw)
-        except Exception as e:
-            rec.error(e)
-            await asyncio.sleep(0.01)
-            continue
-        rec.done(t, stream.check(res))
-
-
-def _run_grpc_callback(streams, spec, rec):
-    """Each stream's next request is sent from the previous one's completion callback
-    (run on grpc's own thread): no thread or event loop per stream."""
-    import tritonclient.grpc as grpcclient
-    client = grpcclient.InferenceServerClient(spec.url)
-    finished = threading.Semaphore(0)
-
-    def issue(stream, kw):
-        # a loop, not recursion, so a run of send failures cannot grow the stack
-        while rec.next():
-            stream.prepare()
-            t = time.perf_counter()
-
-            def callback(result, error, stream=stream, kw=kw, t=t):
-                try:
-                    if error is not None:
-                        rec.error(error)
-                        time.sleep(0.01)
-                    else:
-                        rec.done(t, stream.check(result))
-                except BaseException as e:  # an exception here would end the stream
-                    rec.error(e)
-                issue(stream, kw)
-
-            try:
-                client.async_infer(spec.model, callback=callback, **kw)
-                return
-            except Exception as e:
-                rec.error(e)
-                time.sleep(0.01)
-        finished.release()
-
-    try:
-        for s in streams:
-            issue(s, _infer_kwargs(s))
-        for _ in streams:
-            finished.acquire()
-    finally:
-        client.close()
-
-
-def _run_grpc_threads(streams, spec, rec):
-    import tritonclient.grpc as grpcclient
-    client = grpcclient.InferenceServerClient(spec.url)
-    try:
-        threads = [threading.Thread(target=_sync_stream,
-                                    args=(s, client.infer, spec.model, rec), daemon=True)
-                   for s in streams]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        client.close()
-
-
-def _run_grpc_aio(streams, spec, rec):
-    import tritonclient.grpc.aio as aioclient
-
-    async def main():
-        client = aioclient.InferenceServerClient(spec.url)
-        try:
-            await asyncio.gather(*(_async_stream(s, client, spec.model, rec)
-                                   for s in streams))
-        finally:
-            await client.close()
-    asyncio.run(main())
-
-
-def _run_http_gevent(streams, spec, rec):
-    import gevent
-    import tritonclient.http as httpclient
-    # one keep-alive connection per stream, as a closed-loop HTTP/1.1 client needs
-    client = httpclient.InferenceServerClient(
-        spec.url, concurrency=len(streams), network_timeout=spec.timeout,
-        connection_timeout=spec.timeout)
-    try:
-        gs = [gevent.spawn(_sync_stream, s, client.infer, spec.model, rec, gevent.sleep)
-              for s in streams]
-        gevent.joinall(gs, raise_error=True)
-    finally:
-        client.close()
-
-
-def _run_http_aio(streams, spec, rec):
-    import tritonclient.http.aio as aioclient
-
-    async def main():
-        client = aioclient.InferenceServerClient(spec.url, conn_limit=len(streams),
-                                                 conn_timeout=spec.timeout)
-        try:
-            await asyncio.gather(*(_async_stream(s, client, spec.model, rec)
-                                   for s in streams))
-        finally:
-            await client.close()
-    asyncio.run(main())
-
-
-RUNNERS = {
-    "grpc-callback": _run_grpc_callback,
-    "grpc-threads": _run_grpc_threads,
-    "grpc-aio": _run_grpc_aio,
-    "http-gevent": _run_http_gevent,
-    "http-aio": _run_http_aio,
-}
-
-
-class PointSession:
-    """Set up one point in this process (streams, shm regions registered with the
-    server), run it, and undo the setup even when something failed."""
-
-    def __init__(self, spec: PointSpec):
-        from tritonclient.utils import triton_to_np_dtype
-        self.spec = spec
-        np_dtype = triton_to_np_dtype(spec.dtype)
-        if np_dtype is None or spec.dtype == "BYTES":
-            raise ValueError(f"unsupported --dtype {spec.dtype} (numeric types only)")
-        if spec.protocol == "grpc":
-            import tritonclient.grpc as mod
-        else:
-            import tritonclient.http as mod
-        self.mod = mod
-        self.control = None  # a blocking client for registration, off the measured path
-        self.streams = [Stream(spec, i, mod, np_dtype) for i in range(spec.streams)]
-        self.registered: list[str] = []
-
-    def setup(self):
-        if self.spec.shm == "none":
-            return
-        self.control = self.mod.InferenceServerClient(self.spec.url)
-        for s in self.streams:
-            s.create_regions()
-            s.register(self.control, self.registered)
-
-    def run(self, t0: float) -> dict:
-        global _running
-        rec = Recorder(t0, self.spec.warmup, self.spec.duration, self.spec.max_requests)
-        _running = rec
-        try:
-            RUNNERS[self.spec.impl](self.streams, self.spec, rec)
-        finally:
-            _running = None
-        if _signalled:  # the streams were stopped by a signal: unwind now
-            raise SystemExit(128 + _signalled)
-        return rec.result()
-
-    def teardown(self):
-        for name in self.registered:  # only names the control client registered
-            try:
-                if self.spec.shm == "cuda":
-                    self.control.unregister_cuda_shared_memory(name)
-                else:
-                    self.control.unregister_system_shared_memory(name)
-            except Exception as e:
-                print(f"bench: unregistering {name} failed: {e}", file=sys.stderr)
-        self.registered = []
-        for s in self.streams:
-            s.destroy_regions()
-        if self.control is not None:
-            try:
-                self.control.close()
-            except Exception:
-                pass
-            self.control = None
-
-
-# ----------------------------------------------------------------------------------------
-# client processes
-
-
-_running: Recorder | None = None  # the point this client process is measuring
-_signalled = 0
-
-
-def _on_signal(signum, frame):
-    """SIGINT/SIGTERM in a client process: stop the streams (they finish their in-flight
-    request and return) or, outside a run, unwind at once; either way the finally
-    blocks unregister and destroy the shm regions. Later signals are ignored so they
-    cannot cut that cleanup short."""
-    global _signalled
-    _signalled = signum
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if _running is not None:
-        _running.stop()  # raising here could land in any stream's greenlet or callback
-        return
-    raise SystemExit(128 + signum)
-
-
-def _worker_main(conn):
-    """A client process: for each point, set up, report ready, wait for the common start
-    time, run, tear down, report. SIGTERM and Ctrl-C unwind through the teardown."""
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-    try:
-        while _serve_one_point(conn):
-            pass
-    except (KeyboardInterrupt, SystemExit):
-        pass
-
-
-def _serve_one_point(conn) -> bool:
-    try:
-        msg = conn.recv()
-    except EOFError:
-        return False
-    if msg[0] == "exit":
-        return False
-    session = None
-    try:
-        try:
-            session = PointSession(PointSpec(**msg[1]))
-            session.setup()
-            conn.send(("ready", None))
-        except Exception as e:
-            conn.send(("ready", f"setup failed: {type(e).__name__}: {e}"))
-        cmd = conn.recv()
-        if cmd[0] != "go" or session is None:
-            conn.send(("result", None))
-            return True
-        try:
-            result = session.run(cmd[1])
-        except Exception as e:  # a client bug must not leave the parent waiting
-            result = {"latencies": [], "seconds": 0.0, "errors": 1, "mismatches": 0,
-                      "cpu_s": 0.0, "first_error": f"client failed: "
-                                                   f"{type(e).__name__}: {e}"[:500]}
-        conn.send(("result", result))
-        return True
-    finally:
-        if session is not None:
-            session.teardown()
-
-
-class SetupError(Exception):
-    """A point could not be set up (e.g. the server refused a shm region)."""
-
-
-class ClientPool:
-    """`n` spawned client processes, kept across points so each point starts at once."""
-
-    def __init__(self, n: int, window_file: str | None = None):
-        self.n = n
-        self.workers = []
-        # where to announce each point's measured window (CLOCK_MONOTONIC seconds), so
-        # a caller sampling CPU times can sample inside it
-        self.window_file = window_file
-        self._start()
-
-    def _start(self):
-        ctx = multiprocessing.get_context("spawn")
-        for _ in range(self.n):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(child,), daemon=True)
-            p.start()
-            child.close()
-            self.workers.append((p, parent))
-
-    def run_point(self, specs: list[PointSpec]) -> list[dict]:
-        try:
-            return self._run_point(specs)
-        except RuntimeError:
-            # a worker died or hangs: it may still answer later, so start afresh
-            self.close(now=True)
-            self._start()
-            raise
-
-    def _run_point(self, specs: list[PointSpec]) -> list[dict]:
-        used = self.workers[: len(specs)]
-        for (_, conn), spec in zip(used, specs):
-            conn.send(("point", asdict(spec)))
-        problems = [m for m in (self._recv(w, "ready", 300) for w in used) if m]
-        if problems:
-            for _, conn in used:
-                conn.send(("abort", None))
-            for w in used:
-                self._recv(w, "result", 60)
-            raise SetupError("; ".join(problems))
-        t0 = time.perf_counter() + 0.05  # CLOCK_MONOTONIC: the same clock in every process
-        for _, conn in used:
-            conn.send(("go", t0))
-        if self.window_file:
-            start = t0 + specs[0].warmup
-            tmp = self.window_file + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"start": start, "end": start + specs[0].duration}, f)
-            os.replace(tmp, self.window_file)  # readers never see half a file
-        # streams stop issuing at the deadline; the last request may take `timeout`
-        wait = specs[0].warmup + specs[0].duration + specs[0].timeout + 60
-        return [self._recv(w, "result", wait) for w in used]
-
-    @staticmethod
-    def _recv(worker, kind, timeout):
-        proc, conn = worker
-        deadline = time.monotonic() + timeout
-        while not conn.poll(0.5):
-            if not proc.is_alive():
-                raise RuntimeError(f"client process {proc.pid} died "
-                                   f"(exit code {proc.exitcode})")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"client process {proc.pid} sent no {kind!r} "
-                                   f"within {timeout:.0f}s")
-        tag, payload = conn.recv()
-        if tag != kind:
-            raise RuntimeError(f"client process {proc.pid} sent {tag!r}, not {kind!r}")
-        return payload
-
-    def close(self, now: bool = False):
-        """Stop the client processes. `now` (an interrupt, a broken point): SIGTERM at
-        once, which stops a running point early; otherwise ask them to exit."""
-        for p, conn in self.workers:
-            try:
-                if now:
-                    p.terminate()
-                else:
-                    conn.send(("exit", None))
-            except Exception:
-                pass
-        for p, conn in self.workers:
-            p.join(timeout=30)  # room for in-flight requests and the shm teardown
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-            conn.close()
-        self.workers = []
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close(now=exc_type is not None)
-
-
-# ----------------------------------------------------------------------------------------
 # the sweep
 
 
 @dataclass
 class BenchConfig:
-    """Everything one sweep needs; compare.py builds these too."""
+    """Everything one sweep needs; compare.py builds these too. Without `workloads`
+    each of `shapes` is sent as one input (`input_name`, `dtype`) and one output, as
+    compare.py does; main() reads every input from the model's metadata instead."""
 
     url: str
     protocol: str
@@ -865,46 +347,198 @@ class BenchConfig:
     client_processes: int = 1
     impl: str | None = None
     server: str = ""
+    named_shapes: dict = field(default_factory=dict)  # NAME -> dims after the batch dim
+    batch_size: int = 1
+    input_data: str = "random"
+    output_shm_size: int = 102400
+    request_rates: list = field(default_factory=list)  # open loop points (requests/s)
+    distribution: str = "constant"
+    max_inflight: int = 64  # open loop: requests in flight at most (all processes)
+    percentile: float | None = None
+    stability_percentage: float = 10.0
+    max_trials: int = 1
+    server_pid: int | None = None
+    profile_role: str | None = None
+    workloads: list | None = None  # one Workload per point of the shape sweep
 
     def client_impl(self) -> str:
+        if self.request_rates:
+            return f"{self.protocol}-aio"  # the open loop runs on asyncio clients
         return self.impl or DEFAULT_IMPL[self.protocol]
 
+    def loads(self) -> list[tuple[int, float]]:
+        """(concurrency, request rate) of each load point: a concurrency sweep, or the
+        open loop's rates at `max_inflight` slots."""
+        if self.request_rates:
+            return [(self.max_inflight, r) for r in self.request_rates]
+        return [(c, 0.0) for c in self.concurrency]
 
-def run_one(pool: ClientPool, cfg: BenchConfig, shape, concurrency: int) -> Row:
-    """Measure one point (shape, concurrency) with the pool's processes."""
+
+def legacy_workload(cfg: BenchConfig, shape) -> Workload:
+    """One input and one output named by the config (compare.py's points)."""
+    return Workload([TensorSpec(cfg.input_name, cfg.dtype, list(shape))],
+                    [OutputSpec(cfg.output_name, cfg.dtype, -1)])
+
+
+class ServerProbe:
+    """What the parent process samples inside each measured window: the CPU time of
+    each server process by role (when the server's pid is known), the model's
+    statistics (when the endpoint answers), and, with --profile-role, py-spy's
+    samples of that role."""
+
+    def __init__(self, cfg: BenchConfig, pid: int | None, note: str = ""):
+        self.cfg = cfg
+        self.sampler = RoleSampler(pid) if pid else None
+        self.note = note
+        self._control = None
+        self.last: dict = {}
+
+    def control(self):
+        if self._control is None:
+            if self.cfg.protocol == "grpc":
+                import tritonclient.grpc as mod
+            else:
+                import tritonclient.http as mod
+            self._control = mod.InferenceServerClient(self.cfg.url)
+        return self._control
+
+    def window(self, start: float, end: float) -> None:
+        """Sample at the window's start and end (run_point calls this)."""
+        wait_until(start)
+        stats0 = read_stats(self.control(), self.cfg.model)
+        cpu0 = self.sampler.sample() if self.sampler else None
+        t0 = time.perf_counter()
+        spy, spied = None, ""
+        if self.cfg.profile_role and self.sampler:
+            spy, spied = self._start_profile(end - start)
+        wait_until(end)
+        cpu1 = self.sampler.sample() if self.sampler else None
+        seconds = time.perf_counter() - t0
+        stats1 = read_stats(self.control(), self.cfg.model)
+        self.last = {"server_stats": server_split(stats0, stats1), "seconds": seconds,
+                     "cpu_s": self.sampler.per_role(cpu0, cpu1) if self.sampler else None,
+                     "profile": ""}
+        if spy is not None:
+            own, incl, total, problem = spy.finish()
+            self.last["profile"] = format_top(spied, spy.pid, own, incl, total) \
+                if total else f"# profile of {spied}: {problem}"
+        elif spied:
+            self.last["profile"] = spied
+
+    def _start_profile(self, seconds: float):
+        role = self.cfg.profile_role
+        # "worker" means this model's worker first; "frontend" the first frontend
+        mine = f"worker {self.cfg.model}/"
+        pids = sorted((p for p, r in self.sampler.roles.items()
+                       if r == role or r.startswith(role + " ")),
+                      key=lambda p: (not self.sampler.roles[p].startswith(mine), p))
+        if not pids:
+            return None, (f"# profile: no process has role {role!r} (roles: "
+                          f"{', '.join(sorted(set(self.sampler.roles.values())))})")
+        try:
+            return PySpy(pids[0], seconds), self.sampler.roles[pids[0]]
+        except FileNotFoundError as e:
+            return None, f"# profile: {e}"
+
+    def fill(self, row: Row) -> None:
+        """Put the last window's samples into `row`: CPU per request by role (the
+        server's grouped, then its total, then the client's)."""
+        last, n = self.last, row.requests
+        row.server_stats = last.get("server_stats", {})
+        row.profile = last.get("profile", "")
+        cpu = last.get("cpu_s")
+        if cpu is None or not n:
+            row.cpu_us = {"client": round(row.client_us, 1)} if n else {}
+            row.cpu_note = self.note if cpu is None else "no request completed"
+            return
+        # the server was sampled over [start, end] of the wall clock; the requests
+        # are those of the window, so both cover the same interval
+        grouped = group_roles(cpu, self.cfg.model)
+        row.cpu_us = {k: round(v / n * 1e6, 1) for k, v in grouped.items()}
+        row.cpu_us["server"] = round(sum(cpu.values()) / n * 1e6, 1)
+        row.cpu_us["client"] = round(row.client_us, 1)
+
+    def close(self):
+        if self._control is not None:
+            try:
+                self._control.close()
+            except Exception:
+                pass
+
+
+def run_one(pool: ClientPool, cfg: BenchConfig, shape, concurrency: int,
+            rate: float = 0.0, probe: ServerProbe | None = None,
+            warmup: float | None = None) -> Row:
+    """Measure one point (a shape or Workload, a concurrency or an open loop rate) with
+    the pool's processes, sampling the server inside the window through `probe`."""
+    work = shape if isinstance(shape, Workload) else legacy_workload(cfg, shape)
     impl = cfg.client_impl()
     split = split_concurrency(concurrency, cfg.client_processes)
     budgets = split_budget(cfg.max_requests, split)
     tag = f"{os.getpid()}_{int(time.time() * 1e3) % 10**8}"
+    warmup = cfg.warmup if warmup is None else warmup
     specs, offset = [], 0
-    for streams, budget in zip(split, budgets):
+    for i, (streams, budget) in enumerate(zip(split, budgets)):
         specs.append(PointSpec(
             url=cfg.url, protocol=cfg.protocol, impl=impl, model=cfg.model,
-            timeout=cfg.timeout, shape=list(shape), dtype=cfg.dtype, input_name=cfg.input_name,
-            output_name=cfg.output_name, streams=streams, shm=cfg.shm,
-            cuda_device=cfg.cuda_device,
-            verify=cfg.verify, warmup=cfg.warmup, duration=cfg.duration,
-            max_requests=budget, tag=tag, stream_offset=offset))
+            timeout=cfg.timeout, inputs=[asdict(t) for t in work.inputs],
+            outputs=[asdict(o) for o in work.outputs], streams=streams, shm=cfg.shm,
+            cuda_device=cfg.cuda_device, verify=cfg.verify, warmup=warmup,
+            duration=cfg.duration, max_requests=budget, tag=tag, stream_offset=offset,
+            input_data=cfg.input_data, output_shm_size=cfg.output_shm_size,
+            request_rate=rate / len(split), distribution=cfg.distribution,
+            rate_phase=i / rate if rate else 0.0))
         offset += streams
     ticks = cpu_times()
-    parts = pool.run_point(specs)
-    row = summarize(parts, protocol=cfg.protocol, shape=shape, dtype=cfg.dtype,
+    parts = pool.run_point(specs, probe.window if probe else None)
+    first = work.inputs[0] if work.inputs else TensorSpec("", cfg.dtype, [])
+    row = summarize(parts, protocol=cfg.protocol, shape=first.shape, dtype=first.datatype,
                     concurrency=concurrency, shm=cfg.shm, impl=impl, model=cfg.model,
-                    url=cfg.url, server=cfg.server)
+                    url=cfg.url, server=cfg.server, inputs=work.label(),
+                    batch_size=work.batch_size, percentile_q=cfg.percentile,
+                    request_rate=rate)
     row.steal = steal_share(ticks, cpu_times())
+    if probe is not None:
+        probe.fill(row)
     return row
 
 
-def measure_point(pool: ClientPool, cfg: BenchConfig, shape, concurrency: int) -> Row:
+def measure_point(pool: ClientPool, cfg: BenchConfig, shape, concurrency: int,
+                  rate: float = 0.0, probe: ServerProbe | None = None,
+                  warmup: float | None = None) -> Row:
     """run_one, but a point that could not run becomes a row with one error."""
     try:
-        return run_one(pool, cfg, shape, concurrency)
+        return run_one(pool, cfg, shape, concurrency, rate, probe, warmup)
     except (SetupError, RuntimeError) as e:
-        row = summarize([], protocol=cfg.protocol, shape=shape, dtype=cfg.dtype,
+        work = shape if isinstance(shape, Workload) else legacy_workload(cfg, shape)
+        first = work.inputs[0] if work.inputs else TensorSpec("", cfg.dtype, [])
+        row = summarize([], protocol=cfg.protocol, shape=first.shape, dtype=first.datatype,
                         concurrency=concurrency, shm=cfg.shm, impl=cfg.client_impl(),
-                        model=cfg.model, url=cfg.url, server=cfg.server)
+                        model=cfg.model, url=cfg.url, server=cfg.server,
+                        inputs=work.label(), batch_size=work.batch_size,
+                        request_rate=rate)
         row.errors, row.first_error = 1, str(e)[:500]
         return row
+
+
+def measure_stable(pool: ClientPool, cfg: BenchConfig, shape, concurrency: int,
+                   rate: float = 0.0, probe: ServerProbe | None = None) -> Row:
+    """Windows of `duration` until the last three are stable (perf_analyzer's rule over
+    throughput and the --percentile latency, else the mean) or `max_trials` ran; the
+    row averages the last three. With max_trials 1, one window as before."""
+    trials: list[Row] = []
+    for k in range(cfg.max_trials):
+        # later windows follow at once: the connection and the server are warm
+        warmup = cfg.warmup if k == 0 else min(cfg.warmup, 0.5)
+        row = measure_point(pool, cfg, shape, concurrency, rate, probe, warmup)
+        trials.append(row)
+        if row.errors or not row.requests or cfg.max_trials == 1:
+            break
+        if is_stable([(r.throughput, r.pct_ms if cfg.percentile is not None
+                       else r.mean_ms) for r in trials], cfg.stability_percentage):
+            return merge_trials(trials[-3:], True, len(trials))
+    stable = None if cfg.max_trials == 1 else False
+    return merge_trials(trials[-3:] if stable is False else trials[-1:], stable, len(trials))
 
 
 def default_verify(model: str) -> bool:
@@ -912,43 +546,103 @@ def default_verify(model: str) -> bool:
     return "identity" in model.lower()
 
 
+def parse_float_list(text: str) -> list[float]:
+    """'100,200.5' -> [100.0, 200.5]; every item must be positive."""
+    out = [float(t) for t in str(text).split(",") if t.strip()]
+    if not out or any(v <= 0 for v in out):
+        raise ValueError(f"need positive numbers: {text!r}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="bench", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="`shmserve-bench plot OUT.png RUN.json [RUN.json ...]` draws earlier runs "
+               "on one plot.")
     p.add_argument("--url", default=None,
                    help="host:port (default 127.0.0.1:8000 for http, :8001 for grpc)")
     p.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
     p.add_argument("--model", default="identity_fp32")
-    p.add_argument("--shape", action="append", type=parse_shape, metavar="1,16",
-                   help="input shape; repeat for several (default 1,16)")
-    p.add_argument("--dtype", default="FP32", type=str.upper)
-    p.add_argument("--input-name", default="INPUT0")
-    p.add_argument("--output-name", default="OUTPUT0")
-    p.add_argument("--concurrency", type=parse_int_list, default=[1], metavar="1,4,16",
-                   help="concurrent streams per point; a list is a sweep")
-    p.add_argument("--duration", type=float, default=5.0, help="seconds measured per point")
-    p.add_argument("--max-requests", type=int, default=None,
-                   help="stop a point after this many requests (whichever comes first)")
-    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per point")
-    p.add_argument("--timeout", type=float, default=30.0,
+    g = p.add_argument_group("inputs (read from the model's metadata)")
+    g.add_argument("--shape", action="append", type=parse_named_shape,
+                   metavar="[NAME:]1,16",
+                   help="NAME:16 gives input NAME's dims after the batch dim, as "
+                        "perf_analyzer's --shape (variable dims otherwise default to "
+                        f"{DEFAULT_VARIABLE_DIM}); an unnamed 1,16 is the whole request "
+                        "shape of every input; repeat unnamed ones for a sweep")
+    g.add_argument("-b", "--batch-size", type=int, default=1,
+                   help="the batch dim of a batching model's inputs (default 1)")
+    g.add_argument("--input-data", default="random", metavar="random|zero|FILE.json",
+                   help="what inputs hold: random values, zeros, or perf_analyzer's JSON "
+                        'input data ({"data": [{"INPUT0": [...], ...}, ...]}; each '
+                        "stream takes one entry in turn)")
+    g.add_argument("--dtype", default=None, type=str.upper,
+                   help="send the inputs as this datatype instead of the model's")
+    g.add_argument("--input-name", default=None, help="send only this input")
+    g.add_argument("--output-name", default=None, help="ask only for this output")
+    g.add_argument("--output-shm-size", type=int, default=102400,
+                   help="bytes of an output's shm region when its size is not known")
+    g = p.add_argument_group("load")
+    g.add_argument("--concurrency", type=parse_int_list, default=[1], metavar="1,4,16",
+                   help="closed loop: concurrent streams per point; a list is a sweep")
+    g.add_argument("--request-rate", type=parse_float_list, default=None,
+                   metavar="100,200",
+                   help="open loop instead: requests/s sent on a fixed schedule whatever "
+                        "the server answers; latency counts from the scheduled time")
+    g.add_argument("--request-distribution", choices=["constant", "poisson"],
+                   default="constant", help="the open loop's gaps between sends")
+    g.add_argument("--max-inflight", type=int, default=64,
+                   help="open loop: requests in flight at most; a send that finds none "
+                        "free waits and counts as late")
+    g.add_argument("--duration", type=float, default=5.0,
+                   help="seconds measured per window")
+    g.add_argument("--max-requests", type=int, default=None,
+                   help="stop a window after this many requests (whichever comes first)")
+    g.add_argument("--warmup", type=float, default=1.0,
+                   help="unmeasured seconds before a point")
+    g.add_argument("--timeout", type=float, default=30.0,
                    help="seconds one request may take; a slower one is an error")
+    g.add_argument("--percentile", type=float, default=None, metavar="P",
+                   help="report the P-th percentile latency and use it for stability "
+                        "(as perf_analyzer); implies --max-trials 10")
+    g.add_argument("--stability-percentage", type=float, default=10.0,
+                   help="windows are stable when throughput and latency of the last 3 "
+                        "are within this percent (max/min)")
+    g.add_argument("--max-trials", type=int, default=None,
+                   help="windows per point at most until stable (default 1: one window; "
+                        "10 with --percentile)")
     p.add_argument("--shm", choices=["none", "system", "cuda"], default="none",
                    help="where tensors travel: in the request (none), or in POSIX (system) "
                         "or CUDA shared-memory regions registered with the server")
     p.add_argument("--cuda-device", type=int, default=0,
                    help="the GPU that holds the regions with --shm cuda")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
-                   help="check output == input (default: on when the model name "
+                   help="check output k == input k (default: on when the model name "
                         "contains 'identity')")
     p.add_argument("--client-processes", type=int, default=1,
                    help="split each point's streams over this many client processes")
     p.add_argument("--client-impl", default=None,
                    choices=sorted(RUNNERS), help="client technique (default: "
                    + ", ".join(f"{k}: {v}" for k, v in DEFAULT_IMPL.items()) + ")")
-    p.add_argument("--json", default=None, metavar="PATH", help="write all rows as JSON")
-    p.add_argument("--server-name", default="", help="label for the rows")
-    p.add_argument("--window-file", default=None, metavar="PATH",
+    g = p.add_argument_group("the server's side")
+    g.add_argument("--server-pid", type=int, default=None,
+                   help="the server's top process, for CPU per request by role (default: "
+                        "found from the local port the bench talks to)")
+    g.add_argument("--profile-role", default=None, metavar="ROLE",
+                   help="run py-spy on the first process of ROLE (frontend, frontend 1, "
+                        "scheduler, worker MODEL/..., tritonserver) for each window and "
+                        "print its top functions")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", default=None, metavar="PATH", help="write all rows as JSON")
+    g.add_argument("--csv", default=None, metavar="PATH",
+                   help="write all rows as CSV (perf_analyzer's column names, us)")
+    g.add_argument("--plot", default=None, metavar="PATH.png",
+                   help="plot throughput against p50/p99 latency (needs matplotlib)")
+    g.add_argument("--plot-with", action="append", default=[], metavar="RUN.json",
+                   help="draw an earlier run's JSON on the same plot; repeatable")
+    g.add_argument("--server-name", default="", help="label for the rows and the plot")
+    g.add_argument("--window-file", default=None, metavar="PATH",
                    help="write each point's measured window (start and end, "
                         "CLOCK_MONOTONIC seconds) here, for tools sampling CPU time")
     return p
@@ -958,23 +652,82 @@ def config_from_args(args) -> BenchConfig:
     if args.client_impl and not args.client_impl.startswith(args.protocol):
         raise SystemExit(f"bench: --client-impl {args.client_impl} does not speak "
                          f"{args.protocol}")
-    if args.dtype not in NUMERIC_DTYPES:
+    if args.dtype is not None and args.dtype not in NUMERIC_DTYPES + ("BYTES",):
         raise SystemExit(f"bench: --dtype {args.dtype} is not supported "
-                         f"(one of {', '.join(NUMERIC_DTYPES)})")
+                         f"(one of {', '.join(NUMERIC_DTYPES)}, BYTES)")
     if args.client_processes < 1:
         raise SystemExit("bench: --client-processes must be >= 1")
     if args.max_requests is not None and args.max_requests < 1:
         raise SystemExit("bench: --max-requests must be >= 1")
+    if args.batch_size < 1 or args.max_inflight < 1:
+        raise SystemExit("bench: --batch-size and --max-inflight must be >= 1")
+    if args.percentile is not None and not 0 < args.percentile < 100:
+        raise SystemExit("bench: --percentile must be between 0 and 100")
+    max_trials = args.max_trials if args.max_trials is not None else \
+        (10 if args.percentile is not None else 1)
+    if max_trials < 1:
+        raise SystemExit("bench: --max-trials must be >= 1")
+    if args.input_data not in ("random", "zero") and not os.path.isfile(args.input_data):
+        raise SystemExit(f"bench: --input-data {args.input_data}: no such file")
+    unnamed = [dims for name, dims in (args.shape or []) if name is None]
+    named = {name: dims for name, dims in (args.shape or []) if name is not None}
     url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
     return BenchConfig(
         url=url, protocol=args.protocol, model=args.model,
-        shapes=args.shape or [[1, 16]], dtype=args.dtype, input_name=args.input_name,
-        output_name=args.output_name, concurrency=args.concurrency,
+        shapes=unnamed or ([] if named else [[1, 16]]), dtype=args.dtype or "FP32",
+        input_name=args.input_name or "INPUT0",
+        output_name=args.output_name or "OUTPUT0", concurrency=args.concurrency,
         duration=args.duration, max_requests=args.max_requests, warmup=args.warmup,
         timeout=args.timeout, shm=args.shm, cuda_device=args.cuda_device,
         verify=default_verify(args.model) if args.verify is None else args.verify,
         client_processes=args.client_processes, impl=args.client_impl,
-        server=args.server_name)
+        server=args.server_name, named_shapes=named, batch_size=args.batch_size,
+        input_data=args.input_data, output_shm_size=args.output_shm_size,
+        request_rates=args.request_rate or [], distribution=args.request_distribution,
+        max_inflight=args.max_inflight, percentile=args.percentile,
+        stability_percentage=args.stability_percentage, max_trials=max_trials,
+        server_pid=args.server_pid, profile_role=args.profile_role)
+
+
+def resolve_workloads(cfg: BenchConfig, args) -> list[Workload]:
+    """The tensors of each point, from the model's metadata over the bench's protocol:
+    every input (or --input-name's), every output (or --output-name's)."""
+    meta, max_batch = fetch_model_info(cfg.url, cfg.protocol, cfg.model, cfg.timeout)
+    unnamed = [dims for name, dims in (args.shape or []) if name is None]
+    out = []
+    for whole in unnamed or [None]:
+        work = workload_from_metadata(
+            meta, max_batch, cfg.batch_size, cfg.named_shapes, whole,
+            [args.output_name] if args.output_name else None)
+        if args.input_name:
+            work.inputs = [t for t in work.inputs if t.name == args.input_name]
+            if not work.inputs:
+                raise ValueError(f"the model has no input {args.input_name!r}")
+        if args.dtype:
+            for t in work.inputs:
+                t.datatype = args.dtype
+        if cfg.input_data not in ("random", "zero"):
+            load_input_data(cfg.input_data, work.inputs)  # its errors, said up front
+        out.append(work)
+    return out
+
+
+def find_server_pid(cfg: BenchConfig) -> tuple[int | None, str]:
+    """(the server's top pid, why not known): --server-pid, else the local process
+    listening on the bench's port."""
+    if cfg.server_pid:
+        return cfg.server_pid, ""
+    host, _, port = cfg.url.rpartition(":")
+    if host not in ("127.0.0.1", "localhost", "[::1]", "::1", "0.0.0.0"):
+        return None, f"server {cfg.url} is not local: its CPU by role is not known"
+    try:
+        pid = find_server(int(port))
+    except (OSError, ValueError):
+        pid = None
+    if pid is None:
+        return None, (f"no visible process listens on port {port}: pass --server-pid "
+                      "for the server's CPU by role")
+    return pid, ""
 
 
 def cpu_times() -> list[int]:
@@ -1035,29 +788,103 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def point_lines(row: Row) -> list[str]:
+    """The lines printed under a point's row: CPU by role, the server's split, the open
+    loop's pacing, the stability verdict, and a profile."""
+    lines = [cpu_line(row.cpu_us, row.cpu_note), server_line(row.server_stats)]
+    if row.percentile is not None:
+        lines.append(f"    p{row.percentile:g} latency {_ms(row.pct_ms)} ms")
+    if row.request_rate:
+        lines.append(f"    open loop: target {row.request_rate:g}/s, sent "
+                     f"{row.achieved_rate:.1f}/s, late {row.late}, unsent {row.unsent}")
+    if row.stable is not None:
+        lines.append(f"    {'stable' if row.stable else 'NOT stable'} after {row.trials} "
+                     f"window(s) of {row.seconds / min(row.trials, 3):.1f}s")
+    if row.profile:
+        lines.append(row.profile)
+    return lines
+
+
+def plot_main(argv: list[str]) -> int:
+    """`bench plot OUT.png RUN.json...`: earlier runs on one plot."""
+    p = argparse.ArgumentParser(prog="bench plot",
+                                description="throughput against p50/p99 latency of "
+                                            "earlier runs (their --json files), one plot")
+    p.add_argument("out", metavar="OUT.png")
+    p.add_argument("runs", nargs="+", metavar="RUN.json")
+    args = p.parse_args(argv)
+    try:
+        plot_files(args.out, args.runs)
+    except ImportError:
+        print("bench: plotting needs matplotlib (pip install matplotlib, or the `bench` "
+              "extra)", file=sys.stderr)
+        return 1
+    print(f"bench: wrote {args.out}")
+    return 0
+
+
+def write_outputs(args, cfg: BenchConfig, rows: list[Row], argv) -> None:
+    meta = {"argv": sys.argv[1:] if argv is None else list(argv),
+            "config": asdict(cfg), "machine": machine_info(),
+            "label": cfg.server or None}
+    if args.json:
+        write_json(args.json, rows, meta)
+    if args.csv:
+        write_csv(args.csv, [row_to_json(r) for r in rows])
+    if args.plot:
+        label = cfg.server or f"{cfg.model} {cfg.protocol}"
+        try:
+            plot_files(args.plot, args.plot_with,
+                       extra=[(label, [row_to_json(r) for r in rows])])
+        except ImportError:
+            print("bench: --plot needs matplotlib (pip install matplotlib, or the "
+                  "`bench` extra)", file=sys.stderr)
+
+
 def main(argv=None) -> int:
+    argv_list = sys.argv[1:] if argv is None else list(argv)
+    if argv_list[:1] == ["plot"]:
+        return plot_main(argv_list[1:])
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # unwind: client processes clean up
     cfg = config_from_args(args)
+    try:
+        cfg.workloads = resolve_workloads(cfg, args)
+    except Exception as e:  # the server is down, the model unknown, a --shape wrong
+        print(f"bench: {cfg.model}'s inputs (from {cfg.url}): "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    pid, note = find_server_pid(cfg)
+    probe = ServerProbe(cfg, pid, note)
     rows: list[Row] = []
+    load = (f"request_rate={','.join(f'{r:g}' for r in cfg.request_rates)}/s "
+            f"({cfg.distribution}, {cfg.max_inflight} in flight at most)"
+            if cfg.request_rates else f"concurrency={','.join(map(str, cfg.concurrency))}")
     print(f"# bench {cfg.protocol} {cfg.url} model={cfg.model} impl={cfg.client_impl()} "
-          f"verify={cfg.verify} client_processes={cfg.client_processes} "
+          f"verify={cfg.verify} client_processes={cfg.client_processes} {load} "
           f"duration={cfg.duration}s warmup={cfg.warmup}s", flush=True)
+    print(f"# server pid {pid}" if pid else f"# {note}", flush=True)
+    for work in cfg.workloads:
+        print(f"# inputs {work.label()}; outputs "
+              f"{' '.join(o.name for o in work.outputs)}", flush=True)
+        for n in work.notes:
+            print(f"# {n}", flush=True)
     print(format_header(), flush=True)
     try:
         with ClientPool(cfg.client_processes, args.window_file) as pool:
-            for shape, c in itertools.product(cfg.shapes, cfg.concurrency):
-                row = measure_point(pool, cfg, shape, c)
+            for work, (c, rate) in itertools.product(cfg.workloads, cfg.loads()):
+                row = measure_stable(pool, cfg, work, c, rate, probe)
                 rows.append(row)
                 print(format_row(row), flush=True)
+                for line in point_lines(row):
+                    print(line, flush=True)
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
         return 130
     finally:
-        if args.json and rows:
-            meta = {"argv": sys.argv[1:] if argv is None else list(argv),
-                    "config": asdict(cfg), "machine": machine_info()}
-            write_json(args.json, rows, meta)
+        probe.close()
+        if rows:
+            write_outputs(args, cfg, rows, argv)
     why = failed(rows)
     for w in why:
         print(f"bench: FAILED {w}", file=sys.stderr)

@@ -39,6 +39,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# one implementation of the process tree and CPU by role, shared with scripts/bench
+from scheduler.bench_procs import cpu_by_role, process_tree  # noqa: E402,F401
+
 CONFIG = """
 name: "mlp"
 platform: "onnxruntime_onnx"
@@ -71,44 +74,6 @@ def wait_ready(port: int, proc, timeout: float = 120.0) -> None:
             pass
         time.sleep(0.2)
     raise TimeoutError("server not ready")
-
-
-def process_tree(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
-def cpu_by_role(pids: list[int]) -> dict[str, float]:
-    """CPU seconds (user + system) of each process, summed by role: the module it runs
-    (scheduler.main, frontend.main, workers.main, python_runner...) or 'client'."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        role = "client"
-        if b"-m" in argv:
-            role = argv[argv.index(b"-m") + 1].decode()
-        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
-    return out
 
 
 def run_bench(bench_args: list[str], warmup: float, duration: float, sample):

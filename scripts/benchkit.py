@@ -24,7 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_mlp import cpu_by_role, process_tree, wait_ready  # noqa: E402
+from bench_mlp import wait_ready  # noqa: E402
+
+# the CPU by role of scripts/bench, one implementation for every benchmark
+from scheduler.bench_procs import cpu_by_role, process_tree, roles  # noqa: E402
 
 TRITON = "/tmp/anchors/bin/run_triton_anchor"  # ../shared/anchor/setup.sh makes it
 
@@ -159,27 +162,6 @@ class Server:
             out["client"] = sum(cpu_by_role(client_pids).values())
             return out
         return sample
-
-
-def roles(pids: list[int]) -> dict[str, float]:
-    """CPU seconds by role; Triton's processes are named by their executable."""
-    out: dict[str, float] = {}
-    for pid in pids:
-        for role, seconds in cpu_by_role([pid]).items():
-            if role == "client":
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        exe = os.path.basename(f.read().split(b"\0")[0].decode())
-                except OSError:
-                    continue
-                if "tritonserver" in exe:
-                    role = "tritonserver"
-                elif "stub" in exe:
-                    role = "python_stub"
-                elif exe in ("bash", "sh"):
-                    continue  # the anchor's launcher
-            out[role] = out.get(role, 0.0) + seconds
-    return out
 
 
 def own_cpu() -> float:
