@@ -286,6 +286,16 @@ def test_json_data_of_the_wrong_type():
     item = {"name": "X", "shape": [2], "datatype": "INT32", "data": [1, 2.5]}
     assert bad({"inputs": [item]}) == ("Unable to parse 'data': attempt to access JSON "
                                        "non-signed-integer as signed-integer")
+    # Triton reads signed types as int64 and unsigned ones as uint64: never wrapped
+    item = {"name": "X", "shape": [1], "datatype": "UINT8", "data": [-1]}
+    assert bad({"inputs": [item]}) == ("Unable to parse 'data': attempt to access JSON "
+                                       "non-unsigned-integer as unsigned-integer")
+    item = {"name": "X", "shape": [1], "datatype": "INT64", "data": [2**63]}
+    assert bad({"inputs": [item]}) == ("Unable to parse 'data': attempt to access JSON "
+                                       "non-signed-integer as signed-integer")
+    item = {"name": "X", "shape": [2], "datatype": "UINT64", "data": [2**63, 1]}
+    req = decode_infer_request(json.dumps({"inputs": [item]}).encode(), None, "m")
+    assert np.frombuffer(req.inputs[0].data, np.uint64).tolist() == [2**63, 1]
     item = {"name": "X", "shape": [1], "datatype": "FP32", "data": [True]}
     assert bad({"inputs": [item]}) == ("Unable to parse 'data': attempt to access JSON "
                                        "non-number as double")
