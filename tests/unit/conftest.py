@@ -15,6 +15,6 @@ _COMMON = dict(deadline=None, database=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("default", derandomize=True, max_examples=150, **_COMMON)
 settings.register_profile("ci", derandomize=True, max_examples=150, **_COMMON)
-settings.register_profile("fuzz", derandomize=False, max_examples=5000, **_COMMON)
+settings.register_profile("fuzz", derandomize=False, max_examples=1500, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
                       or ("ci" if os.environ.get("CI") else "default"))
