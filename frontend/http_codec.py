@@ -60,8 +60,9 @@ _INVALID = ErrorCode.INVALID_ARG
 _LEN = struct.Struct("<I")
 _SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 # numpy kinds a JSON array may decode to for each datatype (Triton rejects e.g. 1.5
-# for INT32 and true for FP32)
+# for INT32 and true for FP32); integer types are checked by _json_ints
 _JSON_KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"}
+_INT_TYPES = {"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"}
 _RESERVED_PARAMS = {"sequence_start", "sequence_end", "binary_data_output"}
 # the tail of Triton's "Unable to parse '<field>': ..." messages, in the words of its
 # JSON accessors (triton_json.h); the FP and unsigned ones were checked on 2.51
@@ -243,14 +244,11 @@ def _check_request_parameters(params) -> None:
             if kind is not bool:
                 raise _bad(f"Unable to parse '{key}'")
         elif key == "priority" or key == "timeout":
-            # Triton reads both with MemberAsUInt and passes its error (INTERNAL,
-            # so HTTP 500) through: negative, fractional, string and bool all fail
-            if kind is not int or value < 0:
-                raise InferError(ErrorCode.INTERNAL, f"Unable to parse '{key}': attempt "
-                                 "to access JSON non-unsigned-integer as unsigned-integer")
-            if value >= 1 << 64:
-                # Triton answers this one 500 too (its JSON holds it as a double); a
-                # number too big for any request is the client's error: 400, its text
+            # Triton reads both with MemberAsUInt and passes its error through as
+            # INTERNAL (HTTP 500): negative, fractional, string, bool, null and past
+            # 2**64 all fail. The fault is the client's: 400, Triton's words (issue
+            # 11, 5b, as for the other bodies its JSON reader cannot use)
+            if kind is not int or not 0 <= value < 1 << 64:
                 raise _bad(f"Unable to parse '{key}': attempt to access JSON "
                            "non-unsigned-integer as unsigned-integer")
         elif key == "sequence_id":
@@ -349,10 +347,36 @@ def _json_to_raw(name: str, datatype: str, shape: list[int], data):
         raise _bad(_SHAPE_MISMATCH)
     if arr.size != count and count:
         raise _bad(_SHAPE_MISMATCH)  # Triton's words, exactly: no counts
-    if arr.dtype.kind not in _JSON_KINDS.get(datatype, "iu"):
+    if datatype in _INT_TYPES:
+        arr = _json_ints(datatype, arr, data)
+    elif arr.dtype.kind not in _JSON_KINDS[datatype]:
         raise _bad(f"Unable to parse 'data': {_JSON_ACCESS[datatype]}")
     arr = arr.astype(NUMPY[datatype], copy=False).reshape(-1)
     return memoryview(arr).cast("B")
+
+
+def _json_ints(datatype: str, arr: np.ndarray, data) -> np.ndarray:
+    """JSON integers for an integer datatype, read as Triton reads them: as int64 for
+    a signed type, uint64 for an unsigned one (anything else, a negative number for an
+    unsigned type or one past INT64_MAX for a signed one included, is refused), then
+    cut to the type's low bytes."""
+    kind = arr.dtype.kind
+    unsigned = datatype[0] == "U"
+    if kind == "i" and not (unsigned and arr.size and arr.min() < 0):
+        return arr
+    if kind == "u" and unsigned:
+        return arr
+    if kind in "fO":
+        # numpy holds a mix of large and small integers as float64 (losing digits) or
+        # objects: take each value exactly
+        lo, hi = (0, 1 << 64) if unsigned else (-(1 << 63), 1 << 63)
+        values = _flatten(data, [])
+        if all(type(v) is int and lo <= v < hi for v in values):
+            size = NUMPY[datatype].itemsize
+            mask = (1 << (8 * size)) - 1
+            return np.array([v & mask for v in values],
+                            dtype=f"<u{size}").view(NUMPY[datatype])
+    raise _bad(f"Unable to parse 'data': {_JSON_ACCESS[datatype]}")
 
 
 def decode_raw_request(body, config, model_name: str,

@@ -294,6 +294,8 @@ def _validate_batch_io(config: ModelConfig) -> None:
     outputs = {io.name for io in config.output}
     for batch_input in config.batch_input:
         # every kind model_config.proto has reads exactly one source input
+        if batch_input.kind not in type(batch_input).Kind.values():  # proto3 takes any number
+            raise ConfigError(f"unknown batch input kind {batch_input.kind}" + suffix)
         kind = type(batch_input).Kind.Name(batch_input.kind)
         if len(batch_input.source_input) != 1:
             raise ConfigError(f"batch input kind '{kind}' expects 1 source input, got "
@@ -309,6 +311,8 @@ def _validate_batch_io(config: ModelConfig) -> None:
                 raise ConfigError(f"batch input target '{target}' is also a model input"
                                   + suffix)
     for batch_output in config.batch_output:
+        if batch_output.kind not in type(batch_output).Kind.values():  # proto3 takes any number
+            raise ConfigError(f"unknown batch output kind {batch_output.kind}" + suffix)
         kind = type(batch_output).Kind.Name(batch_output.kind)
         if len(batch_output.source_input) != 1:
             raise ConfigError(f"batch output kind '{kind}' expects 1 source input, got "
@@ -450,6 +454,10 @@ def _validate_sequence_controls(name: str, seq) -> None:
                               f"specified for multiple control kinds for {name}")
         seen_tensors.add(control_input.name)
         for control in control_input.control:
+            if control.kind not in _CONTROL.values():
+                # proto3 enums take any number; Kind.Name would raise ValueError
+                raise ConfigError(f"sequence batching control tensor '{control_input.name}' "
+                                  f"has unexpected kind {control.kind} for {name}")
             kind = _CONTROL.Name(control.kind)
             if control.kind in seen_kinds:
                 raise ConfigError(
@@ -591,6 +599,8 @@ def _validate_instance_groups(config: ModelConfig, gpu_ids: Sequence[int] | None
             raise ConfigError(f"{where} must have a count of at least 1, got {group.count}")
         if group.kind == _KIND.KIND_AUTO:
             raise ConfigError(f"{where} has unexpected kind KIND_AUTO")
+        if group.kind not in _KIND.values():  # a number no kind has (proto3 takes it)
+            raise ConfigError(f"{where} has unexpected kind {group.kind}")
         if group.kind in (_KIND.KIND_CPU, _KIND.KIND_MODEL) and group.gpus:
             raise ConfigError(f"{where} has kind {_KIND.Name(group.kind)} but specifies "
                               "one or more GPUs")

@@ -701,3 +701,20 @@ def test_batch_io_names_wait_for_auto_complete():
     validate(ready("""name: "m" backend: "onnxruntime"
         batch_input [{ target_name: "N" data_type: TYPE_INT32 source_input: "INPUT" }]
         batch_output [{ target_name: "OUT" source_input: "INPUT" }]"""))
+
+
+@pytest.mark.parametrize("field,reason", [
+    ("instance_group { kind: 9 }", "instance group m_0 of model m has unexpected kind 9"),
+    ('sequence_batching { control_input { name: "S" control { kind: 7 } } }',
+     "sequence batching control tensor 'S' has unexpected kind 7 for m"),
+    ('batch_input { kind: 9 target_name: "T" data_type: TYPE_FP32 source_input: "X" }',
+     "unknown batch input kind 9 for m"),
+    ('batch_output { kind: 9 target_name: "Y" source_input: "X" }',
+     "unknown batch output kind 9 for m"),
+])
+def test_enum_numbers_no_kind_has_are_refused(field, reason):
+    """Text format takes any number for a proto3 enum; Kind.Name of one raised
+    ValueError out of the loader (found by tests/unit/test_properties_config.py)."""
+    rejects('name: "m" backend: "python" max_batch_size: 4 '
+            'input [{name: "X" data_type: TYPE_FP32 dims: [1]}] '
+            'output [{name: "Y" data_type: TYPE_FP32 dims: [1]}] ' + field, reason)

@@ -286,6 +286,16 @@ def test_json_data_of_the_wrong_type():
     item = {"name": "X", "shape": [2], "datatype": "INT32", "data": [1, 2.5]}
     assert bad({"inputs": [item]}) == ("Unable to parse 'data': attempt to access JSON "
                                        "non-signed-integer as signed-integer")
+    # Triton reads signed types as int64 and unsigned ones as uint64: never wrapped
+    item = {"name": "X", "shape": [1], "datatype": "UINT8", "data": [-1]}
+    assert bad({"inputs": [item]}) == ("Unable to parse 'data': attempt to access JSON "
+                                       "non-unsigned-integer as unsigned-integer")
+    item = {"name": "X", "shape": [1], "datatype": "INT64", "data": [2**63]}
+    assert bad({"inputs": [item]}) == ("Unable to parse 'data': attempt to access JSON "
+                                       "non-signed-integer as signed-integer")
+    item = {"name": "X", "shape": [2], "datatype": "UINT64", "data": [2**63, 1]}
+    req = decode_infer_request(json.dumps({"inputs": [item]}).encode(), None, "m")
+    assert np.frombuffer(req.inputs[0].data, np.uint64).tolist() == [2**63, 1]
     item = {"name": "X", "shape": [1], "datatype": "FP32", "data": [True]}
     assert bad({"inputs": [item]}) == ("Unable to parse 'data': attempt to access JSON "
                                        "non-number as double")
@@ -303,13 +313,15 @@ def test_request_parameter_checks():
     def params(p):
         return bad({"inputs": [], "parameters": p})
     assert params({"triton_x": 1}).startswith("parameter keys starting with 'triton_'")
-    # Triton 2.51 answers these with HTTP 500 and the JSON reader's words
+    # Triton 2.51 answers these with HTTP 500 and the JSON reader's words; the fault
+    # is the client's, so 400 with those words
     for key, value in (("priority", -1), ("priority", 2.0), ("timeout", "5"),
-                       ("timeout", -5), ("timeout", True), ("timeout", 1.5)):
+                       ("timeout", -5), ("timeout", True), ("timeout", 1.5),
+                       ("priority", None), ("timeout", 2**64)):
         with pytest.raises(InferError) as info:
             decode_infer_request(json.dumps({"inputs": [], "parameters": {key: value}})
                                  .encode(), None, "m")
-        assert info.value.code == ErrorCode.INTERNAL
+        assert info.value.code == ErrorCode.INVALID_ARG
         assert info.value.message == (f"Unable to parse '{key}': attempt to access JSON "
                                       "non-unsigned-integer as unsigned-integer")
     assert params({"binary_data_output": 1}) == "Unable to parse 'binary_data_output'"
