@@ -243,14 +243,10 @@ def _check_request_parameters(params) -> None:
             if kind is not bool:
                 raise _bad(f"Unable to parse '{key}'")
         elif key == "priority" or key == "timeout":
-            # Triton reads both with MemberAsUInt and passes its error (INTERNAL,
-            # so HTTP 500) through: negative, fractional, string and bool all fail
-            if kind is not int or value < 0:
-                raise InferError(ErrorCode.INTERNAL, f"Unable to parse '{key}': attempt "
-                                 "to access JSON non-unsigned-integer as unsigned-integer")
-            if value >= 1 << 64:
-                # Triton answers this one 500 too (its JSON holds it as a double); a
-                # number too big for any request is the client's error: 400, its text
+            # Triton reads both with MemberAsUInt and passes its error (INTERNAL, so
+            # HTTP 500) through: negative, fractional, string, bool and >= 2**64 all
+            # fail. The fault is the client's: 400 (issue 11, 5b), Triton's words.
+            if kind is not int or not 0 <= value < 1 << 64:
                 raise _bad(f"Unable to parse '{key}': attempt to access JSON "
                            "non-unsigned-integer as unsigned-integer")
         elif key == "sequence_id":

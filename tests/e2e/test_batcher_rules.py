@@ -350,14 +350,15 @@ def test_instance_groups_are_named_as_triton_names_them_and_passive_never_runs(f
 
 def test_priority_and_timeout_on_the_wire_as_triton_takes_them(free):
     """Rules (Triton 2.51): HTTP reads priority and timeout as unsigned integers and
-    answers anything else with 500 "Unable to parse '<key>': ..."; gRPC takes a
+    answers anything else with "Unable to parse '<key>': ..." (Triton with 500, we
+    with 400: the fault is the client's, issue 11, 5b); gRPC takes a
     negative int64 timeout (it becomes a huge unsigned one: no limit); a priority above
     priority_levels, or on a model without levels, means the default level. Refused
     requests change no counter."""
     before = stats(free, "wire")  # this test is the only one to use the model
     for key, value in (("timeout", -5), ("priority", -1)):
         kw = {key: value}
-        expect_error(lambda: infer(free, "http", "wire", [1.0], **kw), 500, None,
+        expect_error(lambda: infer(free, "http", "wire", [1.0], **kw), 400, None,
                      f"Unable to parse '{key}': attempt to access JSON "
                      "non-unsigned-integer as unsigned-integer")
     after = stats(free, "wire")

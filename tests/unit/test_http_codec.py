@@ -303,13 +303,14 @@ def test_request_parameter_checks():
     def params(p):
         return bad({"inputs": [], "parameters": p})
     assert params({"triton_x": 1}).startswith("parameter keys starting with 'triton_'")
-    # Triton 2.51 answers these with HTTP 500 and the JSON reader's words
+    # Triton 2.51 answers these with HTTP 500 and the JSON reader's words; the fault
+    # is the client's, so 400 (INVALID_ARG) with the same words
     for key, value in (("priority", -1), ("priority", 2.0), ("timeout", "5"),
                        ("timeout", -5), ("timeout", True), ("timeout", 1.5)):
         with pytest.raises(InferError) as info:
             decode_infer_request(json.dumps({"inputs": [], "parameters": {key: value}})
                                  .encode(), None, "m")
-        assert info.value.code == ErrorCode.INTERNAL
+        assert info.value.code == ErrorCode.INVALID_ARG
         assert info.value.message == (f"Unable to parse '{key}': attempt to access JSON "
                                       "non-unsigned-integer as unsigned-integer")
     assert params({"binary_data_output": 1}) == "Unable to parse 'binary_data_output'"
