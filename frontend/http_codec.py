@@ -212,11 +212,12 @@ def decode_infer_request(body, header_length: int | None, model_name: str,
         raise _bad(f"unexpected additional input data for model '{model_name}'")
 
     outputs = None
-    outputs_json = request.get("outputs")
-    if outputs_json:
+    if "outputs" in request:
+        # null and {} too: Triton reads any "outputs" member as an array
+        outputs_json = request["outputs"]
         if type(outputs_json) is not list:
-            raise _bad("Unable to parse 'outputs'")
-        outputs = [_decode_output(o) for o in outputs_json]
+            raise _bad("Unable to parse 'outputs': " + _NOT_ARRAY)
+        outputs = [_decode_output(o) for o in outputs_json] or None
     return DecodedRequest(model_name, model_version, request_id, inputs, outputs, params)
 
 
