@@ -155,11 +155,8 @@ def decode_infer_request(body, header_length: int | None, model_name: str,
     request_id = request.get("id", "")
     if type(request_id) is not str:
         raise _bad("Unable to parse 'id'")
-    params = request.get("parameters")
-    if params is None:
-        params = {}
-    else:
-        _check_request_parameters(params)
+    params = request.get("parameters", {})
+    _check_request_parameters(params)  # null too: Triton reads any member as an object
 
     inputs_json = request.get("inputs")
     if type(inputs_json) is not list:
@@ -236,8 +233,8 @@ def _content_type_error(has_data: bool, has_binary: bool, has_shm: bool) -> str:
 
 
 def _check_request_parameters(params) -> None:
-    if type(params) is not dict:
-        raise _bad("Unable to parse 'parameters'")
+    if type(params) is not dict:  # Triton 2.51's words (with 500: the client's fault)
+        raise _bad("failed to get request params.: attempt to get members for non-object")
     for key, value in params.items():
         kind = type(value)
         if key in _RESERVED_PARAMS:

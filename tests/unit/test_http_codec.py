@@ -317,7 +317,9 @@ def test_request_parameter_checks():
     assert params({"sequence_id": 1.5}) == "Unable to parse 'sequence_id'"
     assert params({"x": [1]}) == ("parameter 'x' has invalid type. It should be either "
                                   "'int', 'bool', or 'string'.")
-    assert params([1]) == "Unable to parse 'parameters'"
+    for value in ([1], None, "p", 5):
+        assert params(value) == ("failed to get request params.: attempt to get members "
+                                 "for non-object")
     req = decode_infer_request(
         json.dumps({"inputs": [], "parameters": {"sequence_id": "abc"}}).encode(),
         None, "m")
