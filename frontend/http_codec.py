@@ -23,7 +23,8 @@ from shm.datatypes import NUMPY, element_size, is_known
 from shm.errors import ErrorCode, InferError
 
 from .classification import classify
-from .types import DecodedInput, DecodedRequest, InferResult, RequestedOutput
+from .types import (CORRELATION_ID_MAX, CORRELATION_ID_TOO_LONG, DecodedInput,
+                    DecodedRequest, InferResult, RequestedOutput)
 
 # JSON: measured on a tritonclient request header and a [1,16] FP32 response, best of
 # 9: loads json 2.6 us, msgspec 0.6 (0.6 on a memoryview), orjson 0.6 (1.1 on a
@@ -250,6 +251,8 @@ def _check_request_parameters(params) -> None:
         elif key == "sequence_id":
             if not ((kind is int and value >= 0) or kind is str):
                 raise _bad("Unable to parse 'sequence_id'")
+            if kind is str and len(value.encode()) > CORRELATION_ID_MAX:
+                raise _bad(CORRELATION_ID_TOO_LONG)
         elif key.startswith("triton_"):
             raise _bad("parameter keys starting with 'triton_' are reserved for Triton "
                        "usage and should not be specified.")

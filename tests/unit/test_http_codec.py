@@ -315,6 +315,10 @@ def test_request_parameter_checks():
                                       "non-unsigned-integer as unsigned-integer")
     assert params({"binary_data_output": 1}) == "Unable to parse 'binary_data_output'"
     assert params({"sequence_id": 1.5}) == "Unable to parse 'sequence_id'"
+    # Triton 2.51 answers 501 for this, on any model
+    assert params({"sequence_id": "x" * 129}) == ("string correlation ID cannot be longer "
+                                                  "than 128 characters")
+    assert params({"sequence_id": "\u00e9" * 65}).startswith("string correlation ID")
     assert params({"x": [1]}) == ("parameter 'x' has invalid type. It should be either "
                                   "'int', 'bool', or 'string'.")
     for value in ([1], None, "p", 5):
