@@ -932,6 +932,15 @@ def run(cases: list[Case], host: str, http_port: int, grpc_port: int, *,
         revive()
         channel.close()
         channel = grpc.insecure_channel(f"{host}:{grpc_port}")
+        deadline = time.monotonic() + 60  # until both protocols serve (a bound)
+        while _failures() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def _failures() -> list[str]:
+        try:
+            return check_valid(host, http_port, channel, timeout)
+        except OSError as e:
+            return [f"{type(e).__name__}: {e}"]
 
     try:
         for k, c in enumerate(cases, 1):
@@ -962,13 +971,13 @@ def run(cases: list[Case], host: str, http_port: int, grpc_port: int, *,
             if died:
                 out = Outcome("server died", f"{out.kind} {out.message}"[:300], out.seconds)
             elif revive is not None and out.kind.startswith(_SUSPECT):
-                # alive, but does it still serve? (a model instance may have died)
-                try:
-                    failures = check_valid(host, http_port, channel, timeout)
-                except OSError as e:
-                    failures = [f"{type(e).__name__}: {e}"]
+                # alive, but does it still serve? (a model instance may have died, or
+                # the server may have been dying while the probe above connected)
+                failures = _failures()
                 if failures:
-                    out = Outcome("server broken", f"{out.kind} {out.message}; then "
+                    kind = "server broken" if server_alive(host, http_port) else \
+                        "server died"
+                    out = Outcome(kind, f"{out.kind} {out.message}; then "
                                   f"{'; '.join(failures)}"[:300], out.seconds)
                     reopen()
             report.results.append(_record(c, out))

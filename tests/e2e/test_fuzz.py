@@ -8,8 +8,8 @@ whole; a success only where the mutation may have left the request valid: never 
 gRPC INTERNAL or UNKNOWN, nor a timeout), a valid request after each chunk of cases
 succeeds, and the stopped server leaves no shared memory behind.
 
-`scripts/fuzz` runs the same corpus against any server (the real Triton's outcomes for
-it are in the project's notes)."""
+`scripts/fuzz` runs the same corpus against any server; tests/data/fuzz_triton_2.51.json
+holds its cases and outcomes per class for the real Triton 2.51 beside shmserve's."""
 
 from __future__ import annotations
 
