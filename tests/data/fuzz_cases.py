@@ -8,8 +8,9 @@ class (CLASSES), a short note saying which lie it tells, and the outcomes it may
 "4xx" (any HTTP client error), "2xx" (the mutation may have left the request valid),
 "closed" (the server hung up without answering, allowed where the body never arrived
 whole), gRPC codes, or one exact answer ("http 501" for a Content-Encoding the server
-does not speak: Triton's answer, with Accept-Encoding saying which it does). `run()` sends the cases in order and, after every `check_every`
-of them, a valid request over each protocol, recording whether it succeeded.
+does not speak: Triton's answer, with Accept-Encoding saying which it does). `run()`
+sends the cases in order and, after every `check_every` of them, a valid request over
+each protocol, recording whether it succeeded.
 
 The models are the example repository's (examples/model_repository), which a real
 Triton serves too: `identity_fp32` (FP32 [-1], batching up to 64), `add_sub` (two FP32
@@ -179,7 +180,8 @@ def _json_malformed(rng):
                        "literal", "structural", "outputs", "params"])
     four = frozenset({"4xx"})
     if kind == "truncate":
-        return f"truncated json at {len(text)}", _http(_path(model), text[:rng.randrange(1, len(text))]), four
+        cut = rng.randrange(1, len(text))
+        return f"truncated json at {cut}", _http(_path(model), text[:cut]), four
     if kind == "flip":
         pos = rng.randrange(len(text))
         new = bytes([rng.choice(b'{}[]",:0a\\ \x00\xff')])
