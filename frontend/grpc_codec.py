@@ -24,7 +24,8 @@ from tritonclient.grpc import service_pb2
 from shm.datatypes import element_size, is_known
 from shm.errors import GRPC_STATUS, ErrorCode, InferError
 
-from .types import DecodedInput, DecodedRequest, InferResult, RequestedOutput
+from .types import (CORRELATION_ID_MAX, CORRELATION_ID_TOO_LONG, DecodedInput,
+                    DecodedRequest, InferResult, RequestedOutput)
 
 ModelInferRequest = service_pb2.ModelInferRequest
 ModelInferResponse = service_pb2.ModelInferResponse
@@ -301,6 +302,8 @@ def _request_parameters(params) -> dict:
             if kind not in ("int64_param", "string_param", "uint64_param"):
                 raise _bad("invalid value type for 'sequence_id' parameter, expected "
                            "int64_param or string_param.")
+            if kind == "string_param" and len(value.encode()) > CORRELATION_ID_MAX:
+                raise _bad(CORRELATION_ID_TOO_LONG)
         elif key in ("sequence_start", "sequence_end"):
             if kind != "bool_param":
                 raise _bad(f"invalid value type for '{key}' parameter, expected bool_param.")

@@ -14,6 +14,12 @@ from typing import Any, Callable, Protocol
 
 from shm.errors import ErrorCode, InferError  # noqa: F401  (re-exported for codecs)
 
+# Triton core's limit on a string sequence_id, for every model, and its words (2.51
+# answers 501 / UNIMPLEMENTED; the fault is the client's: 400 / INVALID_ARGUMENT here,
+# as for the other client errors Triton answers with a 5xx, issue 11, 5b)
+CORRELATION_ID_MAX = 128  # bytes
+CORRELATION_ID_TOO_LONG = "string correlation ID cannot be longer than 128 characters"
+
 
 @dataclasses.dataclass(slots=True)
 class DecodedInput:

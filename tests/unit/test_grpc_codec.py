@@ -320,6 +320,10 @@ def test_request_parameters():
     req = decode_infer_request(client_request({"X": np.zeros(1, np.float32)},
                                               sequence_id="corr-1", sequence_start=True))
     assert req.parameters["sequence_id"] == "corr-1"
+    longest = "x" * 128
+    req = decode_infer_request(client_request({"X": np.zeros(1, np.float32)},
+                                              sequence_id=longest))
+    assert req.parameters["sequence_id"] == longest
 
 
 @pytest.mark.parametrize("key,setter,value,message", [
@@ -329,6 +333,9 @@ def test_request_parameters():
     ("priority", "string_param", "high", "expected int64_param or uint64_param"),
     ("timeout", "double_param", 1.0, "expected int64_param"),
     ("triton_something", "bool_param", True, "reserved for Triton"),
+    # Triton 2.51: UNIMPLEMENTED, on any model; the client's fault here
+    ("sequence_id", "string_param", "x" * 129,
+     "string correlation ID cannot be longer than 128 characters"),
 ])
 def test_bad_request_parameters(key, setter, value, message):
     msg = service_pb2.ModelInferRequest(model_name="m")
