@@ -10,10 +10,10 @@ with a shmserve checkout as its cwd or repository neighbour):
     setsid /tmp/anchors/bin/run_triton_anchor /tmp/fuzz_repo 18300 18301 18302 \\
         --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 &
     scripts/fuzz --http-port 18300 --grpc-port 18301 --cases 3000 --seed 11 \\
-        --restart /tmp/fuzz_triton_start.sh --out /tmp/fuzz_triton.json
+        --restart ./restart_triton.sh --out /tmp/fuzz_triton.json
 
-`--restart CMD` runs CMD (a shell command that starts the server again and returns once
-it is ready) when the server dies, so that the run goes on and names the case that
+`--restart CMD` runs CMD (a shell command of yours that stops what is left of the
+server, starts it again and returns once it is ready) when the server dies, so that the run goes on and names the case that
 killed it; without it the run stops there. `--compare FILE` prints this run's outcomes
 per class beside FILE's (the same seed and count), and the classes of cases whose
 outcome differs.
