@@ -242,6 +242,9 @@ def summarize(rows: list[dict], servers: list[str], points: list[Point]) -> list
                 "p50_ms": _mean([r["p50_ms"] for r in rs]),
                 "p99_ms": _mean([r["p99_ms"] for r in rs]),
                 "client_cpu": _mean([r["client_cpu"] for r in rs]),
+                # CPU microseconds per request by role (server: all its processes)
+                "cpu_us": {role: _mean([r["cpu_us"].get(role) for r in rs])
+                           for role in rs[-1].get("cpu_us", {})},
                 "errors": sum(r["errors"] for r in rs),
                 "mismatches": sum(r["mismatches"] for r in rs),
             }
@@ -277,7 +280,8 @@ def format_summary(summary: list[dict], servers: list[str]) -> str:
     for other in servers[1:]:
         hdr = (f"{'proto':>5}  {'shape':>12}  {'shm':>6}  {'conc':>4}  "
                f"{base + ' inf/s':>14}  {other + ' inf/s':>14}  {'ratio':>6}  "
-               f"{'per round':>11}  {base + ' p50':>12}  {other + ' p50':>12}")
+               f"{'per round':>11}  {base + ' p50':>12}  {other + ' p50':>12}  "
+               f"{'server us/req':>14}")
         lines += [f"# {other} / {base} (throughput ratio; p50 in ms; mean of rounds)", hdr]
         for e in summary:
             b, o = e["servers"].get(base), e["servers"].get(other)
@@ -289,8 +293,26 @@ def format_summary(summary: list[dict], servers: list[str]) -> str:
                 f"{e['shm']:>6}  {e['concurrency']:>4}  "
                 f"{_num(b, 'throughput', 1):>14}  {_num(o, 'throughput', 1):>14}  "
                 f"{(f'{ratio:.2f}' if ratio else '-'):>6}  {spread:>11}  "
-                f"{_num(b, 'p50_ms', 3):>12}  {_num(o, 'p50_ms', 3):>12}")
+                f"{_num(b, 'p50_ms', 3):>12}  {_num(o, 'p50_ms', 3):>12}  "
+                f"{_cpu(b) + ' / ' + _cpu(o):>14}")
+    by_role = []
+    for e in summary:
+        for name in servers:
+            s = e["servers"].get(name)
+            if s and s.get("cpu_us"):
+                roles = " | ".join(f"{k} {v:.1f}" for k, v in s["cpu_us"].items()
+                                   if v == v)
+                by_role.append(f"{e['protocol']:>5}  {bench.format_shape(e['shape']):>12}  "
+                               f"{e['shm']:>6}  {e['concurrency']:>4}  {name:>10}: {roles}")
+    if by_role:
+        lines += ["# CPU microseconds per request by process role (mean of rounds)",
+                  *by_role]
     return "\n".join(lines)
+
+
+def _cpu(d) -> str:
+    us = (d or {}).get("cpu_us", {}).get("server")
+    return "-" if us is None or us != us else f"{us:.0f}"
 
 
 def _num(d, key, digits):
@@ -397,8 +419,16 @@ def main(argv=None) -> int:
                                   server=server.spec.name)
             row.errors, row.first_error = 1, f"server exited ({server.log_path})"
         else:
-            row = bench.measure_point(pool, cfg, list(pt.shape), pt.concurrency)
+            # the server's CPU per request by role, sampled inside the window
+            pid, note = bench.find_server_pid(cfg)
+            probe = bench.ServerProbe(cfg, pid, note)
+            try:
+                row = bench.measure_point(pool, cfg, list(pt.shape), pt.concurrency,
+                                          probe=probe)
+            finally:
+                probe.close()
         print(bench.format_row(row) + f"  r{rnd}", flush=True)
+        print(bench.cpu_line(row.cpu_us, row.cpu_note), flush=True)
         d = bench.row_to_json(row)
         d.update(round=rnd, point=pt.key())
         rows.append(d)

@@ -266,6 +266,16 @@ def test_compare_points_and_ratio_table():
     assert "1.49" in text and "shmserve / triton" in text
     alone = compare.format_summary(compare.summarize(rows, ["triton"], points), ["triton"])
     assert "101.5" in alone and len(alone.splitlines()) == 2 + len(points)
+    # CPU per request by role: meaned over rounds, the server's total in the ratio table
+    for row in rows:
+        row["cpu_us"] = ({"tritonserver": 60.0 + row["round"], "server": 60.0 + row["round"]}
+                         if row["server"] == "triton" else
+                         {"frontend": 100.0, "scheduler": 20.0, "server": 120.0})
+    summary = compare.summarize(rows, ["triton", "shmserve"], points)
+    assert summary[0]["servers"]["triton"]["cpu_us"]["server"] == pytest.approx(61.5)
+    text = compare.format_summary(summary, ["triton", "shmserve"])
+    assert "62 / 120" in text  # server us/req, baseline / other (61.5 rounds to 62)
+    assert "shmserve: frontend 100.0 | scheduler 20.0 | server 120.0" in text
 
 
 def test_compare_server_specs():
