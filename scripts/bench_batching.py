@@ -61,14 +61,7 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """,
-    "identity_fp32": """name: "identity_fp32"
-backend: "python"
-max_batch_size: 64
-dynamic_batching { max_queue_delay_microseconds: 100 }
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-instance_group [ { count: 2 kind: KIND_CPU } ]
-""",
+    "identity_fp32": benchkit.ANCHOR_IDENTITY_CONFIG,
 }
 
 def write_repo(repo: Path) -> None:

@@ -42,14 +42,6 @@ import numpy as np
 
 import benchkit
 
-CONFIG = """name: "identity_fp32"
-backend: "python"
-max_batch_size: 64
-dynamic_batching { max_queue_delay_microseconds: 100 }
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-instance_group [ { count: 2 kind: KIND_CPU } ]
-"""
 
 MODEL = "identity_fp32"
 GRPC_PATH = "/inference.GRPCInferenceService/ModelInfer"
@@ -211,7 +203,7 @@ def main() -> None:
                      f"{'wrk' if tool == 'wrk' else 'nghttp2-client'}")
     rows: list[dict] = []
     with benchkit.repository("bench-cclient-repo-", benchkit.write_model, MODEL,
-                             CONFIG, benchkit.IDENTITY_PY) as repo, \
+                             benchkit.ANCHOR_IDENTITY_CONFIG, benchkit.IDENTITY_PY) as repo, \
             tempfile.TemporaryDirectory(prefix="bench-cclient-") as tmp:
         files = write_inputs(Path(tmp), args.elements)
         for rnd, kinds in benchkit.alternating(args.rounds, benchkit.servers(args)):

@@ -52,6 +52,16 @@ class TritonPythonModel:
 '''
 
 
+# the anchor's identity_fp32 (../shared/anchor/setup.sh): dynamic batching, 2 instances
+ANCHOR_IDENTITY_CONFIG = """name: "identity_fp32"
+backend: "python"
+max_batch_size: 64
+dynamic_batching { max_queue_delay_microseconds: 100 }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
 def write_model(repo: Path, name: str, config: str, code: str | None = None) -> None:
     """Model `name` in `repo`: its config.pbtxt and, for the python backend, version
     1's model.py."""
