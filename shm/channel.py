@@ -256,7 +256,12 @@ class _Peer:
             return False
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
         if self.loop is None:
-            sock.settimeout(_BLOCKING_SEND_TIMEOUT)
+            # the kernel times the send out (SO_SNDTIMEO): a Python socket timeout
+            # would poll() before every send, a system call per message
+            sec = int(_BLOCKING_SEND_TIMEOUT)
+            usec = int((_BLOCKING_SEND_TIMEOUT - sec) * 1e6)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                            struct.pack("ll", sec, usec))
         else:
             sock.setblocking(False)
         self.sock = sock
