@@ -119,15 +119,20 @@ class Server:
     # -- the loop -----------------------------------------------------------------------
 
     def _dispatch(self, msg) -> None:
+        # what the handlers send is written once, after the burst (_after_burst)
+        self.outbox.cork()
         self.handlers[type(msg)](msg)
 
     def _after_burst(self) -> None:
-        if self._dirty:
-            now = time.monotonic_ns()
-            dirty, self._dirty = self._dirty, set()
-            for sched in dirty:
-                self._pump(sched, now)
-            self._arm_timer()
+        try:
+            if self._dirty:
+                now = time.monotonic_ns()
+                dirty, self._dirty = self._dirty, set()
+                for sched in dirty:
+                    self._pump(sched, now)
+                self._arm_timer()
+        finally:
+            self.outbox.uncork()
 
     def _pump(self, sched: Scheduler, now: int) -> None:
         """Run a scheduler and note when it must run again. Only a scheduler that was
@@ -145,11 +150,15 @@ class Server:
             self.timer.set(min(self._deadlines.values()))
 
     def _on_timer(self) -> None:
-        now = time.monotonic_ns()
-        for sched, deadline in list(self._deadlines.items()):
-            if deadline <= now:
-                self._pump(sched, now)
-        self._arm_timer()
+        self.outbox.cork()
+        try:
+            now = time.monotonic_ns()
+            for sched, deadline in list(self._deadlines.items()):
+                if deadline <= now:
+                    self._pump(sched, now)
+            self._arm_timer()
+        finally:
+            self.outbox.uncork()
 
     def _wake(self, sched: Scheduler) -> None:
         """A scheduler may run more now (an instance came back): pump it soon."""

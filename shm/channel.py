@@ -256,7 +256,12 @@ class _Peer:
             return False
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BUFFER)
         if self.loop is None:
-            sock.settimeout(_BLOCKING_SEND_TIMEOUT)
+            # the kernel times the send out (SO_SNDTIMEO): a Python socket timeout
+            # would poll() before every send, a system call per message
+            sec = int(_BLOCKING_SEND_TIMEOUT)
+            usec = int((_BLOCKING_SEND_TIMEOUT - sec) * 1e6)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                            struct.pack("ll", sec, usec))
         else:
             sock.setblocking(False)
         self.sock = sock
@@ -283,6 +288,9 @@ class Outbox:
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
         self.loop = loop
         self._peers: dict[str, _Peer] = {}
+        # corked: frames queue until uncork() writes them (see cork())
+        self._corked = False
+        self._held: list[_Peer] = []
 
     def send(self, address: str, msg: Any) -> bool:
         """Send or queue one message; False if the peer is known to be gone."""
@@ -319,8 +327,26 @@ class Outbox:
         # the first frames of a pass schedule the write; later ones (and frames behind a
         # full socket or an absent peer) go with them
         if len(queue) == len(frames) and peer.sock is not None:
-            peer.loop.call_soon(self._flush, peer)
+            if self._corked:
+                self._held.append(peer)
+            else:
+                peer.loop.call_soon(self._flush, peer)
         return True
+
+    def cork(self) -> None:
+        """Hold what is sent from now on until `uncork()`, which the caller promises to
+        call before its callback returns. A write scheduled with call_soon costs a
+        second pass of the loop (an epoll_wait and the loop's own work) for every
+        burst; a loop that knows where its pass ends writes there instead."""
+        self._corked = True
+
+    def uncork(self) -> None:
+        """Write out what was held since `cork()`, one write per peer."""
+        self._corked = False
+        if self._held:
+            held, self._held = self._held, []
+            for peer in held:
+                self._flush(peer)
 
     def _gone(self, peer: _Peer, what: str) -> bool:
         log.warning("peer %s is gone; dropped %s", peer.address, what)

@@ -193,3 +193,25 @@ def test_send_many_keeps_each_peers_order(tmp_path):
         mine = [m for to, m in sent if to == address]
         assert [inbox.recv(timeout_ms=5_000) for _ in range(2 * len(mine))] == mine * 2
         inbox.close()
+
+
+def test_a_thread_sending_to_a_peer_that_stopped_reading_gives_up(address, monkeypatch):
+    """The blocking send is timed out by the kernel (SO_SNDTIMEO): a peer that never
+    reads is given up after the timeout, not waited on for ever."""
+    import time
+
+    import shm.channel as channel
+    monkeypatch.setattr(channel, "_BLOCKING_SEND_TIMEOUT", 0.2)
+    inbox = Inbox(address, [Ping])
+    out = Outbox()
+    try:
+        start = time.monotonic()
+        sent = 0
+        while out.send(address, Ping(sent, bytes(1 << 16))):
+            sent += 1
+            assert time.monotonic() - start < 10
+        assert sent > 0
+        assert time.monotonic() - start < 5
+    finally:
+        out.close()
+        inbox.close()

@@ -152,8 +152,7 @@ class PythonInstance:
         finally:
             bls.input_refs = {}
             if not self.decoupled:  # a decoupled request may go on responding
-                for r in requests:
-                    bls.cancels.done(r.reply_to, r.id)
+                bls.cancels.done_many([(r.reply_to, r.id) for r in requests])
 
     def _run_model(self, pb_requests):
         if not self.is_async:
@@ -203,8 +202,12 @@ class PythonInstance:
     def _execute(self, requests: list[InferRequest], io):
         self.input_end_ns = self.output_start_ns = 0
         streams = [_ResponseStream(self, r) for r in requests]
+        # set by a CancelRequest the scheduler forwards; one lock for the batch
+        flags = (self.bls.cancels.track_many([(r.reply_to, r.id) for r in requests])
+                 if self.bls is not None else [None] * len(requests))
         try:
-            pb_requests = [self._request(r, io, s) for r, s in zip(requests, streams)]
+            pb_requests = [self._request(r, io, s, f)
+                           for r, s, f in zip(requests, streams, flags)]
         except Exception as exc:
             err = InferError(ErrorCode.INVALID_ARG, f"failed to read inputs: {exc}")
             return [err] * len(requests)
@@ -260,7 +263,7 @@ class PythonInstance:
             return pb_utils.Tensor.from_dlpack(ref.name, array)
         return pb_utils.Tensor._from_server(ref.name, ref.datatype, array)
 
-    def _request(self, req: InferRequest, io, stream: "_ResponseStream"):
+    def _request(self, req: InferRequest, io, stream: "_ResponseStream", flag):
         inputs = [self._input(ref, io) for ref in req.inputs]
         requested = ([o.name for o in req.outputs] if req.outputs is not None
                      else list(self.output_types))
@@ -269,9 +272,6 @@ class PythonInstance:
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
         if req.sequence_end:
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-        cancelled = None
-        if self.bls is not None:  # set by a CancelRequest the scheduler forwards
-            cancelled = self.bls.cancels.track(req.reply_to, req.id).is_set
         return pb_utils.InferenceRequest._from_server(
             request_id=req.request_id,
             correlation_id=req.sequence_id,
@@ -284,7 +284,7 @@ class PythonInstance:
             timeout=req.timeout_us,
             decoupled=self.decoupled,
             send_response=stream.send,
-            is_cancelled=cancelled,
+            is_cancelled=flag.is_set if flag is not None else None,
         )
 
     def _outputs(self, req: InferRequest, resp):
