@@ -38,11 +38,35 @@ def serve(mode: str, port: int) -> None:
     reply.outputs.add(name="OUTPUT0", datatype="FP32", shape=[1, 16])
     reply.raw_output_contents.append(bytes(64))
     wire = reply.SerializeToString()
+    # the bench reads the model's inputs from its metadata before the measured window
+    meta = service_pb2.ModelMetadataResponse(name="identity_fp32", versions=["1"],
+                                             platform="python")
+    meta.inputs.add(name="INPUT0", datatype="FP32", shape=[-1, -1])
+    meta.outputs.add(name="OUTPUT0", datatype="FP32", shape=[-1, -1])
+    meta_wire = meta.SerializeToString()
+    from tritonclient.grpc import model_config_pb2
+    config_wire = service_pb2.ModelConfigResponse(config=model_config_pb2.ModelConfig(
+        name="identity_fp32", max_batch_size=64)).SerializeToString()
     address = f"127.0.0.1:{port}"
 
     def handlers(infer):
         return (grpc.method_handlers_generic_handler(SERVICE, {
-            "ModelInfer": grpc.unary_unary_rpc_method_handler(infer)}),)
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(infer),
+            "ModelMetadata": grpc.unary_unary_rpc_method_handler(metadata),
+            "ModelConfig": grpc.unary_unary_rpc_method_handler(config)}),)
+
+    def metadata(data, context):
+        return meta_wire
+
+    def config(data, context):
+        return config_wire
+
+    if mode != "sync":  # grpc.aio wants coroutines
+        async def metadata(data, context):  # noqa: F811
+            return meta_wire
+
+        async def config(data, context):  # noqa: F811
+            return config_wire
 
     if mode == "sync":
         from concurrent.futures import ThreadPoolExecutor

@@ -466,3 +466,45 @@ def test_codec_cost_per_small_request():
         best = min(best, (time.perf_counter() - t) / 200)
     print(f"grpc codec decode+encode [1,16] FP32: {best * 1e6:.1f} us/request")
     assert best < 500e-6
+
+
+@pytest.mark.parametrize("result", [
+    InferResult("identity_fp32", "1", "abc", [OutputTensor("OUTPUT0", "FP32", [1, 16],
+                                                           bytes(64))]),
+    InferResult("m", "", "", [OutputTensor("A", "BYTES", [], b"x"),
+                              OutputTensor("\u00e9", "INT64", [3, 0, 2**40], None)]),
+    InferResult("", "1", "", []),
+    InferResult("m" * 300, "12", "i" * 200,
+                [OutputTensor("O" * 150, "FP32", [-1, 5], memoryview(bytes(8)))]),
+])
+def test_response_from_templates_is_what_protobuf_writes(result, monkeypatch):
+    """Responses without parameters are put together from cached serialized pieces;
+    the bytes are protobuf's own, byte for byte."""
+    fast, stream = encode_infer_response(result, "rq"), encode_stream_response(result, "rq")
+    monkeypatch.setattr(grpc_codec, "_plain_head", lambda *a: None)
+    assert fast == encode_infer_response(result, "rq")
+    assert stream == encode_stream_response(result, "rq")
+
+
+def test_repeated_requests_decode_from_a_template():
+    """The second request with the same fields but the id and the tensor bytes is built
+    from the first one's decoding, and is what a full decode gives."""
+    grpc_codec._REQUESTS.clear()
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    first = decode_infer_request(client_request({"INPUT0": a}, [("OUTPUT0",)], "one"))
+    assert len(grpc_codec._REQUESTS) == 1
+    wire = client_request({"INPUT0": a + 1, "INPUT1": a}, None, "two")
+    decode_infer_request(wire)
+    fast = decode_infer_request(wire)
+    assert grpc_codec._from_template(wire)[0] is not None
+    msg = service_pb2.ModelInferRequest.FromString(wire)
+    full = grpc_codec.request_from_message(msg, msg.raw_input_contents)
+    assert fast == full and fast.id == "two" and fast.outputs is None
+    assert bytes(fast.inputs[0].data) == (a + 1).tobytes()
+    second = decode_infer_request(client_request({"INPUT0": a + 2}, [("OUTPUT0",)], ""))
+    assert second.id == "" and second.outputs == first.outputs
+    assert bytes(second.inputs[0].data) == (a + 2).tobytes()
+    # parameters (here a request's priority) are decoded in full every time
+    grpc_codec._REQUESTS.clear()
+    decode_infer_request(client_request({"INPUT0": a}, None, "p", priority=3))
+    assert not grpc_codec._REQUESTS
