@@ -221,6 +221,8 @@ def split_raw_input_contents(data) -> tuple[bytes, list[memoryview]]:
                 nxt = pos + 8
             elif wire == 5:
                 nxt = pos + 4
+            elif wire == 3:  # a group (unknown here): protobuf skips it, and so do we
+                nxt = _skip_group(data, pos, key >> 3)
             else:
                 raise IndexError
             if nxt > end:
@@ -238,6 +240,33 @@ def split_raw_input_contents(data) -> tuple[bytes, list[memoryview]]:
     if kept < end:
         head.append(view[kept:end])
     return b"".join(head), raws
+
+
+def _skip_group(data: bytes, pos: int, field: int, depth: int = 0) -> int:
+    """The position after the end-group tag that closes group `field` opened just
+    before `pos`; IndexError when it never closes (or nests absurdly deep)."""
+    if depth > 64:
+        raise IndexError
+    end = len(data)
+    while pos < end:
+        key, pos = _varint(data, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _varint(data, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            pos += size
+        elif wire == 5:
+            pos += 4
+        elif wire == 3:
+            pos = _skip_group(data, pos, key >> 3, depth + 1)
+        elif wire == 4 and key >> 3 == field:
+            return pos
+        else:
+            raise IndexError
+    raise IndexError
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
