@@ -68,6 +68,8 @@ def parse_config(text: str, source: str) -> ModelConfig:
         raise ConfigError(
             f"failed to parse model configuration {source}: line {e.GetLine()}, "
             f"column {e.GetColumn()}: {detail}") from None
+    except ValueError as e:  # text_format's word for an enum number out of int32 range
+        raise ConfigError(f"failed to parse model configuration {source}: {e}") from None
     return config
 
 

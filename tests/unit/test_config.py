@@ -72,6 +72,12 @@ def test_negative_queue_delay_cannot_be_parsed():
         parse("dynamic_batching { max_queue_delay_microseconds: -1 }")
 
 
+def test_enum_number_out_of_int32_range_is_a_config_error():
+    # found by the property tests' fuzz profile: text_format raises ValueError here
+    with pytest.raises(ConfigError, match="out of range"):
+        parse('input [ { name: "I" data_type: 2147483648 dims: [ 1 ] } ]')
+
+
 def test_load_config_without_file_is_empty_but_named(tmp_path):
     model = tmp_path / "simple"
     model.mkdir()
