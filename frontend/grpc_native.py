@@ -8,7 +8,9 @@ peer, time_remaining). gRPC's wire rules (PROTOCOL-HTTP2.md): POST with
 content-type application/grpc, 5-byte length-prefixed messages, grpc-encoding
 gzip/deflate requests decompressed (replies are identity), grpc-timeout deadlines,
 grpc-status and percent-encoded grpc-message in trailers (trailers-only for an
-error before any message).
+error before any message). Where grpcio strays from the spec, this follows grpcio:
+a non-POST request is reset (INTERNAL_ERROR), any content-type is served, and an
+unknown grpc-encoding is INTERNAL "Error parsing 'grpc-encoding' metadata".
 
 A unary call costs one asyncio Task (the handler is a coroutine that awaits the
 scheduler); its reply (HEADERS, DATA, trailers) is queued in one go and written
@@ -38,8 +40,9 @@ _PREFIX = struct.Struct(">BI")
 _STATUS_CODE = {code: code.value[0] for code in grpc.StatusCode}
 
 # :status 200 (static index 8), content-type (static name 31) application/grpc
-RESPONSE_HEADERS = (b"\x88" + b"\x0f\x10" + h2.hpack_int(16, 7) + b"application/grpc"
-                    + h2.literal(b"grpc-accept-encoding", b"identity,deflate,gzip"))
+STATUS_HEADERS = b"\x88" + b"\x0f\x10" + h2.hpack_int(16, 7) + b"application/grpc"
+RESPONSE_HEADERS = STATUS_HEADERS + h2.literal(b"grpc-accept-encoding",
+                                               b"identity, deflate, gzip")
 OK_TRAILERS = h2.literal(b"grpc-status", b"0")
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3,
                   ord("u"): 1e-6, ord("n"): 1e-9}
@@ -229,10 +232,9 @@ class GrpcConnection(h2.H2Connection):
                 timeout = value
             elif name != b"te" and not name.startswith(b"grpc-"):
                 metadata.append((name, value))
-        if method != b"POST":
-            return self._http_error(stream, b"405", 12, "Method Not Allowed")
-        if ctype is None or not ctype.startswith(b"application/grpc"):
-            return self._http_error(stream, b"415", 2, "Unsupported Media Type")
+        if method != b"POST":  # as grpcio: the stream is reset (INTERNAL_ERROR)
+            return self._reset(stream, h2.INTERNAL_ERROR)
+        # content-type is not checked: grpcio serves any (the spec's 415 is a SHOULD)
         path_s = path.decode("latin-1") if path else ""
         handler = self.handlers.get(path_s)
         call = Call(self, stream, handler, path_s, metadata, encoding)
@@ -240,8 +242,8 @@ class GrpcConnection(h2.H2Connection):
         if handler is None:
             return self.finish(call, 12, "Method not found!")
         if encoding not in (None, b"identity", b"gzip", b"deflate"):
-            return self.finish(call, 12, "Compression algorithm '%s' is not supported"
-                               % encoding.decode("latin-1"))
+            # grpcio's answer on the wire (the spec says UNIMPLEMENTED)
+            return self.finish(call, 13, "Error parsing 'grpc-encoding' metadata")
         if self.restrictions:
             refusal = grpc_refusal(path_s, call.invocation_metadata(), self.restrictions)
             if refusal is not None:
@@ -439,13 +441,7 @@ class GrpcConnection(h2.H2Connection):
         elif stream.headers_sent:
             self.send_trailers(stream, status_block(code, message))
         else:
-            self.send_trailers(stream, RESPONSE_HEADERS + status_block(code, message))
-
-    def _http_error(self, stream, status: bytes, code: int, message: str) -> None:
-        block = (h2.literal(b":status", status)
-                 + h2.literal(b"content-type", b"application/grpc")
-                 + status_block(code, message))
-        self.send_trailers(stream, block)
+            self.send_trailers(stream, STATUS_HEADERS + status_block(code, message))
 
 
 class NativeGrpcServer:
