@@ -58,26 +58,50 @@ def server_options() -> list[tuple[str, int]]:
     ]
 
 
+def handler_table(core: FrontendCore, *, server_name: str = "shmserve",
+                  server_version: str | None = None, extensions=EXTENSIONS,
+                  header_forward: str = "") -> dict[str, dict[str, grpc.RpcMethodHandler]]:
+    """{service: {method: handler}}: every RPC this server offers, built once and
+    served by either transport (grpc.aio here, frontend.grpc_native)."""
+    servicer = InferenceServicer(core, server_name, server_version or _default_version(),
+                                 extensions, header_forward_pattern(header_forward))
+    return {SERVICE: servicer.method_handlers(),
+            grpc_health.SERVICE: grpc_health.HealthServicer(core).method_handlers()}
+
+
 def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "shmserve",
                      server_version: str | None = None,
                      extensions=EXTENSIONS, header_forward: str = "",
-                     restrictions: Restrictions | None = None) -> grpc.aio.Server:
-    """A grpc.aio server for `core`, bound to `address` ("host:port"), not started.
-    `restrictions` ({group: (metadata key, value)}, --grpc-restricted-protocol) are
-    checked by an interceptor on every method, this module's and any added later.
+                     restrictions: Restrictions | None = None, frontend: str = "grpcio"):
+    """A gRPC server for `core`, bound to `address` ("host:port"), not started:
+    grpc.aio's (`frontend` "grpcio") or frontend.grpc_native's ("native"), both with
+    `start()`, `stop(grace)` and `bound_port`. `restrictions` ({group: (metadata key,
+    value)}, --grpc-restricted-protocol) are checked on every method, this module's
+    and any added later.
 
     With port 0 the kernel picks one; the server's `bound_port` attribute says which.
     Must be called with the event loop the server will run on set (grpc.aio's rule)."""
-    servicer = InferenceServicer(core, server_name, server_version or _default_version(),
-                                 extensions, header_forward_pattern(header_forward))
+    table = handler_table(core, server_name=server_name, server_version=server_version,
+                          extensions=extensions, header_forward=header_forward)
+    if frontend == "native":
+        from .grpc_native import NativeGrpcServer
+        from .sockets import reuseport_socket
+        host, _, port = address.rpartition(":")
+        sock = reuseport_socket(host.strip("[]"), int(port))
+        return NativeGrpcServer({f"/{service}/{method}": handler
+                                 for service, methods in table.items()
+                                 for method, handler in methods.items()},
+                                sock, restrictions)
+    if frontend != "grpcio":
+        raise ValueError(f"unknown gRPC frontend {frontend!r}")
     # no interceptor at all when nothing is restricted: it would cost every RPC
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
     server = grpc.aio.server(options=server_options(), interceptors=interceptors)
-    handlers = servicer.method_handlers()
-    if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63: faster lookup
-        server.add_registered_method_handlers(SERVICE, handlers)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    grpc_health.register(server, core)  # grpc.health.v1.Health, for gRPC probes
+    for service, handlers in table.items():
+        if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63: faster
+            server.add_registered_method_handlers(service, handlers)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, handlers),))
     port = server.add_insecure_port(address)
     if port == 0:
         raise RuntimeError(f"gRPC server could not bind {address}")

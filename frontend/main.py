@@ -12,12 +12,12 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 
 import msgspec
 
 from frontend.core import SchedulerCore
+from frontend.sockets import reuseport_socket
 from shm.lifecycle import die_with_parent
 from shm.log import configure_logging
 from shm.messages.frontend import FrontendReady, FrontendStopped
@@ -28,17 +28,6 @@ log = logging.getLogger("shmserve.frontend")
 
 def _bool(text: str) -> bool:
     return text.lower() in ("1", "true", "yes", "on")
-
-
-def reuseport_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(4096)
-    sock.setblocking(False)
-    return sock
 
 
 def _restrictions(text: str) -> dict[str, tuple[str, str]]:
@@ -94,7 +83,8 @@ async def serve(args) -> int:
                                        server_version=VERSION, extensions=EXTENSIONS,
                                        header_forward=args.grpc_header_forward_pattern,
                                        restrictions=_restrictions(
-                                           args.grpc_restricted_protocol))
+                                           args.grpc_restricted_protocol),
+                                       frontend=args.grpc_frontend)
 
     core.outbox.send(args.scheduler, FrontendReady(args.index, args.address, os.getpid()))
     await core.got_state.wait()
@@ -144,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--grpc-restricted-protocol", default="{}",
                    help="JSON {group: [metadata key, value]}, parsed by the scheduler")
     p.add_argument("--http-max-input-size", type=int, default=1 << 26)
+    p.add_argument("--grpc-frontend", choices=("grpcio", "native"), default="grpcio")
     args = p.parse_args(argv)
     args.role = f"frontend[{args.index}]"
     configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))

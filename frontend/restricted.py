@@ -125,19 +125,29 @@ class RestrictionInterceptor(grpc.aio.ServerInterceptor):
         self.restrictions = restrictions
 
     async def intercept_service(self, continuation, details):
-        group = GRPC_METHODS.get(grpc_method_name(details.method))
-        restriction = self.restrictions.get(group) if group else None
         handler = await continuation(details)
-        if restriction is None or handler is None:
+        if handler is None:
             return handler
-        header, expected = restriction
-        for key, value in details.invocation_metadata or ():
-            if key == header:
-                if value == expected:
-                    return handler
-                break
-        return _refusing_handler(
-            handler, f"This protocol is restricted, expecting header '{header}'")
+        refusal = grpc_refusal(details.method, details.invocation_metadata,
+                               self.restrictions)
+        return handler if refusal is None else _refusing_handler(handler, refusal)
+
+
+def grpc_refusal(method: str, metadata, restrictions: Restrictions) -> str | None:
+    """The UNAVAILABLE message for an RPC of `method` ("/service/Method") whose
+    `metadata` ((key, value) pairs) lacks its group's key or value; None if allowed.
+    Both gRPC transports (grpcio's interceptor, the native server) ask this."""
+    group = GRPC_METHODS.get(grpc_method_name(method))
+    restriction = restrictions.get(group) if group else None
+    if restriction is None:
+        return None
+    header, expected = restriction
+    for key, value in metadata or ():
+        if key == header:
+            if value == expected:
+                return None
+            break  # the first of that name only, as Triton
+    return f"This protocol is restricted, expecting header '{header}'"
 
 
 def _refusing_handler(handler: grpc.RpcMethodHandler, message: str):

@@ -63,6 +63,11 @@ class ServerProcess:
                      "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                      "--metrics-port", str(self.metrics_port),
                      "--frontend-processes", str(frontends), *args]
+        # SHMSERVE_TEST_GRPC_FRONTEND=native runs every test server on the native
+        # gRPC transport (scripts/test's second pass)
+        grpc_frontend = os.environ.get("SHMSERVE_TEST_GRPC_FRONTEND")
+        if grpc_frontend:
+            self.argv += ["--grpc-frontend", grpc_frontend]
         self.log_path = Path(log_dir or "/tmp") / f"shmserve-test-{self.http_port}.log"
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None

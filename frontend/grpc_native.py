@@ -1,0 +1,477 @@
+"""gRPC over frontend/h2.py, without grpcio's transport (`--grpc-frontend native`).
+
+It serves the same `grpc.RpcMethodHandler` table as the grpc.aio server
+(grpc_server.handler_table): each handler's request_deserializer,
+response_serializer and behaviour are called as grpc.aio would, with a `Context`
+offering what the handlers use (abort, invocation_metadata, write, cancelled, done,
+peer, time_remaining). gRPC's wire rules (PROTOCOL-HTTP2.md): POST with
+content-type application/grpc, 5-byte length-prefixed messages, grpc-encoding
+gzip/deflate requests decompressed (replies are identity), grpc-timeout deadlines,
+grpc-status and percent-encoded grpc-message in trailers (trailers-only for an
+error before any message). Where grpcio strays from the spec, this follows grpcio:
+a non-POST request is reset (INTERNAL_ERROR), any content-type is served, and an
+unknown grpc-encoding is INTERNAL "Error parsing 'grpc-encoding' metadata".
+
+A unary call costs one asyncio Task (the handler is a coroutine that awaits the
+scheduler); its reply (HEADERS, DATA, trailers) is queued in one go and written
+with whatever else finished in the same loop turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gzip
+import inspect
+import logging
+import struct
+import zlib
+from collections import deque
+
+import grpc
+
+from . import h2
+from .restricted import Restrictions, grpc_refusal
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 2**31 - 1  # Triton's limit, both ways
+_PREFIX = struct.Struct(">BI")
+_STATUS_CODE = {code: code.value[0] for code in grpc.StatusCode}
+
+# :status 200 (static index 8), content-type (static name 31) application/grpc
+STATUS_HEADERS = b"\x88" + b"\x0f\x10" + h2.hpack_int(16, 7) + b"application/grpc"
+RESPONSE_HEADERS = STATUS_HEADERS + h2.literal(b"grpc-accept-encoding",
+                                               b"identity, deflate, gzip")
+OK_TRAILERS = h2.literal(b"grpc-status", b"0")
+_TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3,
+                  ord("u"): 1e-6, ord("n"): 1e-9}
+
+
+def percent_encode(message: str) -> bytes:
+    """grpc-message's encoding: UTF-8, bytes outside 0x20-0x7E and '%' as %XX."""
+    raw = message.encode("utf-8", "replace")
+    if all(0x20 <= b <= 0x7E and b != 0x25 for b in raw):
+        return raw
+    return b"".join(bytes((b,)) if 0x20 <= b <= 0x7E and b != 0x25 else b"%%%02X" % b
+                    for b in raw)
+
+
+def status_block(code: int, message: str = "") -> bytes:
+    block = h2.literal(b"grpc-status", str(code).encode())
+    if message:
+        block += h2.literal(b"grpc-message", percent_encode(message))
+    return block
+
+
+def parse_timeout(value: bytes) -> float | None:
+    """grpc-timeout ("1S", "200m", at most 8 digits) in seconds; None if malformed."""
+    if not 2 <= len(value) <= 9 or not value[:-1].isdigit():
+        return None
+    unit = _TIMEOUT_UNITS.get(value[-1])
+    return None if unit is None else int(value[:-1]) * unit
+
+
+class Abort(Exception):
+    """Raised by Context.abort: ends the RPC with this status."""
+
+    def __init__(self, code: int, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class RequestStream:
+    """The request iterator of a client-streaming call."""
+
+    __slots__ = ("items", "waiter", "ended")
+
+    def __init__(self):
+        self.items: deque = deque()
+        self.waiter: asyncio.Future | None = None
+        self.ended = False
+
+    def put(self, item) -> None:
+        self.items.append(item)
+        self._wake()
+
+    def end(self) -> None:
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        w, self.waiter = self.waiter, None
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        while not self.items:
+            if self.ended:
+                raise StopAsyncIteration
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        item = self.items.popleft()
+        if isinstance(item, Abort):
+            raise item
+        return item
+
+
+class Call:
+    """One RPC: its stream, handler, metadata and the Context handlers get."""
+
+    __slots__ = ("conn", "stream", "handler", "path", "raw_metadata", "metadata",
+                 "encoding", "body", "requests", "task", "timer", "deadline", "finished",
+                 "deadline_hit", "reset")
+
+    def __init__(self, conn, stream, handler, path, raw_metadata, encoding):
+        self.conn = conn
+        self.stream = stream
+        self.handler = handler
+        self.path = path
+        self.raw_metadata = raw_metadata
+        self.metadata = None
+        self.encoding = encoding
+        self.body = bytearray()
+        self.requests: RequestStream | None = None
+        self.task: asyncio.Task | None = None
+        self.timer = None
+        self.deadline: float | None = None
+        self.finished = False
+        self.deadline_hit = False
+        self.reset = False  # the client cancelled (RST_STREAM) or went away
+
+    # -- the grpc.aio ServicerContext subset the handlers use --------------------------
+
+    async def abort(self, code, details: str = "", trailing_metadata=()):
+        raise Abort(_STATUS_CODE.get(code, 2), details)
+
+    def invocation_metadata(self):
+        if self.metadata is None:
+            md = []
+            for key, value in self.raw_metadata:
+                k = key.decode("latin-1")
+                if k.endswith("-bin"):
+                    md.append((k, base64.b64decode(value + b"=" * (-len(value) % 4))))
+                else:
+                    md.append((k, value.decode("latin-1")))
+            self.metadata = tuple(md)
+        return self.metadata
+
+    async def write(self, message) -> None:
+        if self.finished:
+            raise asyncio.CancelledError()
+        ser = self.handler.response_serializer
+        if ser is not None:
+            message = ser(message)
+        self.conn.send_message(self, message)
+        room = self.conn.room(self.stream)
+        if room is not None:
+            await room
+
+    def cancelled(self) -> bool:
+        return self.reset or self.deadline_hit
+
+    def done(self) -> bool:
+        return self.finished
+
+    def peer(self) -> str:
+        peer = self.conn.transport.get_extra_info("peername") if self.conn.transport \
+            else None
+        if not peer:
+            return "unknown"
+        host, port = peer[0], peer[1]
+        return f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+
+    def time_remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - self.conn.loop.time())
+
+    def set_code(self, code) -> None:  # grpc.aio offers these; no handler relies on them
+        pass
+
+    def set_details(self, details) -> None:
+        pass
+
+
+class GrpcConnection(h2.H2Connection):
+    """One client connection of the native gRPC server."""
+
+    def __init__(self, server: "NativeGrpcServer"):
+        super().__init__()
+        self.server = server
+        self.handlers = server.handlers
+        self.restrictions = server.restrictions
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self.server.connections.add(self)
+
+    def connection_closed(self) -> None:
+        self.server.connections.discard(self)
+
+    # -- requests in ------------------------------------------------------------------
+
+    def stream_opened(self, stream, headers, end_stream) -> None:
+        path = method = ctype = encoding = timeout = None
+        metadata = []
+        for name, value in headers:
+            if name[:1] == b":":
+                if name == b":path":
+                    path = value
+                elif name == b":method":
+                    method = value
+            elif name == b"content-type":
+                ctype = value
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name == b"grpc-timeout":
+                timeout = value
+            elif name != b"te" and not name.startswith(b"grpc-"):
+                metadata.append((name, value))
+        if method != b"POST":  # as grpcio: the stream is reset (INTERNAL_ERROR)
+            return self._reset(stream, h2.INTERNAL_ERROR)
+        # content-type is not checked: grpcio serves any (the spec's 415 is a SHOULD)
+        path_s = path.decode("latin-1") if path else ""
+        handler = self.handlers.get(path_s)
+        call = Call(self, stream, handler, path_s, metadata, encoding)
+        stream.app = call
+        if handler is None:
+            return self.finish(call, 12, "Method not found!")
+        if encoding not in (None, b"identity", b"gzip", b"deflate"):
+            # grpcio's answer on the wire (the spec says UNIMPLEMENTED)
+            return self.finish(call, 13, "Error parsing 'grpc-encoding' metadata")
+        if self.restrictions:
+            refusal = grpc_refusal(path_s, call.invocation_metadata(), self.restrictions)
+            if refusal is not None:
+                return self.finish(call, 14, refusal)
+        if timeout is not None:
+            seconds = parse_timeout(timeout)
+            if seconds is not None:
+                call.deadline = self.loop.time() + seconds
+                call.timer = self.loop.call_at(call.deadline, self._deadline, call)
+        if handler.request_streaming:
+            call.requests = RequestStream()
+            self._start(call, call.requests)
+
+    def stream_data(self, stream, data) -> None:
+        call = stream.app
+        if call is None or call.finished:
+            return
+        body = call.body
+        body += data
+        if len(body) >= 5:
+            flag, n = _PREFIX.unpack_from(body)
+            if n > MAX_MESSAGE_BYTES:
+                return self.finish(call, 8, "Received message larger than max (%d vs. %d)"
+                                   % (n, MAX_MESSAGE_BYTES))
+            if call.requests is not None:
+                self._take_messages(call)
+
+    def stream_ended(self, stream) -> None:
+        call = stream.app
+        if call is None or call.finished:
+            return
+        if call.requests is not None:
+            self._take_messages(call)
+            call.requests.end()
+            return
+        # a unary request: exactly one message
+        body = call.body
+        if len(body) < 5:
+            return self.finish(call, 13, "Received no request message" if not body
+                               else "Incomplete request message")
+        flag, n = _PREFIX.unpack_from(body)
+        if len(body) != n + 5:
+            return self.finish(call, 13, "Incomplete request message"
+                               if len(body) < n + 5 else
+                               "Received more than one request message")
+        try:
+            message = self._message(call, flag, bytes(memoryview(body)[5:]))
+        except Abort as e:
+            return self.finish(call, e.code, e.details)
+        call.body = None
+        self._start(call, message)
+
+    def stream_reset(self, stream) -> None:
+        call = stream.app
+        if call is None or call.finished:
+            return
+        call.finished = call.reset = True
+        if call.timer is not None:
+            call.timer.cancel()
+        if call.requests is not None:
+            call.requests.end()
+        if call.task is not None:
+            call.task.cancel()
+
+    def _take_messages(self, call: Call) -> None:
+        body, pos, end = call.body, 0, len(call.body)
+        view = memoryview(body)
+        try:
+            while end - pos >= 5:
+                flag, n = _PREFIX.unpack_from(body, pos)
+                if end - pos - 5 < n:
+                    break
+                try:
+                    call.requests.put(self._message(call, flag,
+                                                    bytes(view[pos + 5:pos + 5 + n])))
+                except Abort as e:
+                    call.requests.put(e)
+                pos += 5 + n
+        finally:
+            view.release()
+        if pos:
+            del body[:pos]
+
+    def _message(self, call: Call, flag: int, data: bytes):
+        if flag:
+            try:
+                if call.encoding == b"gzip":
+                    data = gzip.decompress(data)
+                elif call.encoding == b"deflate":
+                    data = zlib.decompress(data)
+                else:
+                    raise Abort(13, "Compressed message without grpc-encoding")
+            except (OSError, zlib.error, EOFError) as e:
+                raise Abort(13, f"Failed to decompress the message: {e}") from None
+        deser = call.handler.request_deserializer
+        if deser is not None:
+            try:
+                return deser(data)
+            except Exception as e:
+                raise Abort(13, f"Failed to deserialize the request: {e}") from None
+        return data
+
+    # -- running handlers -------------------------------------------------------------
+
+    def _start(self, call: Call, request) -> None:
+        h = call.handler
+        if h.response_streaming:
+            behavior = h.stream_stream if h.request_streaming else h.unary_stream
+            coro = self._run_streaming(call, behavior, request)
+        else:
+            behavior = h.stream_unary if h.request_streaming else h.unary_unary
+            coro = self._run_unary(call, behavior, request)
+        call.task = self.loop.create_task(coro)
+
+    async def _run_unary(self, call: Call, behavior, request) -> None:
+        try:
+            response = await behavior(request, call)
+            ser = call.handler.response_serializer
+            if ser is not None:
+                response = ser(response)
+        except Abort as e:
+            self.finish(call, e.code, e.details)
+        except asyncio.CancelledError:
+            self._cancelled(call)
+        except Exception as e:
+            log.exception("gRPC %s failed", call.path)
+            self.finish(call, 2, f"Unexpected {type(e)}: {e}")
+        else:
+            if not call.finished:
+                self.send_message(call, response)
+                self.finish(call, 0)
+
+    async def _run_streaming(self, call: Call, behavior, request) -> None:
+        try:
+            result = behavior(request, call)
+            if inspect.isasyncgen(result):
+                async for message in result:
+                    await call.write(message)
+            else:
+                await result
+        except Abort as e:
+            self.finish(call, e.code, e.details)
+        except asyncio.CancelledError:
+            self._cancelled(call)
+        except Exception as e:
+            log.exception("gRPC %s failed", call.path)
+            self.finish(call, 2, f"Unexpected {type(e)}: {e}")
+        else:
+            self.finish(call, 0)
+
+    def _cancelled(self, call: Call) -> None:
+        if call.deadline_hit or not call.finished:
+            self.finish(call, 4 if call.deadline_hit else 1,
+                        "Deadline Exceeded" if call.deadline_hit else "Cancelled")
+
+    def _deadline(self, call: Call) -> None:
+        call.timer = None
+        if call.finished:
+            return
+        call.deadline_hit = True
+        if call.task is not None and not call.task.done():
+            call.task.cancel()  # _cancelled answers DEADLINE_EXCEEDED
+        else:
+            self.finish(call, 4, "Deadline Exceeded")
+
+    # -- replies out ------------------------------------------------------------------
+
+    def send_message(self, call: Call, message) -> None:
+        stream = call.stream
+        if not stream.headers_sent:
+            self.send_headers(stream, RESPONSE_HEADERS)
+        n = len(message)
+        if n > MAX_MESSAGE_BYTES:
+            raise Abort(8, "Sent message larger than max (%d vs. %d)"
+                        % (n, MAX_MESSAGE_BYTES))
+        if n <= 65536:
+            self.send_data(stream, _PREFIX.pack(0, n) + message)
+        else:  # no copy of a large reply into a new buffer
+            self.send_data(stream, _PREFIX.pack(0, n))
+            self.send_data(stream, message)
+
+    def finish(self, call: Call, code: int, message: str = "") -> None:
+        """End the call with this status (trailers, or trailers-only before any reply)."""
+        if call.finished:
+            return
+        call.finished = True
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        if call.requests is not None:
+            call.requests.end()
+        stream = call.stream
+        if code == 0 and stream.headers_sent:
+            self.send_trailers(stream, OK_TRAILERS)
+        elif stream.headers_sent:
+            self.send_trailers(stream, status_block(code, message))
+        else:
+            self.send_trailers(stream, STATUS_HEADERS + status_block(code, message))
+
+
+class NativeGrpcServer:
+    """A listening socket and its connections; the grpc.aio.Server calls main.py uses
+    (start, stop, bound_port)."""
+
+    def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None):
+        self.handlers = handlers  # "/service/Method" -> grpc.RpcMethodHandler
+        self.restrictions = restrictions or None
+        self.sock = sock
+        self.bound_port = sock.getsockname()[1]
+        self.connections: set[GrpcConnection] = set()
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: GrpcConnection(self),
+                                               sock=self.sock)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop listening; GOAWAY to every connection, whose running calls get `grace`
+        seconds to finish before they are cancelled and the connections dropped."""
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.connections):
+            conn.goaway()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (grace or 0)
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            conn.abort()
+        await asyncio.sleep(0)

@@ -1,0 +1,281 @@
+"""frontend/h2.py and frontend/grpc_native.py driven frame by frame through a fake
+transport: frame parsing, CONTINUATION, both directions of flow control, RST_STREAM
+cancelling a handler, GOAWAY draining, trailers and percent-encoding."""
+
+import asyncio
+import functools
+import struct
+
+import grpc
+import hpack
+import pytest
+
+from frontend import h2
+from frontend.grpc_native import (GrpcConnection, NativeGrpcServer, parse_timeout,
+                                  percent_encode)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def run(fn):
+    """An async test run on a fresh event loop (no pytest asyncio plugin here)."""
+    @functools.wraps(fn)
+    def test():
+        asyncio.run(fn())
+    return test
+
+
+class FakeTransport(asyncio.Transport):
+    def __init__(self):
+        super().__init__()
+        self.data = bytearray()
+        self.closed = False
+
+    def write(self, data):
+        self.data += data
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+    def abort(self):
+        self.closed = True
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 5555) if name == "peername" else default
+
+
+class Peer:
+    """A client's end: writes frames into the connection, parses what comes back."""
+
+    def __init__(self, handlers, settings=b""):
+        server = NativeGrpcServer.__new__(NativeGrpcServer)
+        server.handlers, server.restrictions, server.connections = handlers, None, set()
+        self.conn = GrpcConnection(server)
+        self.transport = FakeTransport()
+        self.conn.connection_made(self.transport)
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+        self.frames = []  # (type, flags, stream, payload)
+        self.send(h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, settings))
+
+    def send(self, data: bytes) -> None:
+        self.conn.data_received(data)
+
+    def headers_block(self, path, extra=()):
+        return self.encoder.encode([(":method", "POST"), (":scheme", "http"),
+                                    (":path", path), (":authority", "x"),
+                                    ("content-type", "application/grpc"),
+                                    ("te", "trailers"), *extra])
+
+    def request(self, sid, path, message=None, extra=(), end=True):
+        data = h2.frame(h2.HEADERS, h2.END_HEADERS, sid, self.headers_block(path, extra))
+        if message is not None:
+            data += h2.frame(h2.DATA, h2.END_STREAM if end else 0, sid,
+                             struct.pack(">BI", 0, len(message)) + message)
+        self.send(data)
+
+    async def settle(self):
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    def read(self):
+        buf = self.transport.data
+        pos = 0
+        while len(buf) - pos >= 9:
+            word, flags, sid = struct.unpack_from(">IBI", buf, pos)
+            n = word >> 8
+            if len(buf) - pos - 9 < n:
+                break
+            payload = bytes(buf[pos + 9:pos + 9 + n])
+            pos += 9 + n
+            kind = word & 0xFF
+            if kind == h2.HEADERS:
+                payload = dict((k.decode(), v.decode())
+                               for k, v in self.decoder.decode(payload, raw=True))
+            self.frames.append((kind, flags, sid, payload))
+        del buf[:pos]
+        return self.frames
+
+    def of(self, sid, kind=None):
+        return [f for f in self.read() if f[2] == sid and (kind is None or f[0] == kind)]
+
+    def body(self, sid):
+        return b"".join(f[3] for f in self.of(sid, h2.DATA))
+
+
+def _echo_handlers(started=None):
+    async def echo(request, context):
+        return request
+
+    async def big(request, context):
+        return b"x" * int(request)
+
+    async def slow(request, context):
+        started.set_result(context)
+        await asyncio.sleep(3600)
+
+    async def fail(request, context):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad 100% \u00e9\nline")
+
+    async def chat(requests, context):
+        async for r in requests:
+            await context.write(r.upper())
+
+    u = grpc.unary_unary_rpc_method_handler
+    return {"/s/Echo": u(echo), "/s/Big": u(big), "/s/Slow": u(slow), "/s/Fail": u(fail),
+            "/s/Chat": grpc.stream_stream_rpc_method_handler(chat)}
+
+
+def test_percent_encoding_and_timeout():
+    assert percent_encode("plain text") == b"plain text"
+    assert percent_encode("100% \u00e9\n") == b"100%25 %C3%A9%0A"
+    assert parse_timeout(b"1S") == 1.0 and parse_timeout(b"250m") == 0.25
+    assert parse_timeout(b"x") is None and parse_timeout(b"123456789S") is None
+    assert h2.hpack_int(10, 5) == b"\x0a" and h2.hpack_int(1337, 5) == b"\x1f\x9a\x0a"
+
+
+@run
+async def test_settings_ping_and_unary_reply_in_one_write():
+    p = Peer(_echo_handlers())
+    frames = p.read()
+    assert frames[0][0] == h2.SETTINGS and not frames[0][1] & h2.ACK
+    assert any(f[0] == h2.SETTINGS and f[1] & h2.ACK for f in frames)
+    p.send(h2.frame(h2.PING, 0, 0, b"12345678"))
+    assert (h2.PING, h2.ACK, 0, b"12345678") in p.read()
+    p.request(1, "/s/Echo", b"hello")
+    await p.settle()
+    heads = p.of(1, h2.HEADERS)
+    assert heads[0][3][":status"] == "200"
+    assert heads[0][3]["content-type"] == "application/grpc"
+    assert heads[-1][1] & h2.END_STREAM and heads[-1][3]["grpc-status"] == "0"
+    assert p.body(1) == b"\x00\x00\x00\x00\x05hello"
+
+
+@run
+async def test_continuation_and_padding():
+    p = Peer(_echo_handlers())
+    block = p.headers_block("/s/Echo", [("x-long", "v" * 3000)])
+    cut = len(block) // 3
+    padded = bytes((4,)) + struct.pack(">BI", 0, 2) + b"hi" + b"\0" * 4
+    p.send(h2.frame(h2.HEADERS, 0, 1, block[:cut])
+           + h2.frame(h2.CONTINUATION, 0, 1, block[cut:2 * cut])
+           + h2.frame(h2.CONTINUATION, h2.END_HEADERS, 1, block[2 * cut:])
+           + h2.frame(h2.DATA, h2.PADDED | h2.END_STREAM, 1, padded))
+    await p.settle()
+    assert p.body(1) == b"\x00\x00\x00\x00\x02hi"
+
+
+@run
+async def test_send_flow_control_tiny_window():
+    # the peer grants 100 bytes per stream and 16 KiB frames: the reply comes in pieces
+    p = Peer(_echo_handlers(), struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 100))
+    p.request(1, "/s/Big", b"50000")
+    await p.settle()
+    assert len(p.body(1)) == 100 and not p.of(1, h2.HEADERS)[-1][1] & h2.END_STREAM
+    got = 100
+    while got < 50005:
+        p.send(h2.frame(h2.WINDOW_UPDATE, 0, 1, struct.pack(">I", 20000)))
+        await p.settle()
+        now = len(p.body(1))
+        assert now - got <= 20000
+        got = now
+        if got < 65535:  # the connection window (65535) binds too
+            pass
+        else:
+            p.send(h2.frame(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 20)))
+    assert all(len(f[3]) <= 16384 for f in p.of(1, h2.DATA))
+    assert p.body(1) == struct.pack(">BI", 0, 50000) + b"x" * 50000
+    assert p.of(1, h2.HEADERS)[-1][3]["grpc-status"] == "0"
+
+
+@run
+async def test_receive_window_given_back():
+    p = Peer(_echo_handlers())
+    p.read()
+    chunk = b"y" * (1 << 20)
+    message = struct.pack(">BI", 0, 40 << 20)
+    p.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, p.headers_block("/s/Echo")))
+    p.send(h2.frame(h2.DATA, 0, 1, message))
+    for _ in range(40):
+        p.send(h2.frame(h2.DATA, 0, 1, chunk))
+    p.send(h2.frame(h2.DATA, h2.END_STREAM, 1, b""))
+    updates = [f for f in p.read() if f[0] == h2.WINDOW_UPDATE]
+    conn = sum(struct.unpack(">I", f[3])[0] for f in updates if f[2] == 0)
+    stream = sum(struct.unpack(">I", f[3])[0] for f in updates if f[2] == 1)
+    assert conn >= (40 << 20) - h2.RECV_CONN_WINDOW  # batches, not one per frame
+    assert stream >= (40 << 20) - h2.RECV_STREAM_WINDOW
+    assert len(updates) < 20
+    p.send(h2.frame(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 30)))
+    p.send(h2.frame(h2.SETTINGS, 0, 0, struct.pack(">HI", h2.INITIAL_WINDOW_SIZE,
+                                                     1 << 30)))
+    await p.settle()
+    assert len(p.body(1)) == (40 << 20) + 5
+
+
+@run
+async def test_rst_stream_cancels_the_handler():
+    started = asyncio.get_running_loop().create_future()
+    p = Peer(_echo_handlers(started))
+    p.request(1, "/s/Slow", b"")
+    context = await asyncio.wait_for(started, 5)
+    call = p.conn.streams[1].app
+    p.send(h2.frame(h2.RST_STREAM, 0, 1, struct.pack(">I", h2.CANCEL)))
+    await p.settle()
+    assert call.task.done() and context.cancelled()
+    assert not p.of(1, h2.HEADERS) and 1 not in p.conn.streams
+
+
+@run
+async def test_goaway_drains_running_streams():
+    started = asyncio.get_running_loop().create_future()
+    handlers = _echo_handlers(started)
+    release = asyncio.Event()
+
+    async def slow(request, context):
+        started.set_result(None)
+        await release.wait()
+        return b"done"
+
+    handlers["/s/Slow"] = grpc.unary_unary_rpc_method_handler(slow)
+    p = Peer(handlers)
+    p.request(1, "/s/Slow", b"")
+    await started
+    p.conn.goaway()
+    assert any(f[0] == h2.GOAWAY for f in p.read()) and not p.transport.closed
+    p.request(3, "/s/Echo", b"late")  # after GOAWAY: refused
+    await p.settle()
+    assert p.of(3, h2.RST_STREAM)
+    release.set()
+    await p.settle()
+    assert p.body(1).endswith(b"done") and p.transport.closed
+
+
+@run
+async def test_errors_trailers_only_and_percent_encoded():
+    p = Peer(_echo_handlers())
+    p.request(1, "/s/Fail", b"")
+    p.request(3, "/s/Nope", b"")
+    await p.settle()
+    (head,) = p.of(1, h2.HEADERS)  # trailers-only
+    assert head[1] & h2.END_STREAM and head[3]["grpc-status"] == "3"
+    assert head[3]["grpc-message"] == "bad 100%25 %C3%A9%0Aline"
+    assert p.of(3, h2.HEADERS)[0][3]["grpc-status"] == "12"
+
+
+@run
+async def test_streaming_and_deadline():
+    p = Peer(_echo_handlers(asyncio.get_running_loop().create_future()))
+    p.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, p.headers_block("/s/Chat")))
+    for word in (b"ab", b"cd"):
+        p.send(h2.frame(h2.DATA, 0, 1, struct.pack(">BI", 0, 2) + word))
+        await p.settle()
+    p.send(h2.frame(h2.DATA, h2.END_STREAM, 1, b""))
+    await p.settle()
+    assert p.body(1) == b"\0\0\0\0\x02AB\0\0\0\0\x02CD"
+    assert p.of(1, h2.HEADERS)[-1][3]["grpc-status"] == "0"
+    p.request(3, "/s/Slow", b"", extra=[("grpc-timeout", "20m")])
+    await asyncio.sleep(0.1)
+    assert p.of(3, h2.HEADERS)[-1][3]["grpc-status"] == "4"
