@@ -39,6 +39,7 @@ HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, \
 # error codes
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT, \
     STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = range(10)
+ENHANCE_YOUR_CALM = 0xB
 
 DEFAULT_WINDOW = 65535
 MAX_WINDOW = 2**31 - 1
@@ -49,6 +50,7 @@ RECV_STREAM_WINDOW = 1 << 24
 RECV_CONN_WINDOW = 1 << 26
 RECV_MAX_FRAME = 1 << 20
 MAX_STREAMS = 4096
+MAX_HEADER_BLOCK = 1 << 20  # a request's headers, CONTINUATIONs included
 STREAM_WRITE_HIGH = 1 << 20  # a stream holding more unsent bytes makes writers wait
 
 _HEAD = struct.Struct(">IBI")  # (length << 8 | type), flags, stream id
@@ -246,6 +248,8 @@ class H2Connection(asyncio.Protocol):
                 raise ConnectionError_(PROTOCOL_ERROR, "unexpected CONTINUATION")
             st, end_stream, block = self.continuing
             block += buf[start:end]
+            if len(block) > MAX_HEADER_BLOCK:  # a CONTINUATION flood: memory, not headers
+                raise ConnectionError_(ENHANCE_YOUR_CALM, "header block too large")
             if flags & END_HEADERS:
                 self.continuing = None
                 self._headers_done(sid, st, end_stream, bytes(block))

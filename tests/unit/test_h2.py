@@ -169,6 +169,22 @@ async def test_continuation_and_padding():
 
 
 @run
+async def test_a_continuation_flood_closes_the_connection():
+    # header blocks that never end would grow without bound: GOAWAY past 1 MiB
+    p = Peer(_echo_handlers())
+    p.send(h2.frame(h2.HEADERS, 0, 1, p.headers_block("/s/Echo", [])[:5]))
+    chunk = b"\x00" * 65536
+    for _ in range(h2.MAX_HEADER_BLOCK // len(chunk) + 1):
+        if p.transport.closed:
+            break
+        p.send(h2.frame(h2.CONTINUATION, 0, 1, chunk))
+    await p.settle()
+    assert p.transport.closed
+    goaway = [f for f in p.read() if f[0] == h2.GOAWAY]
+    assert goaway and struct.unpack(">I", goaway[-1][3][4:8])[0] == h2.ENHANCE_YOUR_CALM
+
+
+@run
 async def test_send_flow_control_tiny_window():
     # the peer grants 100 bytes per stream and 16 KiB frames: the reply comes in pieces
     p = Peer(_echo_handlers(), struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 100))
