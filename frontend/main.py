@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--grpc-restricted-protocol", default="{}",
                    help="JSON {group: [metadata key, value]}, parsed by the scheduler")
     p.add_argument("--http-max-input-size", type=int, default=1 << 26)
-    p.add_argument("--grpc-frontend", choices=("grpcio", "native"), default="grpcio")
+    p.add_argument("--grpc-frontend", choices=("native", "grpcio"), default="native")
     args = p.parse_args(argv)
     args.role = f"frontend[{args.index}]"
     configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))

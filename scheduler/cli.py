@@ -43,9 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--allow-http", type=_bool, default=True)
     p.add_argument("--allow-grpc", type=_bool, default=True)
-    p.add_argument("--grpc-frontend", choices=("grpcio", "native"), default="grpcio",
-                   help="the gRPC transport: grpc.aio (grpcio) or this server's own "
-                        "HTTP/2 (native, frontend/grpc_native.py)")
+    p.add_argument("--grpc-frontend", choices=("native", "grpcio"), default="native",
+                   help="the gRPC transport: this server's own HTTP/2 (native, the "
+                        "default: ~100 us of frontend CPU per unary RPC where grpc.aio "
+                        "costs ~350) or grpc.aio (grpcio)")
     p.add_argument("--allow-metrics", type=_bool, default=True)
     p.add_argument("--allow-cpu-metrics", type=_bool, default=True)
     p.add_argument("--allow-gpu-metrics", type=_bool, default=True)

@@ -147,7 +147,7 @@ class FrontendPool:
             "--grpc-restricted-protocol",
             msgspec.json.encode(a.grpc_restricted_protocol).decode(),
             "--http-max-input-size", str(a.http_max_input_size),
-            "--grpc-frontend", getattr(a, "grpc_frontend", "grpcio"),
+            "--grpc-frontend", getattr(a, "grpc_frontend", "native"),
         ], on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())

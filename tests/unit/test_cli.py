@@ -27,6 +27,14 @@ def test_strict_readiness_default_true_and_false():
     assert parse_args([*BASE, "--strict-readiness=false"]).strict_readiness is False
 
 
+def test_grpc_frontend_defaults_to_native():
+    """The native HTTP/2 gRPC transport serves unless grpc.aio is asked for."""
+    assert parse_args(BASE).grpc_frontend == "native"
+    assert parse_args([*BASE, "--grpc-frontend", "grpcio"]).grpc_frontend == "grpcio"
+    with pytest.raises(SystemExit):
+        parse_args([*BASE, "--grpc-frontend", "h2"])
+
+
 def test_poll_mode_takes_poll_secs_with_tritons_default():
     """--model-control-mode=poll works: --repository-poll-secs defaults to Triton's 15
     and is not warned about there."""
