@@ -57,8 +57,8 @@ class _Request:
     """One request: what the parser gave, its body, and where its response stands."""
 
     __slots__ = ("method", "path", "raw_path", "query", "headers", "version", "keep_alive",
-                 "expect", "target", "body", "body_size", "body_done", "arena", "block",
-                 "refusal", "task", "waiter", "gone", "watching", "started", "done",
+                 "expect", "target", "info", "body", "body_size", "body_done", "arena",
+                 "block", "refusal", "task", "waiter", "gone", "watching", "started", "done",
                  "chunked", "head_only", "delivered")
 
     def __init__(self):
@@ -103,6 +103,7 @@ class HttpProtocol(asyncio.Protocol):
         self.url = b""
         self.headers: list = []
         self.header_bytes = 0
+        self.in_headers = False
         self.read_paused = self.write_paused = False
         self.drained: asyncio.Future | None = None
         self.closing = False  # no more requests: close once the pipeline is answered
@@ -118,15 +119,18 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.connections.discard(self)
         self.closing = True
-        for req in self.pipeline:
+        requests = set(self.pipeline)
+        if self.current is not None:
+            requests.add(self.current)
+        self.pipeline.clear()  # nothing more starts on this connection
+        for req in requests:
             req.gone = True
             req.wake()
             if req.watching and req.task is not None:
                 req.task.cancel()  # InferEndpoint.respond sees `gone` and ends quietly
-        cur = self.current
-        if cur is not None and cur.block is not None and cur.task is None:
-            self.infer.core.free_blocks([cur.block])  # a body cut short
-            cur.block = cur.arena = None
+            if req.block is not None:  # a body cut short, or a request never started
+                self.infer.core.free_blocks([req.block])
+                req.block = req.arena = None
         if self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
 
@@ -145,6 +149,11 @@ class HttpProtocol(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
+            if self.in_headers:  # bounds what httptools gathers before on_header
+                self.header_bytes += len(data)
+                if self.header_bytes > 2 * MAX_HEADER_BYTES:
+                    self.error = _plain(431, b"Request header fields too large.")
+                    raise httptools.HttpParserError("headers too large")
         except httptools.HttpParserUpgrade:
             # no upgrades served: answer what was read, then close (uvicorn serves the
             # request without upgrading too)
@@ -162,6 +171,7 @@ class HttpProtocol(asyncio.Protocol):
     # ------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
+        self.in_headers = True
         self.url = b""
         self.headers = []
         self.header_bytes = 0
@@ -181,6 +191,7 @@ class HttpProtocol(asyncio.Protocol):
             raise httptools.HttpParserError("headers too large")  # stops the parser
 
     def on_headers_complete(self) -> None:
+        self.in_headers = False
         parser = self.parser
         req = _Request()
         req.method = parser.get_method()
@@ -190,7 +201,8 @@ class HttpProtocol(asyncio.Protocol):
         url = httptools.parse_url(self.url)
         raw = url.path
         req.raw_path = raw
-        req.path = path = unquote(raw.decode("ascii")) if b"%" in raw else raw.decode("ascii")
+        path = raw.decode("ascii")
+        req.path = path = unquote(path) if "%" in path else path
         req.query = url.query or b""
         req.expect = False
         for key, value in headers:
@@ -213,7 +225,7 @@ class HttpProtocol(asyncio.Protocol):
             if refused is not None:
                 req.refusal = (403, refused[1], False)
                 return
-        header_length, encoding, _, length = infer_headers(req.headers)
+        req.info = header_length, encoding, _, length = infer_headers(req.headers)
         if length > self.max_input:  # answered at once, and the body never read
             req.refusal = (400, input_size_message(length, self.max_input, header_length),
                            True)
@@ -236,7 +248,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         if req.target is not None and req.body_size > self.max_input:
             # a chunked infer body past the limit: refused, and the connection closes
-            header_length = infer_headers(req.headers)[0]
+            header_length = req.info[0]
             req.refusal = (400, input_size_message(req.body_size, self.max_input,
                                                    header_length), True)
             req.keep_alive = False
@@ -306,10 +318,10 @@ class HttpProtocol(asyncio.Protocol):
 
     def _flow(self) -> None:
         """Read while the writes drain and the pipeline and request bodies are short."""
-        head = self.pipeline[0] if self.pipeline else None
+        cur = self.current
         full = (self.write_paused or self.closing or len(self.pipeline) > MAX_PIPELINE
-                or (head is not None and head.target is None
-                    and sum(map(len, head.body)) > BODY_HIGH_WATER))
+                or (cur is not None and cur.target is None and not cur.done
+                    and sum(map(len, cur.body)) > BODY_HIGH_WATER))
         if full:
             self._pause_reading()
         elif self.read_paused and not self.transport.is_closing():
@@ -342,7 +354,7 @@ class HttpProtocol(asyncio.Protocol):
         req.task = self.loop.create_task(self._infer(req))
 
     async def _infer(self, req: _Request) -> None:
-        header_length, encoding, accept, _ = infer_headers(req.headers)
+        header_length, encoding, accept, _ = req.info
         block = req.block
         if block is not None:
             arena = req.arena
@@ -523,3 +535,4 @@ class Server:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.abort()
+        await asyncio.sleep(0.05)  # the aborted connections' tasks see it and end
