@@ -500,8 +500,7 @@ class HttpProtocol(asyncio.Protocol):
             and not req.head_only
         if chunked:
             parts.append(b"transfer-encoding: chunked\r\n")
-        if not req.keep_alive or (not req.body_done and not chunked and not length):
-            req.keep_alive = False
+        if not req.keep_alive:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
         req.chunked = chunked

@@ -48,7 +48,7 @@ async def serve(args) -> int:
 
     http_server = http_task = grpc_server = native_http = None
     from frontend import EXTENSIONS, VERSION
-    if args.allow_http and args.http_frontend == "native":
+    if args.allow_http:
         from frontend.http_server import make_http_app
         http_sock = reuseport_socket(args.http_address, args.http_port)
         http_app = make_http_app(core, server_name=args.server_id, server_version=VERSION,
@@ -56,10 +56,8 @@ async def serve(args) -> int:
                                  header_forward=args.http_header_forward_pattern,
                                  restrictions=_restrictions(args.http_restricted_api),
                                  max_input_size=args.http_max_input_size)
-    elif args.allow_http:
+    if args.allow_http and args.http_frontend == "uvicorn":
         import uvicorn
-
-        from frontend.http_server import make_http_app
 
         class _Server(uvicorn.Server):
             # signals belong to this process's own handlers above
@@ -67,13 +65,7 @@ async def serve(args) -> int:
             def capture_signals(self):
                 yield
 
-        sock = reuseport_socket(args.http_address, args.http_port)
-        app = make_http_app(core, server_name=args.server_id, server_version=VERSION,
-                            extensions=EXTENSIONS,
-                            header_forward=args.http_header_forward_pattern,
-                            restrictions=_restrictions(args.http_restricted_api),
-                            max_input_size=args.http_max_input_size)
-        config = uvicorn.Config(app, lifespan="off",
+        config = uvicorn.Config(http_app, lifespan="off",
                                 http="httptools", loop="none", access_log=False,
                                 # log_config None: uvicorn's records go through
                                 # this process's handler (the shared --log-file)
@@ -99,7 +91,7 @@ async def serve(args) -> int:
     if grpc_server is not None:
         await grpc_server.start()
     if http_server is not None:
-        http_task = loop.create_task(http_server.serve(sockets=[sock]))
+        http_task = loop.create_task(http_server.serve(sockets=[http_sock]))
     elif args.allow_http:
         from frontend import http1
         native_http = await http1.serve(http_app, http_sock)

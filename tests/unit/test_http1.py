@@ -351,3 +351,24 @@ def test_disconnect_cancels_an_infer_in_flight(port, core):
     sock.close()
     assert cancelled.wait(5)
     time.sleep(0.05)
+
+
+def test_a_long_pipeline_pauses_reading_and_is_answered_whole(port):
+    sock, r = connect(port)
+    with sock:
+        n = 3 * http1.MAX_PIPELINE
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n" * n)
+        answers = r.read(n)
+        assert len(answers) == n and all(a[0] == 200 for a in answers)
+
+
+def test_head_has_no_body(port):
+    sock, r = connect(port)
+    with sock:
+        sock.sendall(b"HEAD /v2 HTTP/1.1\r\nHost: x\r\n\r\nGET /v2 HTTP/1.1\r\n"
+                     b"Host: x\r\n\r\n")
+        sock.settimeout(5)
+        got = b""
+        while b"shmserve" not in got:
+            got += sock.recv(65536)
+        assert got.count(b"HTTP/1.1 200") == 2 and got.count(b"shmserve") == 1
