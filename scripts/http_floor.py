@@ -14,7 +14,9 @@ Servers (all on uvloop, one process):
   endpoint that awaits the scheduler must be).
 
 A canned server's CPU per request is the floor a Python HTTP frontend built that way
-cannot go under here. Also runs as the canned server itself: `--serve MODE PORT`.
+cannot go under here. On the 2-core VM, 2 rounds of 5 s: uvicorn 28.5 / 28.3 us per
+request (26k-34k req/s), raw 8.9 / 9.3 us (70k-108k), raw-task 10.9 / 10.4 us (65k-88k).
+Also runs as the canned server itself: `--serve MODE PORT`.
 """
 
 from __future__ import annotations
