@@ -467,12 +467,14 @@ class HttpProtocol(asyncio.Protocol):
             await self.app(self._scope(req), receive, send)
         except Exception:
             log.exception("HTTP request %s %s failed", req.method.decode(), req.path)
-            if req.chunked is None and not req.gone:
+            if req.done or req.gone:
+                return  # answered (starlette re-raises after its 500) or nobody to tell
+            if req.chunked is None:
                 req.keep_alive = False
                 self.transport.write(_plain(500, b"Internal Server Error"))
                 self._finish(req)
             else:
-                self.transport.close()
+                self.transport.close()  # a response cut short cannot be ended
             return
         if not req.done and not req.gone:
             if req.chunked is None:  # the app sent nothing: as uvicorn, a 500

@@ -73,6 +73,10 @@ class Echo:
         await send({"type": "http.response.body", "body": body})
 
 
+async def boom(request):
+    raise RuntimeError("a bug in a handler")
+
+
 @pytest.fixture
 def streamer():
     return Streamer()
@@ -86,7 +90,8 @@ def core():
 @pytest.fixture
 def port(core, streamer):
     app = make_http_app(core, routes=[Route("/stream", streamer),
-                                                Route("/echo", Echo(), methods=["POST"])],
+                                                Route("/echo", Echo(), methods=["POST"]),
+                                                Route("/boom", boom)],
                         restrictions={"health": ("api-key", "yes")},
                         max_input_size=4 << 20)
     loop = asyncio.new_event_loop()
@@ -372,3 +377,12 @@ def test_head_has_no_body(port):
         while b"shmserve" not in got:
             got += sock.recv(65536)
         assert got.count(b"HTTP/1.1 200") == 2 and got.count(b"shmserve") == 1
+
+
+def test_a_failing_handler_is_500_and_the_connection_goes_on(port):
+    sock, r = connect(port)
+    with sock:
+        sock.sendall(b"GET /boom HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        (s1, _, _), (s2, _, _) = r.read(2)
+        assert (s1, s2) == (500, 200)
