@@ -73,6 +73,25 @@ class Echo:
         await send({"type": "http.response.body", "body": body})
 
 
+class Flood:
+    """Streams 64 KiB chunks as fast as the transport takes them, counting."""
+
+    def __init__(self):
+        self.sent = 0
+        self.ended = threading.Event()
+
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        try:
+            while self.sent < 100_000:
+                await send({"type": "http.response.body", "body": bytes(65536),
+                            "more_body": True})
+                self.sent += 1
+                await asyncio.sleep(0)
+        finally:
+            self.ended.set()
+
+
 async def boom(request):
     raise RuntimeError("a bug in a handler")
 
@@ -83,15 +102,21 @@ def streamer():
 
 
 @pytest.fixture
+def flood():
+    return Flood()
+
+
+@pytest.fixture
 def core():
     return ArenaCore()
 
 
 @pytest.fixture
-def port(core, streamer):
+def port(core, streamer, flood):
     app = make_http_app(core, routes=[Route("/stream", streamer),
                                                 Route("/echo", Echo(), methods=["POST"]),
-                                                Route("/boom", boom)],
+                                                Route("/boom", boom),
+                                                Route("/flood", flood)],
                         restrictions={"health": ("api-key", "yes")},
                         max_input_size=4 << 20)
     loop = asyncio.new_event_loop()
@@ -386,3 +411,15 @@ def test_a_failing_handler_is_500_and_the_connection_goes_on(port):
                      b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
         (s1, _, _), (s2, _, _) = r.read(2)
         assert (s1, s2) == (500, 200)
+
+
+def test_a_client_that_does_not_read_holds_the_sender_back(port, flood):
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.sendall(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(0.5)
+    held = flood.sent
+    time.sleep(0.3)
+    assert flood.sent == held < 1000  # waiting for the writes to drain
+    sock.close()
+    assert flood.ended.wait(5)
