@@ -53,7 +53,7 @@ def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
     metadata = http_codec.json_dumps(
         {"name": server_name, "version": server_version, "extensions": list(extensions)})
     forward = header_forward_pattern(header_forward)
-    infer = _InferEndpoint(core, forward, max_input_size)
+    infer = InferEndpoint(core, forward, max_input_size)
     handlers = _Handlers(core, metadata)
     model = "/v2/models/{model_name}"
     versioned = model + "/versions/{version}"
@@ -93,37 +93,46 @@ class _HttpApp(Starlette):
 
     Routing through starlette's middleware and route list costs ~6 us a request
     (measured); the infer path is recognised here with two string tests instead. Every
-    other request, and any infer path this does not recognise, goes the usual way."""
+    other request, and any infer path this does not recognise, goes the usual way.
+    frontend/http1.py's native transport uses `infer`, `restrictions` and `max_input`
+    for its own fast path and hands every other request to this app."""
 
-    def __init__(self, infer: "_InferEndpoint", restrictions: Restrictions,
+    def __init__(self, infer: "InferEndpoint", restrictions: Restrictions,
                  max_input_size: int, **kwargs):
         super().__init__(**kwargs)
-        self._infer = infer
-        self._restrictions = restrictions
-        self._max_input = max_input_size
+        self.infer = infer
+        self.restrictions = restrictions
+        self.max_input = max_input_size
 
     async def __call__(self, scope, receive, send) -> None:
         # Restricted API groups first, before any routing or reading (Triton checks
         # the header before anything else a handler does).
-        if self._restrictions and scope["type"] == "http":
-            refused = http_refusal(scope, self._restrictions)
+        if self.restrictions and scope["type"] == "http":
+            refused = http_refusal(scope, self.restrictions)
             if refused is not None:
                 return await _send_error(send, 403, refused[1])
         if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            if path.startswith("/v2/models/") and path.endswith("/infer"):
-                parts = path[11:-6].split("/")
-                if len(parts) == 1 and parts[0]:
-                    scope["path_params"] = {"model_name": parts[0]}
-                    return await self._infer(scope, receive, send)
-                if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
-                    scope["path_params"] = {"model_name": parts[0], "version": parts[2]}
-                    return await self._infer(scope, receive, send)
+            target = infer_target(scope["path"])
+            if target is not None:
+                scope["path_params"] = ({"model_name": target[0]} if not target[1] else
+                                        {"model_name": target[0], "version": target[1]})
+                return await self.infer(scope, receive, send)
         if scope["type"] == "http":
-            receive = await _limited_body(scope, receive, send, self._max_input)
+            receive = await _limited_body(scope, receive, send, self.max_input)
             if receive is None:
                 return  # refused (too large) or the client went away
         await super().__call__(scope, receive, send)
+
+
+def infer_target(path: str) -> tuple[str, str] | None:
+    """(model, version or "") when `path` is /v2/models/<m>[/versions/<v>]/infer."""
+    if path.startswith("/v2/models/") and path.endswith("/infer"):
+        parts = path[11:-6].split("/")
+        if len(parts) == 1 and parts[0]:
+            return parts[0], ""
+        if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+            return parts[0], parts[2]
+    return None
 
 
 async def _send_error(send, status: int, message: str, close: bool = False) -> None:
@@ -185,27 +194,44 @@ def error_response(err: InferError) -> Response:
                     media_type="application/json")
 
 
-class _InferEndpoint:
-    """POST /v2/models/{model}[/versions/{version}]/infer as a raw ASGI app."""
+def infer_headers(headers) -> tuple[str | None, str | None, str | None, int]:
+    """(Inference-Header-Content-Length, Content-Encoding, Accept-Encoding,
+    Content-Length or 0) of an infer request's [(lowercase name, value)] headers."""
+    header_length = encoding = accept = None
+    content_length = 0
+    for key, value in headers:
+        if key == b"inference-header-content-length":
+            header_length = value.decode("latin-1")
+        elif key == b"content-encoding":
+            encoding = value.decode("latin-1").strip()
+        elif key == b"accept-encoding":
+            accept = value.decode("latin-1")
+        elif key == b"content-length":
+            content_length = int(value) if value.isdigit() else 0
+    return header_length, encoding, accept, content_length
+
+
+class InferEndpoint:
+    """POST /v2/models/{model}[/versions/{version}]/infer: as a raw ASGI app (under
+    uvicorn), and through `respond` for frontend/http1.py's native transport, which
+    reads the body and writes the answer itself. Both share the decoding, the call
+    to the core and the response building here."""
 
     def __init__(self, core: FrontendCore, header_forward=None,
                  max_input_size: int = HTTP_DEFAULT_MAX_INPUT_SIZE):
         self.core = core
         self.header_forward = header_forward  # compiled --http-header-forward-pattern
         self.max_input = max_input_size  # --http-max-input-size, bytes
+        # the core's arena, for bodies received straight into shared memory
+        self.body_buffer = getattr(core, "body_buffer", None)
+
+    def arena_body(self, content_length: int, encoding) -> bool:
+        """Whether a body of this length is received straight into the arena."""
+        return (content_length >= BODY_IN_ARENA_MIN and not encoding
+                and self.body_buffer is not None)
 
     async def __call__(self, scope, receive, send) -> None:
-        header_length = encoding = accept = None
-        content_length = 0
-        for key, value in scope["headers"]:
-            if key == b"inference-header-content-length":
-                header_length = value.decode("latin-1")
-            elif key == b"content-encoding":
-                encoding = value.decode("latin-1").strip()
-            elif key == b"accept-encoding":
-                accept = value.decode("latin-1")
-            elif key == b"content-length":
-                content_length = int(value) if value.isdigit() else 0
+        header_length, encoding, accept, content_length = infer_headers(scope["headers"])
         limit = self.max_input
         if content_length > limit:  # refused before a byte of the body is read
             return await _send_error(
@@ -215,9 +241,8 @@ class _InferEndpoint:
         # its tensors are then already where the worker reads them (no second copy, and
         # no fresh multi-MiB allocation whose page faults cost more than the copy).
         block = None
-        body_buffer = getattr(self.core, "body_buffer", None)
-        if content_length >= BODY_IN_ARENA_MIN and not encoding and body_buffer is not None:
-            body, block = body_buffer(content_length)
+        if self.arena_body(content_length, encoding):
+            body, block = self.body_buffer(content_length)
             filled = await _receive_into(receive, body)
             if filled is None:
                 self.core.free_blocks([block])
@@ -247,16 +272,27 @@ class _InferEndpoint:
                 body = b"".join(chunks)
             elif message["type"] != "http.request":
                 return
-        await self._answer(scope, receive, send, body, block, header_length, encoding,
-                           accept)
-
-    async def _answer(self, scope, receive, send, body, block, header_length, encoding,
-                      accept):
         params = scope["path_params"]
-        name = params["model_name"]
-        headers = None
+        # a client that disconnects meanwhile cancels the request (watched from
+        # 20 ms on: most requests are answered before, at the cost of a timer)
+        answer = await self.respond(
+            params["model_name"], params.get("version", ""), scope["headers"], body,
+            block, header_length, encoding, accept,
+            lambda: DisconnectWatch(receive, delay=0.02))
+        if answer is None:
+            return
+        status, headers, out = answer
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": out})
+
+    async def respond(self, name: str, version: str, raw_headers, body, block,
+                      header_length, encoding, accept, watch):
+        """(status, headers with content-length, body) of the infer request `body`
+        (`block`: the arena block it lies in, or None); None when the client went
+        away meanwhile. `watch()` starts watching for that (a DisconnectWatch-like
+        object: `gone`, `stop()`), once the request is on its way to the core."""
         try:
-            version = check_version(params.get("version", ""))
+            version = check_version(version)
             if encoding:
                 body = http_codec.decompress(body, encoding, self.max_input)
             length = http_codec.parse_header_length(header_length, len(body))
@@ -266,21 +302,19 @@ class _InferEndpoint:
             else:
                 request = http_codec.decode_infer_request(body, length, name, version)
             if self.header_forward is not None:
-                forward_headers(request.parameters, scope["headers"], self.header_forward)
+                forward_headers(request.parameters, raw_headers, self.header_forward)
             if block is not None:
                 request.arena_blocks.append(block)  # the core frees it from here on
                 block = None
-            # a client that disconnects meanwhile cancels the request (watched from
-            # 20 ms on: most requests are answered before, at the cost of a timer)
-            watch = DisconnectWatch(receive, delay=0.02)
+            watcher = watch()
             try:
                 result = await self.core.infer(request, _DECOUPLED_REFUSAL)
             except asyncio.CancelledError:
-                if watch.gone:
-                    return
+                if watcher.gone:
+                    return None
                 raise
             finally:
-                watch.stop()
+                watcher.stop()
             try:
                 batching, labels = False, None
                 if request.outputs and any(o.class_count for o in request.outputs):
@@ -316,8 +350,7 @@ class _InferEndpoint:
         if block is not None:  # the request failed before the core took the body
             self.core.free_blocks([block])
         headers.append((b"content-length", b"%d" % len(out)))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": out})
+        return status, headers, out
 
 
 async def _receive_into(receive, buffer: memoryview) -> int | None:

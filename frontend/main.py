@@ -46,12 +46,18 @@ async def serve(args) -> int:
     loop.add_signal_handler(signal.SIGTERM, on_term)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the scheduler coordinates
 
-    http_server = http_task = grpc_server = None
+    http_server = http_task = grpc_server = native_http = None
     from frontend import EXTENSIONS, VERSION
     if args.allow_http:
-        import uvicorn
-
         from frontend.http_server import make_http_app
+        http_sock = reuseport_socket(args.http_address, args.http_port)
+        http_app = make_http_app(core, server_name=args.server_id, server_version=VERSION,
+                                 extensions=EXTENSIONS,
+                                 header_forward=args.http_header_forward_pattern,
+                                 restrictions=_restrictions(args.http_restricted_api),
+                                 max_input_size=args.http_max_input_size)
+    if args.allow_http and args.http_frontend == "uvicorn":
+        import uvicorn
 
         class _Server(uvicorn.Server):
             # signals belong to this process's own handlers above
@@ -59,13 +65,7 @@ async def serve(args) -> int:
             def capture_signals(self):
                 yield
 
-        sock = reuseport_socket(args.http_address, args.http_port)
-        app = make_http_app(core, server_name=args.server_id, server_version=VERSION,
-                            extensions=EXTENSIONS,
-                            header_forward=args.http_header_forward_pattern,
-                            restrictions=_restrictions(args.http_restricted_api),
-                            max_input_size=args.http_max_input_size)
-        config = uvicorn.Config(app, lifespan="off",
+        config = uvicorn.Config(http_app, lifespan="off",
                                 http="httptools", loop="none", access_log=False,
                                 # log_config None: uvicorn's records go through
                                 # this process's handler (the shared --log-file)
@@ -91,7 +91,10 @@ async def serve(args) -> int:
     if grpc_server is not None:
         await grpc_server.start()
     if http_server is not None:
-        http_task = loop.create_task(http_server.serve(sockets=[sock]))
+        http_task = loop.create_task(http_server.serve(sockets=[http_sock]))
+    elif args.allow_http:
+        from frontend import http1
+        native_http = await http1.serve(http_app, http_sock)
 
     timeout = await core.drain_requested
     # Draining: new requests are refused (core.stopping); wait for those in flight.
@@ -107,6 +110,8 @@ async def serve(args) -> int:
         http_server.should_exit = True
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(http_task, 5.0)
+    if native_http is not None:
+        await native_http.stop(5.0)
     core.outbox.send(args.scheduler, FrontendStopped(args.index, abandoned))
     core.close()
     return 0
@@ -135,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="JSON {group: [metadata key, value]}, parsed by the scheduler")
     p.add_argument("--http-max-input-size", type=int, default=1 << 26)
     p.add_argument("--grpc-frontend", choices=("native", "grpcio"), default="native")
+    p.add_argument("--http-frontend", choices=("native", "uvicorn"), default="uvicorn")
     args = p.parse_args(argv)
     args.role = f"frontend[{args.index}]"
     configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))

@@ -92,14 +92,19 @@ def http_group(path: str) -> str | None:
 
 def http_refusal(scope, restrictions: Restrictions) -> tuple[str, str] | None:
     """(group, message) when the request in `scope` lacks its group's header or value."""
-    group = http_group(scope["path"])
+    return path_refusal(scope["path"], scope["headers"], restrictions)
+
+
+def path_refusal(path: str, headers, restrictions: Restrictions) -> tuple[str, str] | None:
+    """http_refusal of a request to `path` with [(lowercase name, value)] `headers`."""
+    group = http_group(path)
     restriction = restrictions.get(group) if group else None
     if restriction is None:
         return None
     header, expected = restriction
     name = header.lower().encode("latin-1")
     want = expected.encode("latin-1", "replace")
-    for key, value in scope["headers"]:
+    for key, value in headers:
         if key == name:
             if value == want:
                 return None

@@ -68,6 +68,10 @@ class ServerProcess:
         grpc_frontend = os.environ.get("SHMSERVE_TEST_GRPC_FRONTEND")
         if grpc_frontend:
             self.argv += ["--grpc-frontend", grpc_frontend]
+        # SHMSERVE_TEST_HTTP_FRONTEND=native: the same for the HTTP/1.1 transport
+        http_frontend = os.environ.get("SHMSERVE_TEST_HTTP_FRONTEND")
+        if http_frontend:
+            self.argv += ["--http-frontend", http_frontend]
         self.log_path = Path(log_dir or "/tmp") / f"shmserve-test-{self.http_port}.log"
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None

@@ -35,6 +35,14 @@ def test_grpc_frontend_defaults_to_native():
         parse_args([*BASE, "--grpc-frontend", "h2"])
 
 
+def test_http_frontend_defaults_to_uvicorn():
+    """uvicorn serves HTTP unless the native transport is asked for."""
+    assert parse_args(BASE).http_frontend == "uvicorn"
+    assert parse_args([*BASE, "--http-frontend", "native"]).http_frontend == "native"
+    with pytest.raises(SystemExit):
+        parse_args([*BASE, "--http-frontend", "h11"])
+
+
 def test_poll_mode_takes_poll_secs_with_tritons_default():
     """--model-control-mode=poll works: --repository-poll-secs defaults to Triton's 15
     and is not warned about there."""

@@ -1,0 +1,539 @@
+"""HTTP/1.1 on an asyncio Protocol with httptools, without uvicorn (`--http-frontend
+native`).
+
+POST /v2/models/<m>[/versions/<v>]/infer is served here: the body is gathered from the
+parser's callbacks (straight into the shared-memory arena when large), then one Task
+awaits http_server.InferEndpoint.respond and writes the answer in one go, with no ASGI
+scope or messages. Every other request goes to the starlette app (http_server's
+_HttpApp) through a minimal ASGI adapter: streamed bodies both ways, `http.disconnect`
+when the client goes away or the response is complete, as uvicorn gives them.
+
+HTTP/1.1 as uvicorn serves it: keep-alive (HTTP/1.0 only on request), pipelined
+requests answered in order (one at a time per connection), Content-Length and chunked
+bodies, `Expect: 100-continue` (answered when the body is first wanted), a malformed
+request is a 400 and the connection closes. Past what uvicorn does: the request line
+and headers are capped (431), and reading stops while the transport's write buffer is
+full (pause_writing) or too many requests wait in the pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from http import HTTPStatus
+from urllib.parse import unquote
+
+import httptools
+
+from . import http_codec
+from .http_server import InferEndpoint, infer_headers, infer_target
+from .restricted import input_size_message, path_refusal
+
+log = logging.getLogger(__name__)
+
+MAX_HEADER_BYTES = 64 * 1024  # request line and headers together
+MAX_PIPELINE = 16  # requests read ahead of the one being answered
+BODY_HIGH_WATER = 64 * 1024  # bytes an ASGI request buffers before reading pauses
+
+_STATUS_LINE = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode())
+                for s in HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_JSON = b"application/json"
+
+
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINE.get(status)
+    return line if line is not None else b"HTTP/1.1 %d \r\n" % status
+
+
+def _plain(status: int, text: bytes) -> bytes:
+    """A complete response that closes the connection (protocol errors)."""
+    return (_status_line(status) + b"content-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(text) + text)
+
+
+class _Request:
+    """One request: what the parser gave, its body, and where its response stands."""
+
+    __slots__ = ("method", "path", "raw_path", "query", "headers", "version", "keep_alive",
+                 "expect", "target", "info", "body", "body_size", "body_done", "arena",
+                 "block", "refusal", "task", "waiter", "gone", "watching", "started", "done",
+                 "chunked", "head_only", "delivered")
+
+    def __init__(self):
+        self.body: list = []
+        self.body_size = 0
+        self.body_done = False
+        self.arena = self.block = self.refusal = None
+        self.task = self.waiter = None
+        self.gone = self.watching = self.started = self.done = False
+        self.chunked = None  # None: no response yet; then whether it is chunked
+        self.head_only = self.delivered = False
+
+    # the watch InferEndpoint.respond starts: the connection cancels the task itself
+    def watch(self) -> "_Request":
+        self.watching = True
+        return self
+
+    def stop(self) -> None:
+        self.watching = False
+
+    def wake(self) -> None:
+        w, self.waiter = self.waiter, None
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection. `app`: http_server's _HttpApp (its `infer` endpoint,
+    `restrictions` and `max_input` serve the fast path)."""
+
+    def __init__(self, app, connections: set):
+        self.app = app
+        self.infer: InferEndpoint = app.infer
+        self.restrictions = app.restrictions
+        self.max_input = app.max_input
+        self.connections = connections
+        self.loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport = None
+        self.pipeline: deque[_Request] = deque()  # read, not yet answered; [0] is active
+        self.current: _Request | None = None  # the request being parsed
+        self.url = b""
+        self.headers: list = []
+        self.header_bytes = 0
+        self.in_headers = False
+        self.read_paused = self.write_paused = False
+        self.drained: asyncio.Future | None = None
+        self.closing = False  # no more requests: close once the pipeline is answered
+        self.error: bytes | None = None  # a protocol error's answer, after the pipeline
+        self.addresses = None
+
+    # ------------------------------------------------------------ asyncio callbacks
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.connections.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.connections.discard(self)
+        self.closing = True
+        requests = set(self.pipeline)
+        if self.current is not None:
+            requests.add(self.current)
+        self.pipeline.clear()  # nothing more starts on this connection
+        for req in requests:
+            req.gone = True
+            req.wake()
+            if req.watching and req.task is not None:
+                req.task.cancel()  # InferEndpoint.respond sees `gone` and ends quietly
+            if req.block is not None:  # a body cut short, or a request never started
+                self.infer.core.free_blocks([req.block])
+                req.block = req.arena = None
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._flow()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+        self._flow()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            self.parser.feed_data(data)
+            if self.in_headers:  # bounds what httptools gathers before on_header
+                self.header_bytes += len(data)
+                if self.header_bytes > 2 * MAX_HEADER_BYTES:
+                    self.error = _plain(431, b"Request header fields too large.")
+                    raise httptools.HttpParserError("headers too large")
+        except httptools.HttpParserUpgrade:
+            # no upgrades served: answer what was read, then close (uvicorn serves the
+            # request without upgrading too)
+            self.closing = True
+        except httptools.HttpParserError as exc:
+            if self.error is None:
+                log.debug("malformed HTTP request: %s", exc)
+                self.error = _plain(400, b"Invalid HTTP request received.")
+            self.closing = True
+        if self.closing:
+            self._pause_reading()
+            if not self.pipeline:
+                self._close()
+
+    # ------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        self.in_headers = True
+        self.url = b""
+        self.headers = []
+        self.header_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._count_header(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+        self._count_header(len(name) + len(value) + 4)
+
+    def _count_header(self, n: int) -> None:
+        self.header_bytes += n
+        if self.header_bytes > MAX_HEADER_BYTES:
+            self.error = _plain(431, b"Request header fields too large.")
+            raise httptools.HttpParserError("headers too large")  # stops the parser
+
+    def on_headers_complete(self) -> None:
+        self.in_headers = False
+        parser = self.parser
+        req = _Request()
+        req.method = parser.get_method()
+        req.version = parser.get_http_version()
+        req.keep_alive = parser.should_keep_alive() and not self.closing
+        req.headers = headers = self.headers
+        url = httptools.parse_url(self.url)
+        raw = url.path
+        req.raw_path = raw
+        path = raw.decode("ascii")
+        req.path = path = unquote(path) if "%" in path else path
+        req.query = url.query or b""
+        req.expect = False
+        for key, value in headers:
+            if key == b"expect" and value.lower() == b"100-continue":
+                req.expect = True
+        req.target = target = infer_target(path) if req.method == b"POST" else None
+        if target is not None:
+            self._infer_headers(req)
+        self.current = req
+        self.pipeline.append(req)
+        if len(self.pipeline) == 1:
+            self._start(req)
+        elif len(self.pipeline) > MAX_PIPELINE:
+            self._flow()
+
+    def _infer_headers(self, req: _Request) -> None:
+        """The fast path's checks before any body: restricted API, input size."""
+        if self.restrictions:
+            refused = path_refusal(req.path, req.headers, self.restrictions)
+            if refused is not None:
+                req.refusal = (403, refused[1], False)
+                return
+        req.info = header_length, encoding, _, length = infer_headers(req.headers)
+        if length > self.max_input:  # answered at once, and the body never read
+            req.refusal = (400, input_size_message(length, self.max_input, header_length),
+                           True)
+            req.keep_alive = False
+            self.closing = True
+            return
+        if self.infer.arena_body(length, encoding):
+            req.arena, req.block = self.infer.body_buffer(length)
+
+    def on_body(self, chunk: bytes) -> None:
+        req = self.current
+        if req.done or req.refusal is not None:
+            return  # answered already: the rest of the body is dropped
+        n = len(chunk)
+        pos = req.body_size
+        req.body_size = pos + n
+        if req.arena is not None:
+            end = min(pos + n, len(req.arena))
+            req.arena[pos:end] = chunk[:end - pos]  # the one copy into shared memory
+            return
+        if req.target is not None and req.body_size > self.max_input:
+            # a chunked infer body past the limit: refused, and the connection closes
+            header_length = req.info[0]
+            req.refusal = (400, input_size_message(req.body_size, self.max_input,
+                                                   header_length), True)
+            req.keep_alive = False
+            req.body = []
+            self.closing = True
+            if self.pipeline[0] is req and req.task is None:
+                self._answer_refusal(req)
+            return
+        req.body.append(chunk)
+        if req.target is None:
+            req.wake()
+            if req.body_size > BODY_HIGH_WATER:
+                self._flow()
+
+    def on_message_complete(self) -> None:
+        req = self.current
+        req.body_done = True
+        if req.target is None:
+            req.wake()
+        elif self.pipeline and self.pipeline[0] is req and not req.started:
+            self._run_infer(req)
+
+    # ------------------------------------------------------------ the pipeline
+
+    def _start(self, req: _Request) -> None:
+        """`req` heads the pipeline: answer it (or wait for its body)."""
+        if req.target is None:
+            req.started = True
+            req.task = self.loop.create_task(self._run_asgi(req))
+        elif req.refusal is not None:
+            self._answer_refusal(req)
+        elif req.body_done:
+            self._run_infer(req)
+        elif req.expect:
+            self.transport.write(_CONTINUE)
+
+    def _finish(self, req: _Request) -> None:
+        """`req`'s response is complete: on to the next request, or close."""
+        req.done = True
+        req.wake()
+        if self.pipeline and self.pipeline[0] is req:
+            self.pipeline.popleft()
+        if not req.keep_alive:
+            self.closing = True
+        if self.closing and not req.body_done and self.current is req:
+            self.pipeline.clear()  # the rest of the stream is not ours to read
+        if self.pipeline:
+            self._start(self.pipeline[0])
+            self._flow()
+        elif self.closing:
+            self._close()
+        else:
+            self._flow()
+
+    def _close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            if self.error is not None:
+                self.transport.write(self.error)
+                self.error = None
+            self.transport.close()
+
+    def _pause_reading(self) -> None:
+        if not self.read_paused and self.transport is not None \
+                and not self.transport.is_closing():
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def _flow(self) -> None:
+        """Read while the writes drain and the pipeline and request bodies are short."""
+        cur = self.current
+        full = (self.write_paused or self.closing or len(self.pipeline) > MAX_PIPELINE
+                or (cur is not None and cur.target is None and not cur.done
+                    and sum(map(len, cur.body)) > BODY_HIGH_WATER))
+        if full:
+            self._pause_reading()
+        elif self.read_paused and not self.transport.is_closing():
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def shutdown(self) -> None:
+        """The server stops: close now if idle, else after the current response."""
+        self.closing = True
+        if not self.pipeline:
+            self._close()
+
+    # ------------------------------------------------------------ the infer fast path
+
+    def _answer_refusal(self, req: _Request) -> None:
+        status, message, close = req.refusal
+        if close:
+            req.keep_alive = False
+        if req.block is not None:
+            self.infer.core.free_blocks([req.block])
+            req.block = req.arena = None
+        out = http_codec.encode_error(message)
+        self._write(req, status, [(b"content-type", _JSON),
+                                  (b"content-length", b"%d" % len(out))], out)
+        req.started = True
+        self._finish(req)
+
+    def _run_infer(self, req: _Request) -> None:
+        req.started = True
+        req.task = self.loop.create_task(self._infer(req))
+
+    async def _infer(self, req: _Request) -> None:
+        header_length, encoding, accept, _ = req.info
+        block = req.block
+        if block is not None:
+            arena = req.arena
+            body = arena if req.body_size == len(arena) else arena[:req.body_size]
+            req.block = req.arena = None  # respond frees or hands it on from here
+        else:
+            body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
+            req.body = []
+        name, version = req.target
+        try:
+            answer = await self.infer.respond(name, version, req.headers, body, block,
+                                              header_length, encoding, accept, req.watch)
+        except asyncio.CancelledError:
+            if req.gone:
+                return
+            raise
+        if answer is None or req.gone:
+            return
+        status, headers, out = answer
+        self._write(req, status, headers, out)
+        self._finish(req)
+
+    def _write(self, req: _Request, status: int, headers, out) -> None:
+        """A whole response, in one write (two for a large body, to spare a copy)."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        parts = [_status_line(status)]
+        for key, value in headers:
+            parts += (key, b": ", value, b"\r\n")
+        if not req.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        if len(out) < 65536:
+            parts.append(out)
+            transport.write(b"".join(parts))
+        else:
+            transport.write(b"".join(parts))
+            transport.write(out)
+
+    # ------------------------------------------------------------ ASGI for the rest
+
+    def _scope(self, req: _Request) -> dict:
+        if self.addresses is None:
+            t = self.transport
+            server, client = t.get_extra_info("sockname"), t.get_extra_info("peername")
+            self.addresses = (tuple(server[:2]) if server else None,
+                              tuple(client[:2]) if client else None)
+        return {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"},
+                "http_version": req.version, "server": self.addresses[0],
+                "client": self.addresses[1], "scheme": "http",
+                "method": req.method.decode("ascii"), "root_path": "",
+                "path": req.path, "raw_path": req.raw_path, "query_string": req.query,
+                "headers": req.headers}
+
+    async def _run_asgi(self, req: _Request) -> None:
+        req.head_only = req.method == b"HEAD"
+
+        async def receive():
+            if req.expect and req.chunked is None:  # no response yet
+                req.expect = False
+                if not self.transport.is_closing():
+                    self.transport.write(_CONTINUE)
+            while not (req.gone or req.done) and (
+                    req.delivered or (not req.body and not req.body_done)):
+                req.waiter = self.loop.create_future()
+                await req.waiter
+            if req.gone or req.done:
+                return {"type": "http.disconnect"}
+            body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
+            req.body = []
+            req.delivered = req.body_done
+            self._flow()
+            return {"type": "http.request", "body": body, "more_body": not req.body_done}
+
+        async def send(message):
+            if req.gone:
+                return
+            kind = message["type"]
+            if kind == "http.response.start":
+                if req.chunked is not None or req.done:
+                    raise RuntimeError("response already started")
+                self._asgi_start(req, message)
+            elif kind == "http.response.body":
+                if req.chunked is None:
+                    raise RuntimeError("response not started")
+                if req.done:
+                    raise RuntimeError("response already complete")
+                body = message.get("body", b"")
+                more = message.get("more_body", False)
+                transport = self.transport
+                if body and not req.head_only:
+                    if req.chunked:
+                        transport.write(b"%x\r\n" % len(body) + body + b"\r\n")
+                    else:
+                        transport.write(body)
+                if not more:
+                    if req.chunked and not req.head_only:
+                        transport.write(b"0\r\n\r\n")
+                    self._finish(req)
+                elif self.write_paused:
+                    self.drained = self.drained or self.loop.create_future()
+                    if self.drained.done():
+                        self.drained = self.loop.create_future()
+                    await self.drained
+            else:
+                raise RuntimeError(f"unexpected ASGI message {kind!r}")
+
+        try:
+            await self.app(self._scope(req), receive, send)
+        except Exception:
+            log.exception("HTTP request %s %s failed", req.method.decode(), req.path)
+            if req.done or req.gone:
+                return  # answered (starlette re-raises after its 500) or nobody to tell
+            if req.chunked is None:
+                req.keep_alive = False
+                self.transport.write(_plain(500, b"Internal Server Error"))
+                self._finish(req)
+            else:
+                self.transport.close()  # a response cut short cannot be ended
+            return
+        if not req.done and not req.gone:
+            if req.chunked is None:  # the app sent nothing: as uvicorn, a 500
+                req.keep_alive = False
+                self.transport.write(_plain(500, b"Internal Server Error"))
+                self._finish(req)
+            else:
+                self.transport.close()  # an incomplete response cannot be ended
+
+    def _asgi_start(self, req: _Request, message) -> None:
+        status = message["status"]
+        parts = [_status_line(status)]
+        length = False
+        for key, value in message.get("headers", ()):
+            key = bytes(key).lower()
+            if key == b"content-length":
+                length = True
+            elif key == b"connection" and bytes(value).lower() == b"close":
+                req.keep_alive = False
+                continue
+            elif key == b"transfer-encoding":
+                continue  # ours to choose
+            parts += (key, b": ", bytes(value), b"\r\n")
+        chunked = not length and status >= 200 and status not in (204, 304) \
+            and not req.head_only
+        if chunked:
+            parts.append(b"transfer-encoding: chunked\r\n")
+        if not req.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        req.chunked = chunked
+        self.transport.write(b"".join(parts))
+
+
+async def serve(app, sock) -> "Server":
+    """Serve `app` (http_server's _HttpApp) on the listening socket `sock`."""
+    connections: set[HttpProtocol] = set()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: HttpProtocol(app, connections), sock=sock,
+                                      backlog=2048)
+    return Server(server, connections)
+
+
+class Server:
+    """The listening server and its open connections."""
+
+    def __init__(self, server, connections: set):
+        self.server = server
+        self.connections = connections
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop accepting, close idle connections, give busy ones `timeout` seconds."""
+        self.server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        await asyncio.sleep(0.05)  # the aborted connections' tasks see it and end
