@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="JSON {group: [metadata key, value]}, parsed by the scheduler")
     p.add_argument("--http-max-input-size", type=int, default=1 << 26)
     p.add_argument("--grpc-frontend", choices=("native", "grpcio"), default="native")
-    p.add_argument("--http-frontend", choices=("native", "uvicorn"), default="uvicorn")
+    p.add_argument("--http-frontend", choices=("native", "uvicorn"), default="native")
     args = p.parse_args(argv)
     args.role = f"frontend[{args.index}]"
     configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))

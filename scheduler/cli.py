@@ -47,10 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the gRPC transport: this server's own HTTP/2 (native, the "
                         "default: ~100 us of frontend CPU per unary RPC where grpc.aio "
                         "costs ~350) or grpc.aio (grpcio)")
-    p.add_argument("--http-frontend", choices=("native", "uvicorn"), default="uvicorn",
-                   help="the HTTP/1.1 transport: uvicorn (the default) or this server's "
-                        "own on httptools (native: serves infer without ASGI, ~45 "
-                        "instead of ~65-80 us of frontend CPU per request under wrk)")
+    p.add_argument("--http-frontend", choices=("native", "uvicorn"), default="native",
+                   help="the HTTP/1.1 transport: this server's own on httptools (native, "
+                        "the default: serves infer without ASGI, ~45 instead of ~65-80 "
+                        "us of frontend CPU per request under wrk) or uvicorn")
     p.add_argument("--allow-metrics", type=_bool, default=True)
     p.add_argument("--allow-cpu-metrics", type=_bool, default=True)
     p.add_argument("--allow-gpu-metrics", type=_bool, default=True)

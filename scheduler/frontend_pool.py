@@ -148,7 +148,7 @@ class FrontendPool:
             msgspec.json.encode(a.grpc_restricted_protocol).decode(),
             "--http-max-input-size", str(a.http_max_input_size),
             "--grpc-frontend", getattr(a, "grpc_frontend", "native"),
-            "--http-frontend", getattr(a, "http_frontend", "uvicorn"),
+            "--http-frontend", getattr(a, "http_frontend", "native"),
         ], on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())

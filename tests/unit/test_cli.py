@@ -35,10 +35,10 @@ def test_grpc_frontend_defaults_to_native():
         parse_args([*BASE, "--grpc-frontend", "h2"])
 
 
-def test_http_frontend_defaults_to_uvicorn():
-    """uvicorn serves HTTP unless the native transport is asked for."""
-    assert parse_args(BASE).http_frontend == "uvicorn"
-    assert parse_args([*BASE, "--http-frontend", "native"]).http_frontend == "native"
+def test_http_frontend_defaults_to_native():
+    """The native HTTP/1.1 transport serves unless uvicorn is asked for."""
+    assert parse_args(BASE).http_frontend == "native"
+    assert parse_args([*BASE, "--http-frontend", "uvicorn"]).http_frontend == "uvicorn"
     with pytest.raises(SystemExit):
         parse_args([*BASE, "--http-frontend", "h11"])
 
