@@ -364,13 +364,8 @@ class GrpcConnection(h2.H2Connection):
             ser = call.handler.response_serializer
             if ser is not None:
                 response = ser(response)
-        except Abort as e:
-            self.finish(call, e.code, e.details)
-        except asyncio.CancelledError:
-            self._cancelled(call)
-        except Exception as e:
-            log.exception("gRPC %s failed", call.path)
-            self.finish(call, 2, f"Unexpected {type(e)}: {e}")
+        except (Abort, asyncio.CancelledError, Exception) as e:
+            self._failed(call, e)
         else:
             if not call.finished:
                 self.send_message(call, response)
@@ -384,15 +379,21 @@ class GrpcConnection(h2.H2Connection):
                     await call.write(message)
             else:
                 await result
-        except Abort as e:
-            self.finish(call, e.code, e.details)
-        except asyncio.CancelledError:
-            self._cancelled(call)
-        except Exception as e:
-            log.exception("gRPC %s failed", call.path)
-            self.finish(call, 2, f"Unexpected {type(e)}: {e}")
+        except (Abort, asyncio.CancelledError, Exception) as e:
+            self._failed(call, e)
         else:
             self.finish(call, 0)
+
+    def _failed(self, call: Call, e: BaseException) -> None:
+        """End a call whose handler raised: its abort's status, CANCELLED or
+        DEADLINE_EXCEEDED for a cancel, UNKNOWN (as grpcio words it) for a bug."""
+        if isinstance(e, Abort):
+            self.finish(call, e.code, e.details)
+        elif isinstance(e, asyncio.CancelledError):
+            self._cancelled(call)
+        else:
+            log.error("gRPC %s failed", call.path, exc_info=e)
+            self.finish(call, 2, f"Unexpected {type(e)}: {e}")
 
     def _cancelled(self, call: Call) -> None:
         if call.deadline_hit or not call.finished:
