@@ -22,7 +22,6 @@ Also runs as the canned server itself: `--serve MODE PORT`.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -32,6 +31,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+
+from scheduler.bench_procs import cpu_seconds  # noqa: E402
+
 MODES = ("uvicorn", "raw", "raw-task")
 REPLY_JSON = (b'{"model_name":"identity_fp32","model_version":"1","outputs":[{"name":'
               b'"OUTPUT0","datatype":"FP32","shape":[1,16],"parameters":'
@@ -99,11 +102,6 @@ def serve(mode: str, port: int) -> None:
     uvloop.run(main())
 
 
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(mode: str, args, lua: Path) -> dict:
     from bench_cclient import parse_wrk
     from grpc_floor import _wait_port
@@ -115,10 +113,10 @@ def measure(mode: str, args, lua: Path) -> dict:
     try:
         _wait_port(args.port, server)
         subprocess.run([*wrk, "-d1s", url], capture_output=True, check=True)  # warm-up
-        c0 = _cpu(server.pid)
+        c0 = cpu_seconds(server.pid)
         out = subprocess.run([*wrk, f"-d{args.duration}s", "--latency", url],
                              capture_output=True, text=True, check=True).stdout
-        c1 = _cpu(server.pid)
+        c1 = cpu_seconds(server.pid)
     finally:
         server.send_signal(signal.SIGKILL)
         server.wait(30)
