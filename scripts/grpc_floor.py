@@ -7,13 +7,13 @@ driven by the same scripts/bench client, alternating, in one run.
     scripts/grpc_floor.py --rounds 2 --duration 6
 
 Servers: `aio` (grpc.aio on asyncio's loop), `aio-uvloop` (grpc.aio on uvloop, as the
-frontend runs), `sync` (grpc.server on a thread pool), `h2-raw` (no grpcio: HTTP/2
-frames parsed by an asyncio protocol on uvloop, scripts/h2_floor.py; needs the `hpack`
-package), and `shmserve` (its frontend process alone; the scheduler and worker are
-counted apart). A canned server's CPU per request is the floor a Python gRPC frontend
-built that way cannot go under here. Measured on the 2-core VM under load, two rounds
-of 5 s at c=16: aio-uvloop 263 / 258 us per request, h2-raw 55 / 55 us (3.2k-4.2k
-against 7.4k-7.8k infer/s, where the Python client is the limit).
+frontend runs), `sync` (grpc.server on a thread pool), `h2-raw` (no grpcio: the
+frontend's own HTTP/2 layer, frontend/h2.py, with canned replies and no gRPC layer,
+scripts/h2_floor.py), and `shmserve` (its frontend process alone; the scheduler and
+worker are counted apart). A canned server's CPU per request is the floor a Python gRPC
+frontend built that way cannot go under here. Measured on the 2-core VM, two rounds of
+5 s at c=16: aio-uvloop 251 / 263 us per request, h2-raw 57 / 54 us (4.1k-4.3k against
+7.9k-8.0k infer/s, where the Python client is the limit).
 
 Also runs as the canned server itself: `grpc_floor.py --serve MODE PORT`.
 """
