@@ -50,3 +50,28 @@ def exit_orphaned(segment_prefix: str, address: str = "") -> None:
             shutil.rmtree(os.path.dirname(address[len("ipc://"):]), ignore_errors=True)
     finally:
         os._exit(1)
+
+
+PROFILE_ENV = "SHMSERVE_CPROFILE"  # a folder: each process writes ROLE-PID.prof there
+
+
+def run_main(main, role: str) -> None:
+    """Run a process's `main()`, under cProfile when SHMSERVE_CPROFILE names a folder.
+
+    A developer's tool beside py-spy (`scripts/bench --profile-role`): py-spy samples
+    wall time, so on a busy 2-core machine a process waiting for a core shows as time
+    in its last system call; cProfile counts the calls themselves, deterministically,
+    for every process of one run. The profile is written when main() returns or
+    raises SystemExit (a clean stop, SIGTERM included): read it with `python -m pstats`.
+    """
+    folder = os.environ.get(PROFILE_ENV)
+    if not folder:
+        main()
+        return
+    import cProfile
+    profile = cProfile.Profile()
+    try:
+        profile.runcall(main)
+    finally:
+        os.makedirs(folder, exist_ok=True)
+        profile.dump_stats(os.path.join(folder, f"{role}-{os.getpid()}.prof"))

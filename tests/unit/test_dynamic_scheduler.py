@@ -388,3 +388,23 @@ def test_statistics_count_batches_requests_and_phases():
                                   "compute_input": {"count": 1, "ns": 1 * US},
                                   "compute_infer": {"count": 1, "ns": 2 * US},
                                   "compute_output": {"count": 1, "ns": 3 * US}}]
+
+
+def test_the_delay_counts_from_when_the_frontend_accepted_the_request():
+    # the hop from the frontend is not batching delay: a request accepted at 0 and
+    # queued here at 300 us is due at 1 ms, not 1.3 ms; one accepted a whole delay
+    # ago goes to an idle instance on the same pump
+    h = Harness(_config())
+    late = _req(1)
+    late.start_ns = 100 * US
+    h.s.enqueue(late, 400 * US)
+    assert h.s.next_deadline() == 1100 * US
+    h.s.pump(1100 * US)
+    assert h.ids() == [[1]]
+    stale = _req(2)
+    stale.start_ns = 2 * MS
+    h.s.enqueue(stale, 3 * MS)
+    h.s.pump(3 * MS)
+    assert h.ids() == [[1], [2]]
+    # statistics still count the queue from the scheduler's enqueue
+    assert stale.queue_ns == 3 * MS
