@@ -274,3 +274,34 @@ def test_decoupled_async_execute_runs_requests_concurrently(bls_server):
         assert error is not None and "unknown mode" in str(error)
     finally:
         c.stop_stream()
+
+
+def _infer_outputs(server, protocol, model, x, names):
+    inputs = [infer_input(protocol, "INPUT0", x, "FP32")]
+    result = client(server, protocol).infer(
+        model, inputs, outputs=[requested(protocol, n) for n in names])
+    return [result.as_numpy(n) for n in names]
+
+
+def test_an_idle_python_instance_runs_its_batch_on_the_receiving_thread(bls_server):
+    """Speed (issue 12): a batch for a python instance whose thread is idle runs on
+    its worker's main thread, one thread hand-over less per batch."""
+    x = np.ones((2, 3), dtype=np.float32)
+    for protocol in (*PROTOCOLS, *PROTOCOLS):
+        [main] = _infer_outputs(bls_server, protocol, "py_thread_probe", x, ["MAIN"])
+        assert main.tolist() == [[1], [1]]
+
+
+def test_bls_from_threads_and_event_loops_inside_an_inline_batch(bls_server):
+    """Rule: a plain execute may wait for BLS calls it makes from threads of its own
+    and from an event loop it runs (asyncio.run of async_exec). The first batch of
+    the idle instance runs on the worker's receiving thread (MAIN 1), so the model's
+    waits receive for themselves; from then on its batches go to the instance's own
+    thread (MAIN 0), which leaves the main thread receiving as before."""
+    x = np.arange(6, dtype=np.float32).reshape(1, 6)
+    mains = []
+    for protocol in (*PROTOCOLS, *PROTOCOLS):
+        out, main = _infer_outputs(bls_server, protocol, "bls_threads", x, ["OUTPUT0", "MAIN"])
+        np.testing.assert_array_equal(out, 3 * x)
+        mains.append(int(main[0]))
+    assert mains == [1, 0, 0, 0]

@@ -24,6 +24,7 @@ import json
 import queue
 import threading
 import weakref
+from typing import Callable
 
 import numpy as np
 
@@ -37,6 +38,30 @@ from workers.python_backend import pb_utils
 
 _CLOSED = InferResponse(0, error="the worker is stopping", error_code=int(ErrorCode.UNAVAILABLE))
 
+# While a batch runs inline on the worker's receiving thread (workers/main.py:
+# Worker.run_inline), nobody else receives. A model that waits for something that
+# arrives by message (exec()'s answer, a decoupled call's next response, async_exec(),
+# is_cancelled()) then receives for itself: pump(timeout_ms) takes one message, or
+# none by the timeout, and handles it. None while no batch runs inline.
+_pump: Callable[[int], None] | None = None
+
+
+def set_pump(pump: Callable[[int], None] | None) -> None:
+    global _pump
+    _pump = pump
+
+
+def _wait_for(done: Callable[[], bool]) -> None:
+    """Receive until `done()`, as long as a batch runs inline (then the receiving
+    thread is back at its loop and delivers what is still to come)."""
+    pump = _pump
+    while pump is not None and not done():
+        pump(_PUMP_SLICE_MS)
+        pump = _pump
+
+
+_PUMP_SLICE_MS = 5  # a pump waits this long at most, then looks again
+
 
 class CancelFlag:
     """Set once a CancelRequest for its request arrives; `is_set` is what
@@ -49,6 +74,8 @@ class CancelFlag:
         self.cancelled = False
 
     def is_set(self) -> bool:
+        if not self.cancelled and _pump is not None:
+            _pump(0)  # running inline: a cancel may be waiting to be received
         return self.cancelled
 
 
@@ -145,8 +172,13 @@ class BlsClient:
         return self._single(call, self._wait(call))
 
     async def async_exec(self, request, decoupled: bool):
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         call = self._send(request, future)
+        if _pump is not None:
+            # an event loop the model runs inside an inline batch: poll for the answer
+            # from the loop itself, which must keep running to take it
+            _poll_until(loop, future)
         first = await future
         if decoupled:
             return ResponseIterator(self, call, first)
@@ -163,12 +195,13 @@ class BlsClient:
 
     @staticmethod
     def _wait(call: _Call) -> InferResponse:
+        _wait_for(lambda: not call.answers.empty())
         return call.answers.get()
 
     def _send(self, request, future: asyncio.Future | None = None) -> _Call:
         if self._closed:
             raise pb_utils.TritonModelException("the worker is stopping")
-        if threading.get_ident() == self.receiver:
+        if threading.get_ident() == self.receiver and _pump is None:
             raise pb_utils.TritonModelException(
                 "BLS requests can only be made from execute() (or threads it starts), "
                 "not from initialize() or finalize()")
@@ -314,6 +347,18 @@ class BlsClient:
         with self._lock:
             self._closed = True
             self._outbox.close()
+
+
+def _poll_until(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> None:
+    def poll():
+        pump = _pump
+        if future.done():
+            return
+        if pump is None:  # the batch ended: the receiving thread delivers it
+            return
+        pump(0)
+        loop.call_later(0.0005, poll)
+    loop.call_soon(poll)
 
 
 def _resolve(future: asyncio.Future, msg: InferResponse) -> None:

@@ -106,6 +106,10 @@ class PythonInstance:
         # python backend does the same), where async_exec() is awaited
         self.is_async = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        # a batch may run on the worker's receiving thread while this instance's own
+        # thread is idle (workers/main.py, Worker.run_inline): not for a model whose
+        # execute runs an event loop or answers after returning
+        self.inline = not self.is_async and not self.decoupled
         args = {
             "model_config": json.dumps(config),
             "model_instance_kind": "GPU" if msg.kind == "KIND_GPU" else "CPU",
