@@ -68,7 +68,9 @@ class ResponseStream:
         while not self.items:
             if self.done:
                 raise InferError(ErrorCode.INTERNAL, "the request has no more responses")
-            self.waiter = asyncio.get_running_loop().create_future()
+            # the core's loop, not asyncio.get_running_loop(): in Python 3.11 that
+            # asks the kernel for the pid (getpid()) on every call
+            self.waiter = self.core.outbox.loop.create_future()
             try:
                 await self.waiter
             except asyncio.CancelledError:

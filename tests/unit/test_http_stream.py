@@ -107,6 +107,10 @@ class FakeOutbox:
     def send(self, address, msg):
         self.sent.append((address, msg))
 
+    @property
+    def loop(self):  # the real Outbox is given its loop when the core attaches
+        return asyncio.get_running_loop()
+
 
 class FakeSegments:
     def view(self, segment, offset, nbytes):
