@@ -472,4 +472,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from shm.lifecycle import run_main
+    run_main(main, "worker")
