@@ -51,8 +51,10 @@ from workers.tensors import ANSWERED, ANSWERED_FAILED, Copies, TensorIO, targets
 log = logging.getLogger("shmserve.worker")
 
 
-class _Stop(Exception):
-    pass
+class _Stop(BaseException):
+    """Stop the worker. A BaseException, as SystemExit is: SIGTERM may raise it inside
+    a model's execute (running inline on this thread), whose `except Exception`
+    must not swallow it."""
 
 
 # what a model receiving for itself inside an inline batch handles at once (the

@@ -295,6 +295,27 @@ def test_scheduler_that_keeps_dying_is_given_up(tmp_path):
 # -- python models that misbehave -----------------------------------------------------
 
 
+def test_sigterm_to_a_worker_inside_execute_stops_it(tmp_path):
+    """SIGTERM to a python worker while its model sleeps in execute, on the worker's
+    main thread (an idle instance's batch runs there): the stop is not taken for an
+    exception of the model's (which would answer the request and serve on); the
+    worker leaves at once, its request fails within seconds and the instance is
+    restarted."""
+    srv, markers = _start(tmp_path)
+    try:
+        fut, pid = _held(srv, "grpc", markers)
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
+                   open(f"/proc/{pid}/stat").read().split()[2] == "Z",
+                   HELD_FAILS_WITHIN, what="the worker to leave")
+        _fails_soon(fut, killed)
+        c = _client(srv, "grpc")
+        wait_until(lambda: _infer(c, "grpc") > 0, BACK_WITHIN, what="served again")
+    finally:
+        _stop_clean(srv)
+
+
 @pytest.fixture(scope="module")
 def fsrv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faulty")
