@@ -30,9 +30,24 @@ def die_with_parent(sig: int = signal.SIGTERM, expected: int = 0) -> None:
 
 
 def parent_gone() -> bool:
-    """True once the scheduler that started this process has died (we were
-    re-parented): a signal now means "orphaned", not "the scheduler asks us to stop"."""
-    return _parent != 0 and os.getppid() != _parent
+    """True once the scheduler that started this process has died or is dying: a
+    signal now means "orphaned", not "the scheduler asks us to stop".
+
+    Dying counts: when the scheduler is killed, its threads exit one by one, and the
+    kernel sends PDEATHSIG as soon as the thread that started us is gone, handing us
+    to a thread still alive, so getppid() has not changed yet. The scheduler's main
+    thread is a zombie by then. (A worker stopping gracefully on that signal left the
+    socket directory behind: the orphans' cleanup below never ran.)"""
+    if _parent == 0:
+        return False
+    if os.getppid() != _parent:
+        return True
+    try:
+        with open(f"/proc/{_parent}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"Z", b"X")
 
 
 def exit_orphaned(segment_prefix: str, address: str = "") -> None:
