@@ -390,13 +390,18 @@ def test_reload_under_load_fails_no_request(explicit, repo):
     def send(protocol):
         c = client(explicit, protocol)
         x = np.ones((1, 2), dtype=np.float32)
-        while not stop.is_set():
-            try:
-                r = c.infer("scaled", [infer_input(protocol, "INPUT0", x, "FP32")])
-                v = float(r.as_numpy("OUTPUT0")[0, 0])
-                seen[v] = seen.get(v, 0) + 1
-            except Exception as exc:  # noqa: BLE001 - counted
-                failures.append(f"{protocol}: {exc}")
+        try:
+            while not stop.is_set():
+                try:
+                    r = c.infer("scaled", [infer_input(protocol, "INPUT0", x, "FP32")])
+                    v = float(r.as_numpy("OUTPUT0")[0, 0])
+                    seen[v] = seen.get(v, 0) + 1
+                except Exception as exc:  # noqa: BLE001 - counted
+                    failures.append(f"{protocol}: {exc}")
+        finally:
+            # on this thread: an HTTP client's gevent pool cannot be joined from
+            # another thread's garbage collection (a PytestUnraisableExceptionWarning)
+            c.close()
 
     threads = [threading.Thread(target=send, args=(p,)) for p in PROTOCOLS * 2]
     try:
