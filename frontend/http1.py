@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 MAX_HEADER_BYTES = 64 * 1024  # request line and headers together
 MAX_PIPELINE = 16  # requests read ahead of the one being answered
 BODY_HIGH_WATER = 64 * 1024  # bytes an ASGI request buffers before reading pauses
+# a keep-alive connection with no request for this long is closed (what the uvicorn
+# transport was configured with, `timeout_keep_alive`)
+IDLE_TIMEOUT = 300.0
 
 _STATUS_LINE = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode())
                 for s in HTTPStatus}
@@ -109,12 +112,24 @@ class HttpProtocol(asyncio.Protocol):
         self.closing = False  # no more requests: close once the pipeline is answered
         self.error: bytes | None = None  # a protocol error's answer, after the pipeline
         self.addresses = None
+        self.last_active = 0.0  # loop time of the last read or finished response
 
     # ------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.connections.add(self)
+        self.last_active = self.loop.time()
+
+    def idle_since(self) -> float | None:
+        """When this connection last read or answered, if it waits for a request now
+        (nothing being read or answered); None while it is busy."""
+        if self.pipeline or self.in_headers or self.closing:
+            return None
+        current = self.current
+        if current is not None and not current.done:
+            return None
+        return self.last_active
 
     def connection_lost(self, exc) -> None:
         self.connections.discard(self)
@@ -147,6 +162,7 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        self.last_active = self.loop.time()
         try:
             self.parser.feed_data(data)
             if self.in_headers:  # bounds what httptools gathers before on_header
@@ -289,6 +305,7 @@ class HttpProtocol(asyncio.Protocol):
         """`req`'s response is complete: on to the next request, or close."""
         req.done = True
         req.wake()
+        self.last_active = self.loop.time()
         if self.pipeline and self.pipeline[0] is req:
             self.pipeline.popleft()
         if not req.keep_alive:
@@ -509,24 +526,45 @@ class HttpProtocol(asyncio.Protocol):
         self.transport.write(b"".join(parts))
 
 
-async def serve(app, sock) -> "Server":
-    """Serve `app` (http_server's _HttpApp) on the listening socket `sock`."""
+async def serve(app, sock, idle_timeout: float = IDLE_TIMEOUT) -> "Server":
+    """Serve `app` (http_server's _HttpApp) on the listening socket `sock`; a
+    keep-alive connection idle for `idle_timeout` seconds is closed."""
     connections: set[HttpProtocol] = set()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: HttpProtocol(app, connections), sock=sock,
                                       backlog=2048)
-    return Server(server, connections)
+    return Server(server, connections, loop.create_task(_close_idle(connections,
+                                                                    idle_timeout)))
+
+
+async def _close_idle(connections: set, timeout: float) -> None:
+    """Close the connections that waited `timeout` seconds for a request (looked at
+    every quarter of it, so one may stay up to 1.25 times as long). A sweep, not a
+    timer per connection: a request then costs one clock read, not a timer's arming
+    and cancelling."""
+    loop = asyncio.get_running_loop()
+    period = min(max(timeout / 4, 0.01), 30.0)
+    while True:
+        await asyncio.sleep(period)
+        now = loop.time()
+        for conn in list(connections):
+            since = conn.idle_since()
+            if since is not None and now - since >= timeout:
+                conn.shutdown()
 
 
 class Server:
     """The listening server and its open connections."""
 
-    def __init__(self, server, connections: set):
+    def __init__(self, server, connections: set, sweeper: asyncio.Task | None = None):
         self.server = server
         self.connections = connections
+        self.sweeper = sweeper
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting, close idle connections, give busy ones `timeout` seconds."""
+        if self.sweeper is not None:
+            self.sweeper.cancel()
         self.server.close()
         for conn in list(self.connections):
             conn.shutdown()

@@ -113,6 +113,16 @@ def core():
 
 @pytest.fixture
 def port(core, streamer, flood):
+    yield from _serve(core, streamer, flood)
+
+
+@pytest.fixture
+def idle_port(core, streamer, flood):
+    """A server that closes keep-alive connections idle for 0.3 s."""
+    yield from _serve(core, streamer, flood, idle_timeout=0.3)
+
+
+def _serve(core, streamer, flood, **options):
     app = make_http_app(core, routes=[Route("/stream", streamer),
                                                 Route("/echo", Echo(), methods=["POST"]),
                                                 Route("/boom", boom),
@@ -127,7 +137,7 @@ def port(core, streamer, flood):
 
     def run():
         asyncio.set_event_loop(loop)
-        holder.append(loop.run_until_complete(http1.serve(app, sock)))
+        holder.append(loop.run_until_complete(http1.serve(app, sock, **options)))
         started.set()
         loop.run_forever()
 
@@ -423,3 +433,22 @@ def test_a_client_that_does_not_read_holds_the_sender_back(port, flood):
     assert flood.sent == held < 1000  # waiting for the writes to drain
     sock.close()
     assert flood.ended.wait(5)
+
+
+def test_idle_keep_alive_connections_are_closed_and_busy_ones_are_not(idle_port):
+    """A keep-alive connection that waits for a request past the idle timeout is
+    closed by the server (as uvicorn's timeout_keep_alive did); one in the middle of a
+    response is not, however long it takes."""
+    idle, r = connect(idle_port)
+    busy, _ = connect(idle_port)
+    with idle, busy:
+        idle.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert r.read()[0][0] == 200
+        busy.sendall(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        start = time.monotonic()
+        assert r.is_closed(timeout=5.0), "the idle connection was not closed"
+        assert time.monotonic() - start >= 0.2  # not before its time
+        busy.settimeout(5)
+        deadline = time.monotonic() + 1.0  # past the timeout, ticks keep coming
+        while time.monotonic() < deadline:
+            assert busy.recv(4096), "the streaming connection was closed"
