@@ -257,8 +257,13 @@ class H2Connection(asyncio.Protocol):
             if sid:
                 raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS on a stream")
             if not flags & ACK:
-                self._on_settings(bytes(buf[start:end]))
+                grew = self._on_settings(bytes(buf[start:end]))
+                # the ACK goes before any DATA the new values allow: a peer that
+                # raised its window counts on it only once acknowledged (grpc-core
+                # resets the stream: "frame of size 5 overflows local window of 0")
                 self.out.append(frame(SETTINGS, ACK, 0))
+                if grew:
+                    self._pump_blocked()
         elif kind == WINDOW_UPDATE:
             if end - start != 4:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
@@ -365,9 +370,12 @@ class H2Connection(asyncio.Protocol):
             self.stream_ended(st)
             self._maybe_forget(st)
 
-    def _on_settings(self, payload: bytes) -> None:
+    def _on_settings(self, payload: bytes) -> bool:
+        """Apply a peer's SETTINGS; True when a stream window grew (blocked data may
+        go, after the ACK)."""
         if len(payload) % 6:
             raise ConnectionError_(FRAME_SIZE_ERROR, "bad SETTINGS")
+        grew = False
         for i in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HI", payload, i)
             if key == INITIAL_WINDOW_SIZE:
@@ -377,14 +385,14 @@ class H2Connection(asyncio.Protocol):
                 self.peer_initial_window = value
                 for st in self.streams.values():
                     st.send_window += delta
-                if delta > 0:
-                    self._pump_blocked()
+                grew = grew or delta > 0
             elif key == MAX_FRAME_SIZE:
                 if not 16384 <= value <= (1 << 24) - 1:
                     raise ConnectionError_(PROTOCOL_ERROR, "bad MAX_FRAME_SIZE")
                 self.peer_max_frame = value
             elif key == HEADER_TABLE_SIZE:
                 pass  # our encoder never indexes: nothing to resize
+        return grew
 
     def _on_window_update(self, sid: int, increment: int) -> None:
         if sid == 0:

@@ -208,6 +208,25 @@ async def test_send_flow_control_tiny_window():
 
 
 @run
+async def test_settings_ack_goes_before_the_data_a_larger_window_lets_out():
+    """A peer that raises its initial window counts on the new size only once it has
+    our ACK (grpc-core resets the stream otherwise: "frame of size 5 overflows local
+    window of 0"): the data held back by the old window follows the ACK."""
+    p = Peer(_echo_handlers(), struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 100))
+    p.request(1, "/s/Big", b"5000")
+    await p.settle()
+    assert len(p.body(1)) == 100  # the rest waits for window
+    p.frames.clear()
+    p.send(h2.frame(h2.SETTINGS, 0, 0, struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 1 << 20)))
+    await p.settle()
+    kinds = [(f[0], f[1] & h2.ACK if f[0] == h2.SETTINGS else 0) for f in p.read()]
+    ack = kinds.index((h2.SETTINGS, h2.ACK))
+    first_data = next(i for i, f in enumerate(p.frames) if f[0] == h2.DATA)
+    assert ack < first_data
+    assert len(p.body(1)) == 5005 - 100
+
+
+@run
 async def test_receive_window_given_back():
     p = Peer(_echo_handlers())
     p.read()
