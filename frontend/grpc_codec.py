@@ -77,11 +77,13 @@ def _bad(message: str) -> InferError:
 
 
 def decode_infer_request(data) -> DecodedRequest:
-    """A serialized ModelInferRequest (bytes) -> DecodedRequest; raises InferError.
+    """A serialized ModelInferRequest -> DecodedRequest; raises InferError.
 
-    Raw input buffers are slices of `data` (no copy) for large messages; the caller
-    keeps `data` alive as long as the request (the slices do that by themselves)."""
-    if type(data) is not bytes:
+    `data`: bytes, or a memoryview its caller never writes to again (the native gRPC
+    transport's buffer of a unary call: taking it as it is spares a copy of the whole
+    message, 3 ms for 16 MiB here). Raw input buffers are slices of `data` (no copy)
+    for large messages; the slices keep it alive as long as the request."""
+    if type(data) is not bytes and type(data) is not memoryview:
         data = bytes(data)
     request, key = _from_template(data)
     if request is not None:
@@ -138,10 +140,10 @@ def _from_template(data: bytes):
         if pos > end:
             return None, None
         if head is None:
-            key, rid = data[:pos], ""
+            key, rid = bytes(data[:pos]), ""
         else:
-            key = head + data[id_end:pos]
-            rid = data[rid_span[0]:rid_span[1]].decode()
+            key = bytes(head) + bytes(data[id_end:pos])
+            rid = str(data[rid_span[0]:rid_span[1]], "utf-8")
         template = _REQUESTS.get(key)
         if template is None:
             return None, key
@@ -200,8 +202,9 @@ def split_raw_input_contents(data) -> tuple[bytes, list[memoryview]]:
     """Split a serialized ModelInferRequest into its other fields (bytes, to parse) and
     memoryviews over each raw_input_contents entry, in order.
 
-    Walks the top-level fields only (a handful per request)."""
-    if not isinstance(data, bytes):
+    Walks the top-level fields only (a handful per request). `data`: bytes or a
+    memoryview, as decode_infer_request takes it."""
+    if not isinstance(data, (bytes, memoryview)):
         data = bytes(data)
     view = memoryview(data)
     raws: list[memoryview] = []

@@ -290,7 +290,10 @@ class GrpcConnection(h2.H2Connection):
                                if len(body) < n + 5 else
                                "Received more than one request message")
         try:
-            message = self._message(call, flag, bytes(memoryview(body)[5:]))
+            # a view, not a copy: the buffer is the message's alone from here on (a
+            # handler that keeps slices of it, as ModelInfer's decoder does, keeps
+            # it alive; nothing writes to it again)
+            message = self._message(call, flag, memoryview(body)[5:])
         except Abort as e:
             return self.finish(call, e.code, e.details)
         call.body = None

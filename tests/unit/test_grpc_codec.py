@@ -96,6 +96,26 @@ def test_large_request_is_sliced_without_copy():
         assert bytes(inp.data) == arr.tobytes()
 
 
+@pytest.mark.parametrize("size", [16, 1 << 18])  # the template path, the split path
+def test_a_view_of_a_buffer_decodes_as_its_bytes_do_without_a_copy(size):
+    """The native gRPC transport hands a unary message over as a view of the buffer
+    it gathered it in: it decodes as the same bytes do, the tensor data are views of
+    that buffer (no copy of the message), and a template is remembered by value."""
+    grpc_codec._REQUESTS.clear()
+    a = np.arange(size, dtype=np.float32).reshape(1, size)
+    wire = client_request({"INPUT0": a}, [("OUTPUT0",)], "v\u00e9")
+    buffer = bytearray(b"\0" * 5 + wire)  # as the transport holds it: prefix first
+    for turn in range(2):  # decoded in full, then (small ones) from the template
+        view = memoryview(buffer)[5:]
+        req = decode_infer_request(view)
+        assert req == decode_infer_request(wire)
+        assert req.id == "v\u00e9"
+        assert bytes(req.inputs[0].data) == a.tobytes()
+        if turn or size > 16:  # a small one's full decode has protobuf's own copy
+            assert req.inputs[0].data.obj is buffer
+    assert all(type(key) is bytes for key in grpc_codec._REQUESTS)
+
+
 def test_split_keeps_fields_after_and_between_raw_contents():
     # Field order on the wire is the sender's choice: put raw contents first.
     msg = typed_request("A", "UINT8", [3])
