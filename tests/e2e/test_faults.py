@@ -42,6 +42,17 @@ def _infer(c, protocol, mode=SERVE, delay_ms=0):
     return int(c.infer("faulty", inputs, **kwargs).as_numpy("PID")[0])
 
 
+def _closed(c) -> None:
+    """Close a client on the thread that made it (an HTTP client's gevent pool cannot
+    be joined from another thread's garbage collection); always None."""
+    if c is not None:
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001 -- a client of a server that went away
+            pass
+    return None
+
+
 def _ready(srv) -> bool:
     try:
         with urllib.request.urlopen(f"http://{srv.http_url}/v2/health/ready",
@@ -84,10 +95,12 @@ class Load:
                 c = c or _client(self.srv, protocol)
                 pid, error = _infer(c, protocol, SERVE, self.delay_ms), None
             except Exception as exc:  # noqa: BLE001 -- every failure is recorded
-                pid, error, c = None, exc, None
+                pid, error = None, exc
+                c = _closed(c)
                 self.stop.wait(0.02)  # a refused connection must not spin a core
             with self.lock:
                 self.calls.append((protocol, start, time.monotonic(), pid, error))
+        _closed(c)
 
     def snapshot(self) -> list[tuple]:
         with self.lock:
