@@ -84,9 +84,12 @@ class Abort(Exception):
 class RequestStream:
     """The request iterator of a client-streaming call."""
 
-    __slots__ = ("items", "waiter", "ended")
+    __slots__ = ("loop", "items", "waiter", "ended")
 
-    def __init__(self):
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        # the connection's loop: asyncio.get_running_loop() asks the kernel for the
+        # pid (getpid()) on every call in Python 3.11, once per message here
+        self.loop = loop
         self.items: deque = deque()
         self.waiter: asyncio.Future | None = None
         self.ended = False
@@ -111,7 +114,7 @@ class RequestStream:
         while not self.items:
             if self.ended:
                 raise StopAsyncIteration
-            self.waiter = asyncio.get_running_loop().create_future()
+            self.waiter = self.loop.create_future()
             await self.waiter
         item = self.items.popleft()
         if isinstance(item, Abort):
@@ -254,7 +257,7 @@ class GrpcConnection(h2.H2Connection):
                 call.deadline = self.loop.time() + seconds
                 call.timer = self.loop.call_at(call.deadline, self._deadline, call)
         if handler.request_streaming:
-            call.requests = RequestStream()
+            call.requests = RequestStream(self.loop)
             self._start(call, call.requests)
 
     def stream_data(self, stream, data) -> None:

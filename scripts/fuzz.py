@@ -31,19 +31,10 @@ from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from tests.data import fuzz_cases  # noqa: E402
+from error_table import server_version  # noqa: E402  (this folder, as a script's)
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
                         "model_repository")
-
-
-def server_version(host: str, port: int) -> str:
-    import urllib.request
-    try:
-        with urllib.request.urlopen(f"http://{host}:{port}/v2", timeout=10) as r:
-            meta = json.loads(r.read())
-        return f"{meta.get('name', '?')} {meta.get('version', '?')}"
-    except OSError as e:
-        return f"unknown ({e})"
 
 
 def _cell(counter: dict) -> str:
@@ -124,7 +115,7 @@ def main(argv=None) -> int:
     def revive():
         subprocess.run(args.restart, shell=True, check=True, timeout=300)
 
-    version = server_version(args.host, args.http_port)
+    version = server_version(f"{args.host}:{args.http_port}")
     report = fuzz_cases.run(
         fuzz_cases.corpus(args.seed, args.cases), args.host, args.http_port,
         args.grpc_port, check_every=args.check_every, timeout=args.timeout,

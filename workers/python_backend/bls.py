@@ -44,6 +44,7 @@ _CLOSED = InferResponse(0, error="the worker is stopping", error_code=int(ErrorC
 # is_cancelled()) then receives for itself: pump(timeout_ms) takes one message, or
 # none by the timeout, and handles it. None while no batch runs inline.
 _pump: Callable[[int], None] | None = None
+_PUMP_SLICE_MS = 5  # a pump waits this long at most, then looks again
 
 
 def set_pump(pump: Callable[[int], None] | None) -> None:
@@ -58,9 +59,6 @@ def _wait_for(done: Callable[[], bool]) -> None:
     while pump is not None and not done():
         pump(_PUMP_SLICE_MS)
         pump = _pump
-
-
-_PUMP_SLICE_MS = 5  # a pump waits this long at most, then looks again
 
 
 class CancelFlag:

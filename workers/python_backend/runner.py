@@ -146,17 +146,18 @@ class PythonInstance:
         answered with its response sender."""
         bls = self.bls
         if bls is None:  # warmup, or a worker without BLS: nothing to track
-            return self._execute(requests, io)
+            return self._execute(requests, io, None)
         # what the model's BLS calls need: who calls (for the cycle check), which
         # tensors are our own inputs (passed on by reference), where copies count
         callers = list(dict.fromkeys(c for r in requests for c in r.callers))
         bls.model, bls.callers, bls.copies = self.model_name, callers, self.copies
+        keys = [(r.reply_to, r.id) for r in requests]  # what a CancelRequest names
         try:
-            return self._execute(requests, io)
+            return self._execute(requests, io, keys)
         finally:
             bls.input_refs = {}
             if not self.decoupled:  # a decoupled request may go on responding
-                bls.cancels.done_many([(r.reply_to, r.id) for r in requests])
+                bls.cancels.done_many(keys)
 
     def _run_model(self, pb_requests):
         if not self.is_async:
@@ -203,12 +204,12 @@ class PythonInstance:
         return (f"Failed to process the request(s) for model '{self.instance_name}', "
                 f"message: {describe_model_error(exc)}")
 
-    def _execute(self, requests: list[InferRequest], io):
+    def _execute(self, requests: list[InferRequest], io, keys):
         self.input_end_ns = self.output_start_ns = 0
         streams = [_ResponseStream(self, r) for r in requests]
         # set by a CancelRequest the scheduler forwards; one lock for the batch
-        flags = (self.bls.cancels.track_many([(r.reply_to, r.id) for r in requests])
-                 if self.bls is not None else [None] * len(requests))
+        flags = (self.bls.cancels.track_many(keys) if keys is not None
+                 else [None] * len(requests))
         try:
             pb_requests = [self._request(r, io, s, f)
                            for r, s, f in zip(requests, streams, flags)]
