@@ -18,6 +18,7 @@ process, as Triton does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 
@@ -158,6 +159,21 @@ def session_options(config: dict, backend_config: dict[str, str],
     return options, run_options
 
 
+@functools.cache
+def _preload_cuda_libraries() -> None:
+    """Load CUDA and cuDNN from the nvidia-* wheels before the CUDA provider needs them.
+
+    onnxruntime-gpu links them by soname but pip puts them in site-packages, where the
+    dynamic loader does not look; a process that imported torch first has them already.
+    Once per process; a build without `preload_dlls` (older, or CPU) is left alone."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload(msvc=False)
+        except Exception as exc:  # the provider's own load error will say more
+            log.warning("onnxruntime could not preload the CUDA libraries: %s", exc)
+
+
 def execution_providers(config: dict, kind: str, device_id: int = 0,
                         stream_ptr: int | None = None) -> list[tuple[str, dict[str, str]]]:
     """(provider, options) in priority order: TensorRT, CUDA, OpenVINO, CPU.
@@ -171,6 +187,7 @@ def execution_providers(config: dict, kind: str, device_id: int = 0,
         if "CUDAExecutionProvider" not in available:
             raise RuntimeError("onnxruntime has no CUDA execution provider; install the gpu "
                                "extra (onnxruntime-gpu) to run KIND_GPU instances")
+        _preload_cuda_libraries()
         cuda = {"device_id": str(device_id), **_legacy_cuda_options(config)}
         for accelerator in accelerators.get("gpu_execution_accelerator") or []:
             name = accelerator.get("name", "")
@@ -318,7 +335,7 @@ class OnnxModel:
         for name in names:
             if name not in self.graph.outputs:
                 raise ValueError(f"model '{self.name}' has no output named '{name}'")
-        if self._cupy is not None:
+        if self._cupy is not None and not self._strings_in(inputs, names):
             return self._run_cuda(inputs, names)
         # session.run over numpy beats IO binding on the CPU (measured): ORT reads
         # contiguous arrays of the right type in place and hands back its own buffers.
@@ -358,6 +375,13 @@ class OnnxModel:
             array = _from_ort_strings(array)
         return self._reshaper.output(name, array)
 
+    def _strings_in(self, inputs: dict, names: list[str]) -> bool:
+        """Whether the run has a BYTES tensor. ORT's IO binding takes none, on the host
+        or the device, so such a run goes through session.run with host inputs (ORT
+        copies the rest to the device itself), as Triton keeps strings on the CPU."""
+        return any(self._datatype_of(n) == "BYTES" for n in names) or any(
+            self._datatype_of(n) == "BYTES" for n in inputs)
+
     def _run_cuda(self, inputs: dict, names: list[str]) -> dict[str, object]:
         """IO binding: device inputs bound by pointer, outputs left where ORT allocates
         them on the device and handed back as cupy arrays over that memory."""
@@ -369,7 +393,7 @@ class OnnxModel:
         with cp.cuda.Device(self.device_id), (self._stream or contextlib.nullcontext()):
             for name, value in inputs.items():
                 datatype = self._datatype_of(name)
-                if datatype == "BYTES" or not hasattr(value, "__cuda_array_interface__"):
+                if not hasattr(value, "__cuda_array_interface__"):
                     binding.bind_cpu_input(name, self._host_input(name, value))
                     continue
                 array = cp.asarray(value)  # a view for cupy or any __cuda_array_interface__
@@ -388,19 +412,13 @@ class OnnxModel:
                 # those copies ran on cupy's stream, not on ORT's
                 cp.cuda.get_current_stream().synchronize()
             for name in names:
-                if self._datatype_of(name) == "BYTES":  # ORT strings live on the host
-                    binding.bind_output(name, "cpu")
-                else:
-                    binding.bind_output(name, "cuda", self.device_id)
+                binding.bind_output(name, "cuda", self.device_id)
             # Run synchronizes ORT's stream at the end, so outputs are complete on return.
             self.session.run_with_iobinding(binding, self.run_options)
             values = binding.get_outputs()
             result = {}
             for name, value in zip(names, values):
-                if self._datatype[name] == "BYTES":
-                    result[name] = self._output(name, value.numpy())
-                else:
-                    result[name] = self._output(name, self._device_array(name, value))
+                result[name] = self._output(name, self._device_array(name, value))
         binding.clear_binding_inputs()
         binding.clear_binding_outputs()
         del kept

@@ -83,8 +83,11 @@ def _build(root: Path) -> Path:
         if torch.cuda.is_available():
             torch_models.identity(root / "torch_cuda", dims=(N,), max_batch_size=8)
             cfg = root / "torch_cuda" / "config.pbtxt"
-            cfg.write_text(cfg.read_text() +
-                           "\ninstance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]\n")
+            # in place of the KIND_CPU group the helper writes: two groups would
+            # give the model a CPU instance too, and its requests would cross the host
+            text = cfg.read_text().replace("kind: KIND_CPU", "kind: KIND_GPU gpus: [ 0 ]")
+            assert "KIND_GPU" in text and "KIND_CPU" not in text
+            cfg.write_text(text)
     except ImportError:
         pass
     return root
