@@ -69,8 +69,9 @@ class IpcRegion:
 
 def pin(buffer) -> int | None:
     """Register host memory as pinned (page-locked) so copies to and from devices run
-    at DMA speed; returns its address, or None where that is not possible. (Nothing
-    unpins yet: segments are pinned for the life of the worker.)"""
+    at DMA speed; returns its address, or None where that is not possible. Arena
+    segments stay pinned for the life of the worker; client regions are unpinned
+    (`unpin`) before they are unmapped."""
     import numpy as np
     cp = cupy()
     arr = np.frombuffer(buffer, dtype=np.uint8)
@@ -81,3 +82,10 @@ def pin(buffer) -> int | None:
         return None
     return ptr
 
+
+def unpin(ptr: int) -> None:
+    """Undo `pin` (its address); memory that was never pinned is left alone."""
+    try:
+        cupy().cuda.runtime.hostUnregister(ptr)
+    except Exception:
+        pass

@@ -74,7 +74,7 @@ class RegionTruncated(ValueError):
 
 
 class _SystemMap:
-    __slots__ = ("fd", "map", "view")
+    __slots__ = ("fd", "map", "view", "pinned")
 
     def __init__(self, key: str):
         self.fd = open_client_object(key, os.O_RDWR)
@@ -88,6 +88,7 @@ class _SystemMap:
             os.close(self.fd)
             raise
         self.view = memoryview(self.map)
+        self.pinned = None  # the address the pin hook registered, if any
 
     def close(self) -> None:
         self.view.release()
@@ -100,9 +101,15 @@ class _SystemMap:
 
 class RegionMaps:
     """The client regions this process has mapped, by registration uid. Thread-safe:
-    framework instances read and write regions from their own threads."""
+    framework instances read and write regions from their own threads.
 
-    def __init__(self):
+    A GPU worker passes `pin`/`unpin` (shm.cuda's): each system region is then
+    page-locked once when first mapped, up to `pin_max` bytes, so that copies between
+    it and a device run at DMA speed instead of through the driver's staging buffer,
+    and unlocked before it is unmapped."""
+
+    def __init__(self, pin=None, unpin=None, pin_max: int = 1 << 30):
+        self.pin, self.unpin, self.pin_max = pin, unpin, pin_max
         self._system: dict[int, _SystemMap] = {}
         self._cuda: dict[int, object] = {}
         self._lock = threading.Lock()
@@ -114,7 +121,10 @@ class RegionMaps:
             with self._lock:
                 m = self._system.get(uid)
                 if m is None:
-                    m = self._system[uid] = _SystemMap(key)
+                    m = _SystemMap(key)
+                    if self.pin is not None and 0 < len(m.view) <= self.pin_max:
+                        m.pinned = self.pin(m.view)
+                    self._system[uid] = m
         end = offset + nbytes
         if offset < 0 or nbytes < 0 or end > len(m.view):
             raise ValueError(f"[{offset}, {end}) lies outside shared memory object '{key}'")
@@ -143,6 +153,8 @@ class RegionMaps:
             m = self._system.pop(uid, None)
             r = self._cuda.pop(uid, None)
         if m is not None:
+            if m.pinned is not None:
+                self.unpin(m.pinned)
             m.close()
         if r is not None:
             r.close()

@@ -119,15 +119,15 @@ class Worker:
         self.device = device
         self.inbox = Inbox(address, WORKER_INBOX)
         self.outbox = Outbox()
-        pin = None
+        pin = unpin = None
         if device.startswith("gpu"):
-            # host memory the device copies from and to is pinned, for DMA speed
-            from shm.cuda import pin
+            # host memory the device copies from and to (arena segments, the segments
+            # of other processes, clients' system regions) is pinned, for DMA speed
+            from shm.cuda import pin, unpin
         # Arena chunks are created on first large output, not at start, so a model
         # that only answers with small tensors costs no shared memory.
         self.arena = Arena(segment_prefix, chunk_size=arena_bytes, on_segment=pin)
-        self.io = TensorIO(self.arena, address)
-        self.io.segments.on_map = pin
+        self.io = TensorIO(self.arena, address, pin, unpin)
         self.instances = {}
         self.threads: dict[str, InstanceThread] = {}
         # python models' calls to other models, and the cancel flags of what runs here

@@ -50,11 +50,11 @@ def is_device_array(array) -> bool:
 class TensorIO:
     """Where a worker's tensors come from and go to."""
 
-    def __init__(self, arena: Arena, owner: str):
+    def __init__(self, arena: Arena, owner: str, pin=None, unpin=None):
         self.arena = arena
         self.owner = owner
-        self.segments = SegmentCache()
-        self.regions = RegionMaps()
+        self.segments = SegmentCache(on_map=pin)
+        self.regions = RegionMaps(pin, unpin)
         self._lock = threading.Lock()  # the arena and `_held`, shared by threads
         # blocks each reader holds, so a reader that dies does not leak them
         self._held: dict[str, set[tuple[str, int]]] = {}

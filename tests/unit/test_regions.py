@@ -240,3 +240,51 @@ def test_keys_that_are_not_shm_objects_are_refused_without_blocking(tmp_path):
         signal.signal(signal.SIGALRM, previous)
         for path in made:
             os.unlink(path)
+
+
+def test_a_gpu_workers_system_regions_are_pinned_once_and_unpinned_before_unmap(key):
+    """Rule: with pin hooks (a GPU worker), a client's system region is page-locked when
+    first mapped, once however often it is read, and unlocked before it is unmapped; a
+    region over `pin_max`, or one the driver would not pin, is used unpinned."""
+    calls = []
+
+    def pin(view):
+        calls.append(("pin", len(view)))
+        return 0xABC
+
+    maps = RegionMaps(pin=pin, unpin=lambda ptr: calls.append(("unpin", ptr)))
+    maps.view(7, key, 0, 16)[:4] = b"abcd"
+    assert bytes(maps.view(7, key, 0, 4)) == b"abcd"
+    assert calls == [("pin", 4096)]
+    maps.forget(7)
+    assert calls == [("pin", 4096), ("unpin", 0xABC)]
+
+    calls.clear()
+    small = RegionMaps(pin=pin, unpin=lambda ptr: calls.append(("unpin", ptr)), pin_max=4095)
+    small.view(1, key, 0, 16)
+    small.close()
+    assert calls == []
+
+    refused = RegionMaps(pin=lambda view: None, unpin=lambda ptr: calls.append(ptr))
+    refused.view(1, key, 0, 16)
+    refused.close()
+    assert calls == []
+
+
+@pytest.mark.gpu
+def test_pinned_system_region_is_registered_with_the_driver(key):
+    from shm import cuda
+    if cuda.device_count() == 0:
+        pytest.skip("no CUDA device")
+    cp = pytest.importorskip("cupy")
+    maps = RegionMaps(pin=cuda.pin, unpin=cuda.unpin)
+    view = maps.view(1, key, 0, 4096)
+    ptr = np.frombuffer(view, np.uint8).ctypes.data
+    assert cp.cuda.runtime.pointerGetAttributes(ptr).type == 1  # cudaMemoryTypeHost
+    host = np.arange(1024, dtype=np.float32)
+    np.frombuffer(view, np.float32)[:] = host
+    dev = cp.empty(1024, cp.float32)
+    dev.set(np.frombuffer(view, np.float32))
+    np.testing.assert_array_equal(cp.asnumpy(dev), host)
+    maps.close()
+    assert cp.cuda.runtime.pointerGetAttributes(ptr).type == 0  # unregistered again
