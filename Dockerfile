@@ -2,7 +2,7 @@
 #
 #   CPU:   docker build -t shmserve .
 #   CUDA:  docker build -t shmserve:cuda \
-#            --build-arg BASE_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04 \
+#            --build-arg BASE_IMAGE=nvidia/cuda:13.0.0-base-ubuntu24.04 \
 #            --build-arg EXTRAS=gpu .
 #   run:   docker run --rm --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 \
 #            -v $PWD/models:/models shmserve        (CUDA: add --gpus all)
