@@ -29,6 +29,34 @@ def die_with_parent(sig: int = signal.SIGTERM, expected: int = 0) -> None:
         os.kill(os.getpid(), sig)
 
 
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
+_M_MMAP_THRESHOLD = -3
+KEEP_HEAP_BYTES = 256 << 20
+
+
+def keep_freed_heap(keep: int = KEEP_HEAP_BYTES) -> bool:
+    """Have glibc's malloc keep freed memory for reuse instead of handing it back to
+    the kernel at once. Returns whether the setting took (False off glibc, or when the
+    user set MALLOC_TRIM_THRESHOLD_ / MALLOC_MMAP_THRESHOLD_ themselves).
+
+    A frontend allocates and frees a request body's and a response's worth of memory
+    per large request. By default a block over the mmap threshold is mapped fresh and
+    unmapped on free, and a heap top over the trim threshold is returned, so the next
+    request pays a page fault per 4 KiB touched and an munmap: 60% of a frontend's CPU
+    for a 4 MiB gRPC message. With blocks up to glibc's largest mmap threshold (32 MiB)
+    taken from the heap and up to `keep` bytes of free heap kept, those pages stay
+    mapped; the cost is a frontend's RSS staying at its high-water mark (up to `keep`
+    above its live data) after a burst of large requests."""
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, keep))
+
+
 def parent_gone() -> bool:
     """True once the scheduler that started this process has died or is dying: a
     signal now means "orphaned", not "the scheduler asks us to stop".
