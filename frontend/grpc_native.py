@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # Triton's limit, both ways
 _PREFIX = struct.Struct(">BI")
+# an uncompressed unary message at least this large, to a method that takes it so
+# (ModelInfer), is received straight into the core's shared-memory arena
+ARENA_BODY_MIN = 256 * 1024
 _STATUS_CODE = {code: code.value[0] for code in grpc.StatusCode}
 
 # :status 200 (static index 8), content-type (static name 31) application/grpc
@@ -127,7 +130,7 @@ class Call:
 
     __slots__ = ("conn", "stream", "handler", "path", "raw_metadata", "metadata",
                  "encoding", "body", "requests", "task", "timer", "deadline", "finished",
-                 "deadline_hit", "reset")
+                 "deadline_hit", "reset", "block", "block_view", "filled")
 
     def __init__(self, conn, stream, handler, path, raw_metadata, encoding):
         self.conn = conn
@@ -145,6 +148,17 @@ class Call:
         self.finished = False
         self.deadline_hit = False
         self.reset = False  # the client cancelled (RST_STREAM) or went away
+        # a large unary message received into an arena block: the block, a view of
+        # it and how much of it has arrived; the call frees the block unless the
+        # handler takes it (take_body_block), whose request then frees it
+        self.block = self.block_view = None
+        self.filled = 0
+
+    def take_body_block(self):
+        """The arena block the message was received into (None when it was not): from
+        now on the caller frees it."""
+        block, self.block = self.block, None
+        return block
 
     # -- the grpc.aio ServicerContext subset the handlers use --------------------------
 
@@ -208,6 +222,7 @@ class GrpcConnection(h2.H2Connection):
         self.server = server
         self.handlers = server.handlers
         self.restrictions = server.restrictions
+        self.arena_paths = server.arena_paths if server.body_buffer is not None else ()
 
     def connection_made(self, transport):
         super().connection_made(transport)
@@ -264,6 +279,15 @@ class GrpcConnection(h2.H2Connection):
         call = stream.app
         if call is None or call.finished:
             return
+        view = call.block_view
+        if view is not None:
+            pos = call.filled
+            end = pos + len(data)
+            if end > len(view):
+                return self.finish(call, 13, "Received more than one request message")
+            view[pos:end] = data  # the one copy of the message: into shared memory
+            call.filled = end
+            return
         body = call.body
         body += data
         if len(body) >= 5:
@@ -273,6 +297,28 @@ class GrpcConnection(h2.H2Connection):
                                    % (n, MAX_MESSAGE_BYTES))
             if call.requests is not None:
                 self._take_messages(call)
+            elif (n >= ARENA_BODY_MIN and not flag and call.path in self.arena_paths
+                  and len(body) <= n + 5):
+                self._into_arena(call, n + 5)
+
+    def _into_arena(self, call: Call, size: int) -> None:
+        """Go on receiving the message in an arena block (what came so far copied)."""
+        try:
+            view, block = self.server.body_buffer(size)
+        except Exception:  # no room: the message stays in process memory
+            log.warning("no arena block of %d bytes for a gRPC message", size,
+                        exc_info=True)
+            return
+        body = call.body
+        view[:len(body)] = body
+        call.block, call.block_view, call.filled = block, view, len(body)
+        call.body = bytearray()
+
+    def _free_block(self, call: Call) -> None:
+        block = call.take_body_block()
+        call.block_view = None
+        if block is not None:
+            self.server.free_blocks((block,))
 
     def stream_ended(self, stream) -> None:
         call = stream.app
@@ -283,6 +329,19 @@ class GrpcConnection(h2.H2Connection):
             call.requests.end()
             return
         # a unary request: exactly one message
+        view = call.block_view
+        if view is not None:
+            if call.filled < len(view):
+                return self.finish(call, 13, "Incomplete request message")
+            call.block_view = None
+            try:
+                # the handler takes the block with the message (take_body_block), or
+                # finish() frees it
+                message = self._message(call, 0, view[5:])
+            except Abort as e:
+                return self.finish(call, e.code, e.details)
+            call.body = None
+            return self._start(call, message)
         body = call.body
         if len(body) < 5:
             return self.finish(call, 13, "Received no request message" if not body
@@ -307,6 +366,7 @@ class GrpcConnection(h2.H2Connection):
         if call is None or call.finished:
             return
         call.finished = call.reset = True
+        self._free_block(call)  # not taken: the handler has not run and will not
         if call.timer is not None:
             call.timer.cancel()
         if call.requests is not None:
@@ -437,6 +497,8 @@ class GrpcConnection(h2.H2Connection):
         if call.finished:
             return
         call.finished = True
+        if call.block is not None or call.block_view is not None:
+            self._free_block(call)
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
@@ -455,9 +517,16 @@ class NativeGrpcServer:
     """A listening socket and its connections; the grpc.aio.Server calls main.py uses
     (start, stop, bound_port)."""
 
-    def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None):
+    def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
+                 body_buffer=None, free_blocks=None, arena_paths=()):
         self.handlers = handlers  # "/service/Method" -> grpc.RpcMethodHandler
         self.restrictions = restrictions or None
+        # large unary messages to `arena_paths` are received into blocks that
+        # body_buffer(nbytes) -> (view, block) gives and free_blocks(blocks) frees;
+        # the handler takes its block from the call (Call.take_body_block)
+        self.body_buffer = body_buffer
+        self.free_blocks = free_blocks
+        self.arena_paths = frozenset(arena_paths)
         self.sock = sock
         self.bound_port = sock.getsockname()[1]
         self.connections: set[GrpcConnection] = set()

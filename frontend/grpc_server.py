@@ -91,7 +91,10 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
         return NativeGrpcServer({f"/{service}/{method}": handler
                                  for service, methods in table.items()
                                  for method, handler in methods.items()},
-                                sock, restrictions)
+                                sock, restrictions,
+                                body_buffer=getattr(core, "body_buffer", None),
+                                free_blocks=getattr(core, "free_blocks", None),
+                                arena_paths=("/inference.GRPCInferenceService/ModelInfer",))
     if frontend != "grpcio":
         raise ValueError(f"unknown gRPC frontend {frontend!r}")
     # no interceptor at all when nothing is restricted: it would cost every RPC
@@ -216,6 +219,10 @@ class InferenceServicer:
             if self.header_forward is not None:
                 forward_headers(request.parameters, context.invocation_metadata() or (),
                                 self.header_forward)
+            take = getattr(context, "take_body_block", None)  # the native transport's
+            block = take() if take is not None else None
+            if block is not None:  # the tensors are views of it: the core frees it
+                request.arena_blocks.append(block)
             result = await self.core.infer(request, _DECOUPLED_REFUSAL)
         except InferError as e:
             error = e

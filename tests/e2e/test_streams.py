@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.e2e.harness import MODELS, ROOT, ServerProcess, wait_until
 
@@ -111,6 +112,28 @@ def test_large_inputs_through_streams_are_freed_when_requests_end(server):
                                  data=body, method="POST")
     with urllib.request.urlopen(req, timeout=T) as r:
         assert r.status == 200
+
+
+def test_large_unary_grpc_inputs_in_the_arena_are_freed_on_every_outcome(server):
+    """Rule: a large unary ModelInfer is received straight into the frontend's arena;
+    its block is freed whether the request runs, is refused by validation, or names a
+    model that does not exist (the server fixture checks at exit that none is held)."""
+    big = np.arange(256 * 1024, dtype=np.int32)  # 1 MiB: over the arena threshold
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for _ in range(3):
+            r = c.infer("slow_identity", [_int_input(grpcclient, "INPUT0", big)])
+            assert np.array_equal(r.as_numpy("OUTPUT0"), big)
+        lying = _int_input(grpcclient, "INPUT0", big)
+        lying._input.shape[:] = [2 * big.size]  # claims twice the bytes it carries
+        with pytest.raises(InferenceServerException, match="byte size"):
+            c.infer("slow_identity", [lying])
+        with pytest.raises(InferenceServerException, match="unknown model"):
+            c.infer("no_such_model", [_int_input(grpcclient, "INPUT0", big)])
+        r = c.infer("slow_identity", [_int_input(grpcclient, "INPUT0", big[::-1].copy())])
+        assert np.array_equal(r.as_numpy("OUTPUT0"), big[::-1])
+    finally:
+        c.close()
 
 
 def _metric(server, name: str, model: str) -> float:

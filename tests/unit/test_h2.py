@@ -50,9 +50,12 @@ class FakeTransport(asyncio.Transport):
 class Peer:
     """A client's end: writes frames into the connection, parses what comes back."""
 
-    def __init__(self, handlers, settings=b""):
+    def __init__(self, handlers, settings=b"", arena=None, arena_paths=()):
         server = NativeGrpcServer.__new__(NativeGrpcServer)
         server.handlers, server.restrictions, server.connections = handlers, None, set()
+        server.body_buffer = arena.body_buffer if arena is not None else None
+        server.free_blocks = arena.free_blocks if arena is not None else None
+        server.arena_paths = frozenset(arena_paths)
         self.conn = GrpcConnection(server)
         self.transport = FakeTransport()
         self.conn.connection_made(self.transport)
@@ -314,3 +317,90 @@ async def test_streaming_and_deadline():
     p.request(3, "/s/Slow", b"", extra=[("grpc-timeout", "20m")])
     await asyncio.sleep(0.1)
     assert p.of(3, h2.HEADERS)[-1][3]["grpc-status"] == "4"
+
+
+class FakeArena:
+    """The core's body_buffer / free_blocks: hands out buffers, records frees."""
+
+    def __init__(self):
+        self.given = {}  # block -> its buffer
+        self.freed = []
+
+    def body_buffer(self, nbytes):
+        block = ("seg", len(self.given))
+        self.given[block] = buf = bytearray(nbytes)
+        return memoryview(buf), block
+
+    def free_blocks(self, blocks):
+        self.freed.extend(blocks)
+
+
+def _arena_handlers(seen):
+    async def take(request, context):
+        seen.append((request, context.take_body_block()))
+        return b"%d" % len(request)
+
+    async def keep(request, context):  # decodes, fails, never takes the block
+        seen.append((request, None))
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no")
+
+    u = grpc.unary_unary_rpc_method_handler
+    return {"/s/Take": u(take), "/s/Keep": u(keep), "/s/Other": u(take)}
+
+
+ARENA_PATHS = ("/s/Take", "/s/Keep")
+
+
+def _send_in_pieces(p, sid, path, message, piece=100_000, end=True, extra=b""):
+    p.request(sid, path)
+    data = struct.pack(">BI", 0, len(message)) + message + extra
+    for i in range(0, len(data), piece):
+        last = end and i + piece >= len(data)
+        p.send(h2.frame(h2.DATA, h2.END_STREAM if last else 0, sid, data[i:i + piece]))
+
+
+@run
+async def test_a_large_unary_message_is_received_into_an_arena_block_the_handler_takes():
+    arena, seen = FakeArena(), []
+    p = Peer(_arena_handlers(seen), arena=arena, arena_paths=ARENA_PATHS)
+    message = bytes(range(256)) * 1200  # 300 KiB: over ARENA_BODY_MIN
+    _send_in_pieces(p, 1, "/s/Take", message)
+    await p.settle()
+    (request, block), = seen
+    assert list(arena.given) == [block] and arena.freed == []  # the handler's to free
+    assert bytes(request) == message and request.obj is arena.given[block]
+    assert p.body(1)[5:] == b"%d" % len(message)
+    assert p.of(1, h2.HEADERS)[-1][3]["grpc-status"] == "0"
+
+
+@run
+async def test_an_arena_block_nobody_takes_is_freed_however_the_call_ends():
+    arena, seen = FakeArena(), []
+    p = Peer(_arena_handlers(seen), arena=arena, arena_paths=ARENA_PATHS)
+    message = b"m" * 300_000
+    _send_in_pieces(p, 1, "/s/Keep", message)  # the handler fails without taking it
+    p.request(3, "/s/Take")  # 200 of 300 kB, then the end of the stream: incomplete
+    p.send(h2.frame(h2.DATA, 0, 3, struct.pack(">BI", 0, len(message)) + message[:200_000]))
+    p.send(h2.frame(h2.DATA, h2.END_STREAM, 3, b""))
+    _send_in_pieces(p, 5, "/s/Take", message, extra=b"\0" * 10)  # a second message
+    p.request(7, "/s/Take")  # 200 of 300 kB, then cancelled
+    p.send(h2.frame(h2.DATA, 0, 7, struct.pack(">BI", 0, len(message)) + message[:200_000]))
+    p.send(h2.frame(h2.RST_STREAM, 0, 7, struct.pack(">I", h2.CANCEL)))
+    await p.settle()
+    assert len(arena.given) == 4 and sorted(arena.freed) == sorted(arena.given)
+    status = {sid: p.of(sid, h2.HEADERS)[-1][3] for sid in (1, 3, 5)}
+    assert status[1]["grpc-status"] == "3"
+    assert status[3]["grpc-status"] == "13" and "Incomplete" in status[3]["grpc-message"]
+    assert status[5]["grpc-status"] == "13" and "more than one" in status[5]["grpc-message"]
+    assert [len(r) for r, _ in seen] == [len(message)]  # only the whole message ran
+
+
+@run
+async def test_small_messages_and_other_methods_stay_in_process_memory():
+    arena, seen = FakeArena(), []
+    p = Peer(_arena_handlers(seen), arena=arena, arena_paths=ARENA_PATHS)
+    _send_in_pieces(p, 1, "/s/Take", b"s" * 1000)
+    _send_in_pieces(p, 3, "/s/Other", b"o" * 300_000)
+    await p.settle()
+    assert arena.given == {} and [(len(r), b) for r, b in seen] == [(1000, None),
+                                                                     (300_000, None)]
