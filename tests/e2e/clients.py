@@ -1,9 +1,27 @@
 """The official clients, one way to make each, so tests run over both protocols."""
 
+import threading
+
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 PROTOCOLS = ("http", "grpc")
+
+
+class HttpClient(httpclient.InferenceServerClient):
+    """tritonclient's HTTP client, safe to drop on any thread. Its __del__ joins a
+    gevent pool that belongs to the thread that made it; a client made on a worker
+    thread and collected later on another one raised there, which pytest reports as
+    an unraisable-exception warning. Dropped off its own thread, it is left to the
+    garbage collector (its sockets close with it)."""
+
+    def __init__(self, *args, **kwargs):
+        self._owner = threading.get_ident()
+        super().__init__(*args, **kwargs)
+
+    def __del__(self):
+        if threading.get_ident() == self._owner:
+            super().__del__()
 
 
 def module(protocol: str):
@@ -12,7 +30,7 @@ def module(protocol: str):
 
 def client(server, protocol: str, **kwargs):
     if protocol == "http":
-        return httpclient.InferenceServerClient(server.http_url, **kwargs)
+        return HttpClient(server.http_url, **kwargs)
     return grpcclient.InferenceServerClient(server.grpc_url, **kwargs)
 
 

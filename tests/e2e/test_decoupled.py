@@ -16,6 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from frontend.http_stream import read_frames
 from tests.e2e.clients import GrpcStream, is_final as _final
+from tests.e2e import clients
 from tests.e2e.harness import MODELS, ROOT, ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -159,7 +160,7 @@ def test_unary_inference_on_decoupled_model_is_refused(server):
     assert exc.value.status() == "StatusCode.UNIMPLEMENTED"
     assert exc.value.message() == ("ModelInfer RPC doesn't support models with decoupled "
                                    "transaction policy")
-    h = httpclient.InferenceServerClient(server.http_url)
+    h = clients.HttpClient(server.http_url)
     hi = httpclient.InferInput("IN", [2], "INT32")
     hi.set_data_from_numpy(x)
     with pytest.raises(InferenceServerException) as exc:
@@ -176,7 +177,7 @@ def test_non_decoupled_model_using_its_response_sender(server):
     client still gets exactly the first, over unary and stream alike."""
     x = np.array([3, 4], dtype=np.int32)
     for twice in (False, True):
-        h = httpclient.InferenceServerClient(server.http_url)
+        h = clients.HttpClient(server.http_url)
         inp = httpclient.InferInput("INPUT0", [2], "INT32")
         inp.set_data_from_numpy(x)
         r = h.infer("nondecoupled_sender", [inp], parameters={"twice": twice})
@@ -288,7 +289,7 @@ def test_generate_errors(server):
 
 
 def _response_stats(server):
-    s = httpclient.InferenceServerClient(server.http_url).get_inference_statistics("repeat")
+    s = clients.HttpClient(server.http_url).get_inference_statistics("repeat")
     return s["model_stats"][0]["response_stats"]
 
 

@@ -438,7 +438,7 @@ def test_an_ensemble_with_a_decoupled_step_is_decoupled(dec_server):
     """Rule (Triton's ValidateEnsembleConfig): an ensemble with a decoupled step on its
     data flow is decoupled, its config says so though it did not ask; unary ModelInfer
     and HTTP /infer refuse it with Triton's texts, and the server keeps serving."""
-    h = httpclient.InferenceServerClient(dec_server.http_url)
+    h = clients.HttpClient(dec_server.http_url)
     g = grpcclient.InferenceServerClient(dec_server.grpc_url)
     assert h.get_model_config("ens_repeat")["model_transaction_policy"] == {
         "decoupled": True}

@@ -178,7 +178,7 @@ def test_declared_length_over_the_limit_is_refused_before_the_body(srv):
         f"Raw input has a byte_size ({10 * LIMIT} bytes)")
     (status, body), _ = _post(srv, "/v2/logging", [], {"Content-Length": str(LIMIT + 1)})
     assert status == 400 and "exceeds the maximum allowed input size" in body["error"]
-    _infer("http", httpclient.InferenceServerClient(srv.http_url), USER)
+    _infer("http", clients.HttpClient(srv.http_url), USER)
 
 
 @pytest.mark.parametrize("route", ["/v2/models/identity_fp32/infer", "/v2/logging"])
@@ -188,7 +188,7 @@ def test_chunked_body_over_the_limit_is_cut_off(srv, route):
     parts = [b" " * 4096] * (4 * LIMIT // 4096)
     (status, body), _ = _post(srv, route, parts, {**USER, **ADMIN}, chunked=True)
     assert status == 400 and "exceeds the maximum allowed input size" in body["error"]
-    _infer("http", httpclient.InferenceServerClient(srv.http_url), USER)
+    _infer("http", clients.HttpClient(srv.http_url), USER)
 
 
 @pytest.mark.parametrize("protocol", clients.PROTOCOLS)
@@ -244,4 +244,4 @@ def test_content_length_shorter_than_the_body_does_not_smuggle_a_request(srv):
     assert got.startswith(b"HTTP/1.1 400")
     assert got.count(b"HTTP/1.1 ") <= 2  # the answer, and at most a 400 for the rest
     assert b"HTTP/1.1 200" not in got
-    _infer("http", httpclient.InferenceServerClient(srv.http_url), USER)
+    _infer("http", clients.HttpClient(srv.http_url), USER)

@@ -23,6 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e import clients
 from tests.e2e.harness import MODELS, ROOT, ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -146,7 +147,7 @@ def _metric(server, name: str, model: str) -> float:
 
 
 def _counts(server, model: str) -> tuple[int, int, int]:
-    s = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(model)
+    s = clients.HttpClient(server.http_url).get_inference_statistics(model)
     m = s["model_stats"][0]
     inf = m["inference_stats"]
     return inf["success"]["count"], inf["fail"]["count"], m["execution_count"]
@@ -220,7 +221,7 @@ def test_disconnected_http_client_drops_its_queued_request(server, route):
     wait_until(lambda: _counts(server, "slow_identity") == want, T,
                what="the running request counted and the queued one dropped")
     # and the server goes on serving
-    r = httpclient.InferenceServerClient(server.http_url).infer(
+    r = clients.HttpClient(server.http_url).infer(
         "slow_identity", [_int_input(httpclient, "INPUT0", [5])])
     assert r.as_numpy("OUTPUT0").tolist() == [5]
 
