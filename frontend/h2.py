@@ -49,6 +49,7 @@ MAX_WINDOW = 2**31 - 1
 RECV_STREAM_WINDOW = 1 << 24
 RECV_CONN_WINDOW = 1 << 26
 RECV_MAX_FRAME = 1 << 20
+WRITELINES_MIN = 1 << 16  # bytes of pending frames written without joining them
 MAX_STREAMS = 4096
 MAX_HEADER_BLOCK = 1 << 20  # a request's headers, CONTINUATIONs included
 STREAM_WRITE_HIGH = 1 << 20  # a stream holding more unsent bytes makes writers wait
@@ -560,6 +561,10 @@ class H2Connection(asyncio.Protocol):
             return
         if len(out) == 1:
             self.transport.write(out[0])
+        elif len(out) > 4 and sum(map(len, out)) >= WRITELINES_MIN:
+            # a large message's frames: their headers and views of its bytes go out in
+            # one vectored write (uvloop), not copied into one buffer first
+            self.transport.writelines(out)
         else:
             self.transport.write(b"".join(out))
         out.clear()

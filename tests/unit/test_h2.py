@@ -30,9 +30,15 @@ class FakeTransport(asyncio.Transport):
         super().__init__()
         self.data = bytearray()
         self.closed = False
+        self.vectored = []  # the items of each writelines call
 
     def write(self, data):
         self.data += data
+
+    def writelines(self, items):
+        self.vectored.append(list(items))
+        for item in items:
+            self.data += item
 
     def is_closing(self):
         return self.closed
@@ -404,3 +410,21 @@ async def test_small_messages_and_other_methods_stay_in_process_memory():
     await p.settle()
     assert arena.given == {} and [(len(r), b) for r, b in seen] == [(1000, None),
                                                                      (300_000, None)]
+
+
+@run
+async def test_a_large_reply_goes_out_as_views_of_the_message_not_a_joined_copy():
+    """Many frames of one large message are written with writelines, each DATA payload
+    a view of the serialized message; small replies stay one joined write."""
+    p = Peer(_echo_handlers(), struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 1 << 20))
+    p.send(h2.frame(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 20)))
+    p.request(1, "/s/Echo", b"small")
+    await p.settle()
+    assert p.transport.vectored == [] and p.body(1) == struct.pack(">BI", 0, 5) + b"small"
+    p.request(3, "/s/Big", b"200000")
+    await p.settle()
+    (items,), = [p.transport.vectored]
+    assert sum(map(len, items)) >= h2.WRITELINES_MIN
+    assert any(isinstance(i, memoryview) and len(i) == 16384 for i in items)
+    assert p.body(3) == struct.pack(">BI", 0, 200000) + b"x" * 200000
+    assert p.of(3, h2.HEADERS)[-1][3]["grpc-status"] == "0"
