@@ -40,6 +40,10 @@ _PREFIX = struct.Struct(">BI")
 # an uncompressed unary message at least this large, to a method that takes it so
 # (ModelInfer), is received straight into the core's shared-memory arena
 ARENA_BODY_MIN = 256 * 1024
+# ... and at most this large: a bigger one would need a segment of its own, made (and
+# prefaulted) on the word of a 5-byte prefix before its bytes arrive; it is gathered in
+# process memory as it comes, and its tensors copied into the arena once it is whole
+ARENA_BODY_MAX = 64 << 20
 _STATUS_CODE = {code: code.value[0] for code in grpc.StatusCode}
 
 # :status 200 (static index 8), content-type (static name 31) application/grpc
@@ -297,7 +301,8 @@ class GrpcConnection(h2.H2Connection):
                                    % (n, MAX_MESSAGE_BYTES))
             if call.requests is not None:
                 self._take_messages(call)
-            elif (n >= ARENA_BODY_MIN and not flag and call.path in self.arena_paths
+            elif (ARENA_BODY_MIN <= n <= self.server.arena_body_max and not flag
+                  and call.path in self.arena_paths
                   and len(body) <= n + 5):
                 self._into_arena(call, n + 5)
 
@@ -518,7 +523,8 @@ class NativeGrpcServer:
     (start, stop, bound_port)."""
 
     def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
-                 body_buffer=None, free_blocks=None, arena_paths=()):
+                 body_buffer=None, free_blocks=None, arena_paths=(),
+                 arena_body_max: int = ARENA_BODY_MAX):
         self.handlers = handlers  # "/service/Method" -> grpc.RpcMethodHandler
         self.restrictions = restrictions or None
         # large unary messages to `arena_paths` are received into blocks that
@@ -527,6 +533,7 @@ class NativeGrpcServer:
         self.body_buffer = body_buffer
         self.free_blocks = free_blocks
         self.arena_paths = frozenset(arena_paths)
+        self.arena_body_max = arena_body_max
         self.sock = sock
         self.bound_port = sock.getsockname()[1]
         self.connections: set[GrpcConnection] = set()

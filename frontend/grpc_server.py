@@ -93,6 +93,9 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
                                  for method, handler in methods.items()},
                                 sock, restrictions,
                                 body_buffer=getattr(core, "body_buffer", None),
+                                # no larger than an arena chunk: no segment of its own
+                                arena_body_max=getattr(getattr(core, "arena", None),
+                                                       "chunk_size", 64 << 20) - 5,
                                 free_blocks=getattr(core, "free_blocks", None),
                                 arena_paths=("/inference.GRPCInferenceService/ModelInfer",))
     if frontend != "grpcio":

@@ -62,6 +62,7 @@ class Peer:
         server.body_buffer = arena.body_buffer if arena is not None else None
         server.free_blocks = arena.free_blocks if arena is not None else None
         server.arena_paths = frozenset(arena_paths)
+        server.arena_body_max = 1 << 20
         self.conn = GrpcConnection(server)
         self.transport = FakeTransport()
         self.conn.connection_made(self.transport)
@@ -407,9 +408,10 @@ async def test_small_messages_and_other_methods_stay_in_process_memory():
     p = Peer(_arena_handlers(seen), arena=arena, arena_paths=ARENA_PATHS)
     _send_in_pieces(p, 1, "/s/Take", b"s" * 1000)
     _send_in_pieces(p, 3, "/s/Other", b"o" * 300_000)
+    _send_in_pieces(p, 5, "/s/Take", b"L" * ((1 << 20) + 1))  # over arena_body_max
     await p.settle()
-    assert arena.given == {} and [(len(r), b) for r, b in seen] == [(1000, None),
-                                                                     (300_000, None)]
+    assert arena.given == {} and [(len(r), b) for r, b in seen] == [
+        (1000, None), (300_000, None), ((1 << 20) + 1, None)]
 
 
 @run
