@@ -12,8 +12,10 @@ finished) is gathered until the loop's next turn, so replies finishing together
 share a write too.
 
 Request headers are decoded with `hpack` (one decoder per connection: its dynamic
-table is the connection's). Response headers are written as literals without
-indexing, so no encoder state is needed and constant blocks are built once.
+table is the connection's), behind a cache of the blocks whose decoding leaves that
+table alone (`HeaderDecoder`): a client sends the same few bytes for every call once
+its headers are indexed. Response headers are written as literals without indexing, so
+no encoder state is needed and constant blocks are built once.
 """
 
 from __future__ import annotations
@@ -114,12 +116,90 @@ class Stream:
         self.app = None  # the layer above's per-stream state
 
 
+def _read_int(block: bytes, pos: int, prefix_bits: int) -> tuple[int, int]:
+    """An HPACK integer (RFC 7541 5.1) at `pos`: (value, position after it)."""
+    mask = (1 << prefix_bits) - 1
+    value = block[pos] & mask
+    pos += 1
+    if value < mask:
+        return value, pos
+    shift = 0
+    while True:
+        byte = block[pos]
+        pos += 1
+        value += (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def leaves_table_alone(block: bytes) -> bool:
+    """Whether decoding the (well-formed) header block changes no dynamic table: it
+    holds only indexed fields and literals without indexing or never indexed (RFC 7541
+    6.1, 6.2.2, 6.2.3), no literal with incremental indexing (6.2.1) and no dynamic
+    table size update (6.3)."""
+    try:
+        pos, end = 0, len(block)
+        while pos < end:
+            first = block[pos]
+            if first & 0x80:  # indexed field
+                pos = _read_int(block, pos, 7)[1]
+            elif first & 0xC0 == 0x40 or first & 0xE0 == 0x20:
+                return False
+            else:  # a literal field not indexed: name by index, or as a string
+                index, pos = _read_int(block, pos, 4)
+                if index == 0:
+                    length, pos = _read_int(block, pos, 7)
+                    pos += length
+                length, pos = _read_int(block, pos, 7)
+                pos += length
+        return pos == end
+    except IndexError:
+        return False
+
+
+class HeaderDecoder:
+    """A connection's HPACK decoder with a cache of decoded blocks.
+
+    hpack decodes in pure Python: 14 us for a block of eight indexed fields, more with
+    Huffman-coded literals, per call. Once a client's headers are in the dynamic table
+    its calls send identical blocks, and a block that leaves the table alone decodes
+    the same for as long as the table stays as it is: such blocks are kept, and the
+    cache is emptied whenever a block changes the table (a literal with incremental
+    indexing, a size update). A cached block is never decoded again, which is right
+    only because decoding it had no effect on the table. Small blocks only, a bounded
+    number: a client cannot make the cache hold much."""
+
+    CACHE_BLOCKS = 64
+    CACHE_BLOCK_BYTES = 4096
+
+    def __init__(self):
+        self.hpack = hpack.Decoder()
+        self.hpack.max_header_list_size = 1 << 24
+        self.cache: dict[bytes, tuple] = {}
+
+    def decode(self, block) -> tuple:
+        """[(name, value)] as bytes, as hpack's decode(raw=True) gives them."""
+        if type(block) is not bytes:
+            block = bytes(block)
+        headers = self.cache.get(block)
+        if headers is not None:
+            return headers
+        headers = tuple(self.hpack.decode(block, raw=True))
+        if not leaves_table_alone(block):
+            self.cache.clear()  # cached blocks may name entries that moved
+        elif len(block) <= self.CACHE_BLOCK_BYTES:
+            if len(self.cache) >= self.CACHE_BLOCKS:
+                self.cache.clear()
+            self.cache[block] = headers
+        return headers
+
+
 class H2Connection(asyncio.Protocol):
     """The server side of one HTTP/2 connection; subclass and fill in the hooks."""
 
     def __init__(self):
-        self.decoder = hpack.Decoder()
-        self.decoder.max_header_list_size = 1 << 24
+        self.decoder = HeaderDecoder()
         self.buf = bytearray()
         self.preface = False
         self.streams: dict[int, Stream] = {}
@@ -349,7 +429,7 @@ class H2Connection(asyncio.Protocol):
     def _headers_done(self, sid: int, st: Stream | None, end_stream: int,
                       block: bytes) -> None:
         try:
-            headers = self.decoder.decode(block, raw=True)
+            headers = self.decoder.decode(block)
         except Exception as e:
             raise ConnectionError_(COMPRESSION_ERROR, f"header block: {e}") from None
         if st is None:
