@@ -12,11 +12,11 @@ MS = 1_000_000
 _ids = iter(range(1, 10**9))
 
 
-def req(corrid, start=False, end=False, shape=(1, 1), batch_size=1):
+def req(corrid, start=False, end=False, shape=(1, 1), batch_size=1, accepted_ns=0):
     return InferRequest(next(_ids), "fe", "acc", 1,
                         [TensorRef("INPUT", "INT32", list(shape), data=b"\0" * 4)],
                         batch_size=batch_size, sequence_id=corrid, sequence_start=start,
-                        sequence_end=end)
+                        sequence_end=end, start_ns=accepted_ns)
 
 
 def direct(instances=("i0",), slots=4, **kw):
@@ -289,3 +289,27 @@ def test_backlogged_sequence_times_out_whole():
     assert b.backlogged() == 1
     with pytest.raises(InferError):  # sequence 2 is unknown now
         b.enqueue(req(2), 2 * MS)
+
+
+def test_the_queue_delay_counts_from_when_the_frontend_accepted_the_request():
+    """Rule (both strategies, as the dynamic batcher): max_queue_delay counts from the
+    request's start_ns, not from its arrival in the scheduler; the statistics' queue
+    time still starts at the enqueue."""
+    b = direct(slots=4, delay_ns=10 * MS, min_slot_utilization=0.5)
+    r = req(1, start=True, accepted_ns=93 * MS)
+    b.enqueue(r, 100 * MS)  # 7 ms after the frontend took it
+    assert r.queue_ns == 100 * MS
+    assert b.next_batch("i0", 101 * MS) is None
+    assert b.next_deadline() == 103 * MS + 1  # not 110 ms
+    assert ids(b.next_batch("i0", 103 * MS + 1)) == [1]
+
+    b = oldest(candidates=4, max_batch_size=4, delay_ns=10 * MS)
+    b.enqueue(req(1, start=True, accepted_ns=95 * MS), 100 * MS)
+    assert b.next_batch("i0", 101 * MS) is None
+    assert b.next_deadline() == 105 * MS
+    assert ids(b.next_batch("i0", 105 * MS)) == [1]
+    # no start time given (0), or one from a clock ahead of ours: the enqueue counts
+    b = oldest(candidates=4, max_batch_size=4, delay_ns=10 * MS)
+    b.enqueue(req(2, start=True, accepted_ns=0), 100 * MS)
+    b.enqueue(req(3, start=True, accepted_ns=200 * MS), 100 * MS)
+    assert b.next_deadline() == 110 * MS
