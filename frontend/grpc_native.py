@@ -32,15 +32,15 @@ import grpc
 
 from . import h2
 from .restricted import Restrictions, grpc_refusal
+from .types import BODY_IN_ARENA_MIN
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # Triton's limit, both ways
 _PREFIX = struct.Struct(">BI")
-# an uncompressed unary message at least this large, to a method that takes it so
-# (ModelInfer), is received straight into the core's shared-memory arena
-ARENA_BODY_MIN = 256 * 1024
-# ... and at most this large: a bigger one would need a segment of its own, made (and
+# An uncompressed unary message of at least BODY_IN_ARENA_MIN bytes, to a method that
+# takes it so (ModelInfer), is received straight into the core's shared-memory arena
+# if it is at most this large: a bigger one would need a segment of its own, made (and
 # prefaulted) on the word of a 5-byte prefix before its bytes arrive; it is gathered in
 # process memory as it comes, and its tensors copied into the arena once it is whole
 ARENA_BODY_MAX = 64 << 20
@@ -301,7 +301,7 @@ class GrpcConnection(h2.H2Connection):
                                    % (n, MAX_MESSAGE_BYTES))
             if call.requests is not None:
                 self._take_messages(call)
-            elif (ARENA_BODY_MIN <= n <= self.server.arena_body_max and not flag
+            elif (BODY_IN_ARENA_MIN <= n <= self.server.arena_body_max and not flag
                   and call.path in self.arena_paths
                   and len(body) <= n + 5):
                 self._into_arena(call, n + 5)
@@ -502,8 +502,7 @@ class GrpcConnection(h2.H2Connection):
         if call.finished:
             return
         call.finished = True
-        if call.block is not None or call.block_view is not None:
-            self._free_block(call)
+        self._free_block(call)
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None

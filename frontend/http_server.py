@@ -28,13 +28,10 @@ from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import (HTTP_DEFAULT_MAX_INPUT_SIZE, Restrictions, http_refusal,
                          input_size_message)
-from .types import FrontendCore, ModelView, not_ready_error
+from .types import BODY_IN_ARENA_MIN, FrontendCore, ModelView, not_ready_error
 
 logger = logging.getLogger(__name__)
 
-
-# Bodies at least this large are received straight into shared memory.
-BODY_IN_ARENA_MIN = 256 * 1024
 
 _JSON = b"application/json"
 _OCTET = b"application/octet-stream"

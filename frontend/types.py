@@ -106,6 +106,11 @@ def not_ready_error(view: ModelView, version: str, why: bool = True) -> InferErr
                       f"not at ready state{why}")
 
 
+# A request body (HTTP) or unary ModelInfer message (gRPC) at least this large is
+# received straight into the core's shared-memory arena as it arrives (body_buffer).
+BODY_IN_ARENA_MIN = 256 * 1024
+
+
 class FrontendCore(Protocol):
     """The protocol servers' only view of the rest of the server."""
 

@@ -12,7 +12,8 @@ import collections
 import itertools
 import logging
 
-from scheduler.batcher import DefaultBatcher, DynamicBatcher, QueueFull, QueuePolicy
+from scheduler.batcher import (DefaultBatcher, DynamicBatcher, QueueFull, QueuePolicy,
+                               waiting_since)
 from scheduler.delay_hooks import SchedulerHold
 from scheduler.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.ordering import ResponseOrder
@@ -110,17 +111,9 @@ class DynamicBatchScheduler:
                 "Server is stopping, scheduler for model has stopped accepting new "
                 "inference requests"))
         req.queue_ns = now
-        # The batch delay and queue timeout count from when the frontend accepted the
-        # request (start_ns, CLOCK_MONOTONIC like `now`), not from its arrival here:
-        # in Triton the queue is entered microseconds after parsing, in the same
-        # process; here the hop from the frontend takes tens of microseconds at rest and
-        # more under load, and counting it again as batching delay only added latency
-        # (c=1 p50 -50..60 us) and, under load, timer wake-ups (scheduler CPU per
-        # request -10..15 us at c=16; issue 12's closing note has the A/B).
-        arrived = req.start_ns if 0 < req.start_ns < now else now
         try:
             self.batcher.enqueue(req, batch_size=req.batch_size if self.batching else 1,
-                                 shape_key=self.shape_key(req), now=arrived,
+                                 shape_key=self.shape_key(req), now=waiting_since(req),
                                  priority=req.priority, timeout_ns=req.timeout_us * 1000)
         except QueueFull as exc:
             raise InferError(ErrorCode.UNAVAILABLE, log_prefix(req) + str(exc)) from None

@@ -30,7 +30,7 @@ import logging
 from collections import deque
 from typing import Callable, Hashable
 
-from scheduler.batcher import DynamicBatcher
+from scheduler.batcher import DynamicBatcher, waiting_since
 from scheduler.delay_hooks import SchedulerHold
 from shm.errors import ErrorCode, InferError
 
@@ -303,7 +303,7 @@ class SequenceBatcher:
         if not ready:
             return None
         if self.delay_ns and self.min_slot_utilization:
-            earliest = min(_waiting_since(s.queue[0]) for s in ready)
+            earliest = min(waiting_since(s.queue[0]) for s in ready)
             if (now - earliest <= self.delay_ns and
                     len(ready) / len(slots) < self.min_slot_utilization):
                 self._wait[instance] = earliest + self.delay_ns + 1
@@ -336,7 +336,7 @@ class SequenceBatcher:
             slot.in_flight = True
             key = self.shape_key(req) if self.shape_key else None
             self._dyn[slot.instance].enqueue((req, slot.index), batch_size=1,
-                                              shape_key=key, now=_waiting_since(req))
+                                              shape_key=key, now=waiting_since(req))
             if req.sequence_end:
                 # the slot goes to the next sequence now; its first request waits
                 # until this one has run (in_flight)
@@ -402,12 +402,3 @@ class SequenceBatcher:
                 removed.append(req)
                 self.batch_done(key, [index])
         return removed
-
-
-def _waiting_since(req) -> int:
-    """Where a request's max_queue_delay counts from: when the frontend accepted it
-    (start_ns, CLOCK_MONOTONIC like the scheduler's clock), as the dynamic batcher
-    counts, so the hop to this process is not waited out again; the enqueue here when
-    the frontend gave no time. Statistics still count the queue from the enqueue."""
-    start = req.start_ns
-    return start if 0 < start <= req.queue_ns else req.queue_ns

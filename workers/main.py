@@ -2,15 +2,15 @@
 
 One run loop over one inbox, on the main thread: it receives. Every instance runs its
 batches on a thread of its own, fed by a queue, except that a python instance whose
-thread is idle has its batch run on the main thread itself (Worker.run_inline). Framework instances share the
-process of their device ("cpu" or "gpu:N"), so one instance's compute overlaps
-another's (onnxruntime and torch release the GIL). A python instance has a process of
-its own (its code holds the GIL), and its thread lets this loop keep receiving while
-`execute` runs: the answers to the model's BLS calls and the cancels of the requests
-it runs arrive here and are handed over (workers/python_backend/bls.py), so a model
-that waits for another never waits on its own inbox. Results go straight to each
-request's `reply_to`; the scheduler only hears BatchDone (which carries the responses
-instead for models with preserve_ordering).
+thread is idle has its batch run on the main thread itself (Worker.run_inline).
+Framework instances share the process of their device ("cpu" or "gpu:N"), so one
+instance's compute overlaps another's (onnxruntime and torch release the GIL). A python
+instance has a process of its own (its code holds the GIL), and its thread lets this
+loop keep receiving while `execute` runs: the answers to the model's BLS calls and the
+cancels of the requests it runs arrive here and are handed over
+(workers/python_backend/bls.py), so a model that waits for another never waits on its
+own inbox. Results go straight to each request's `reply_to`; the scheduler only hears
+BatchDone (which carries the responses instead for models with preserve_ordering).
 """
 
 from __future__ import annotations

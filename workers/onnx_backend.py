@@ -315,6 +315,8 @@ class OnnxModel:
             or list(self.graph.outputs)
         self._datatype = {n: t.datatype for tensors in (self.graph.overridable,
                           self.graph.inputs, self.graph.outputs) for n, t in tensors.items()}
+        # BYTES tensors: a GPU run that has one goes through session.run (_run_cuda)
+        self._strings = frozenset(n for n, t in self._datatype.items() if t == "BYTES")
         self._reshaper = Reshaper(config)  # shared with the other backends (batch_io)
         self._stream = None
         if self._cupy is not None and stream_ptr:
@@ -335,7 +337,11 @@ class OnnxModel:
         for name in names:
             if name not in self.graph.outputs:
                 raise ValueError(f"model '{self.name}' has no output named '{name}'")
-        if self._cupy is not None and not self._strings_in(inputs, names):
+        if (self._cupy is not None and self._strings.isdisjoint(names)
+                and self._strings.isdisjoint(inputs)):
+            # ORT's IO binding takes no string tensor, on the host or the device: a run
+            # that has one goes through session.run below with host inputs (ORT copies
+            # the rest to the device itself), as Triton keeps strings on the CPU
             return self._run_cuda(inputs, names)
         # session.run over numpy beats IO binding on the CPU (measured): ORT reads
         # contiguous arrays of the right type in place and hands back its own buffers.
@@ -374,13 +380,6 @@ class OnnxModel:
         if self._datatype[name] == "BYTES":
             array = _from_ort_strings(array)
         return self._reshaper.output(name, array)
-
-    def _strings_in(self, inputs: dict, names: list[str]) -> bool:
-        """Whether the run has a BYTES tensor. ORT's IO binding takes none, on the host
-        or the device, so such a run goes through session.run with host inputs (ORT
-        copies the rest to the device itself), as Triton keeps strings on the CPU."""
-        return any(self._datatype_of(n) == "BYTES" for n in names) or any(
-            self._datatype_of(n) == "BYTES" for n in inputs)
 
     def _run_cuda(self, inputs: dict, names: list[str]) -> dict[str, object]:
         """IO binding: device inputs bound by pointer, outputs left where ORT allocates

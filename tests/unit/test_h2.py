@@ -370,7 +370,7 @@ def _send_in_pieces(p, sid, path, message, piece=100_000, end=True, extra=b""):
 async def test_a_large_unary_message_is_received_into_an_arena_block_the_handler_takes():
     arena, seen = FakeArena(), []
     p = Peer(_arena_handlers(seen), arena=arena, arena_paths=ARENA_PATHS)
-    message = bytes(range(256)) * 1200  # 300 KiB: over ARENA_BODY_MIN
+    message = bytes(range(256)) * 1200  # 300 KiB: over BODY_IN_ARENA_MIN
     _send_in_pieces(p, 1, "/s/Take", message)
     await p.settle()
     (request, block), = seen
