@@ -329,8 +329,11 @@ def parse_servers(args) -> list[ServerSpec]:
             ("triton", args.triton, TRITON_CMD, args.triton_ports),
             ("shmserve", args.shmserve, SHMSERVE_CMD, args.shmserve_ports)):
         http, grpc, metrics = parse_ports(ports)
-        if cmd is None:
-            cmd = template.format(repo=args.repo, http=http, grpc=grpc, metrics=metrics)
+        # a given command may name the same placeholders as the defaults
+        cmd = template if cmd is None else cmd
+        for key, value in (("repo", os.path.abspath(args.repo)), ("http", http), ("grpc", grpc),
+                           ("metrics", metrics)):
+            cmd = cmd.replace("{%s}" % key, str(value))
         out.append(ServerSpec(name, cmd, http, grpc))
     return [s for s in out if s.name not in args.skip]
 
@@ -343,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the anchor launcher on --triton-ports; '-' attaches to a running one)")
     p.add_argument("--triton-ports", default="18000,18001,18002", metavar="HTTP,GRPC[,MET]")
     p.add_argument("--shmserve", default=None, help="command that starts shmserve "
-                   "(default: .venv's shmserve on --shmserve-ports; '-' attaches)")
+                   "(default: .venv's shmserve on --shmserve-ports; '-' attaches); "
+                   "{repo}, {http}, {grpc} and {metrics} in it are filled in")
     p.add_argument("--shmserve-ports", default="28000,28001,28002",
                    metavar="HTTP,GRPC[,MET]")
     p.add_argument("--server", nargs=4, action="append", metavar=("NAME", "HTTP", "GRPC", "CMD"),
