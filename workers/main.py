@@ -283,12 +283,13 @@ class Worker:
         with self.response_lock:
             self.response_outbox.send(request.reply_to, response)
 
-    def _write_outputs(self, request, result, copies, what: str) -> list:
+    def _write_outputs(self, request, result, copies, what: str, sync: bool = True) -> list:
         """Write `result`'s outputs where `request` wants them; their refs. Any failure
         comes out as an InferError (a bug here is logged and becomes INTERNAL), for the
-        caller to answer the request with."""
+        caller to answer the request with. sync=False: see TensorIO.write."""
         try:
-            return self.io.write(result, targets_of(request), request.reply_to, copies)
+            return self.io.write(result, targets_of(request), request.reply_to, copies,
+                                 sync)
         except InferError:
             raise
         except Exception as exc:
@@ -416,7 +417,8 @@ class Worker:
                 continue
             if not isinstance(result, InferError):
                 try:
-                    refs = self._write_outputs(request, result, copies, msg.instance)
+                    refs = self._write_outputs(request, result, copies, msg.instance,
+                                               sync=False)
                     responses.append(InferResponse(request.id, outputs=refs,
                                                    owner=self.address))
                     continue
@@ -425,6 +427,22 @@ class Worker:
             failed.append(i)
             responses.append(InferResponse(request.id, error=result.message,
                                            error_code=int(result.code)))
+        # once for the batch: its copies into clients' CUDA regions are complete
+        try:
+            self.io.wait_for_device()
+        except Exception as exc:  # the device failed: no output can be trusted
+            log.exception("waiting for the output copies of %s failed", msg.instance)
+            error = InferError(ErrorCode.INTERNAL, f"failed to return outputs: {_reason(exc)}")
+            for i, (request, r) in enumerate(zip(msg.requests, responses)):
+                if r is None:
+                    continue
+                if r.outputs:
+                    self.io.released(request.reply_to, [(t.segment, t.offset) for t in r.outputs
+                                                        if t.data is None and not t.region])
+                if i not in failed:
+                    failed.append(i)
+                responses[i] = InferResponse(r.id, error=error.message,
+                                             error_code=int(error.code))
         done = BatchDone(msg.batch_id, msg.instance, start, input_end, output_start,
                          time.monotonic_ns(), failed, copies.as_list())
         if msg.relay:

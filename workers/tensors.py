@@ -32,12 +32,15 @@ ANSWERED_FAILED = object()
 
 
 class Copies:
-    """Bytes copied, by kind: host (host to host), h2d, d2h, d2d."""
+    """Bytes copied, by kind: host (host to host), h2d, d2h, d2d; and how many copy
+    calls crossed to or from a device, or within one (`*_ops`: a call costs ~10 us
+    whatever its size, so their number matters as much as the bytes)."""
 
-    __slots__ = ("host", "h2d", "d2h", "d2d")
+    __slots__ = ("host", "h2d", "d2h", "d2d", "h2d_ops", "d2h_ops", "d2d_ops")
 
     def __init__(self):
         self.host = self.h2d = self.d2h = self.d2d = 0
+        self.h2d_ops = self.d2h_ops = self.d2d_ops = 0
 
     def as_list(self) -> list[int]:
         return [self.host, self.h2d, self.d2h, self.d2d]
@@ -56,6 +59,9 @@ class TensorIO:
         self.segments = SegmentCache(on_map=pin)
         self.regions = RegionMaps(pin, unpin)
         self._lock = threading.Lock()  # the arena and `_held`, shared by threads
+        # .unsynced: this thread queued a copy into a client's CUDA region on its
+        # current stream and has not waited for it yet
+        self._local = threading.local()
         # blocks each reader holds, so a reader that dies does not leak them
         self._held: dict[str, set[tuple[str, int]]] = {}
 
@@ -93,16 +99,22 @@ class TensorIO:
         array = self.input(ref)
         if is_device_array(array):
             copies.d2h += array.nbytes
+            copies.d2h_ops += 1
             return array.get()
         return array
 
     # -- outputs ----------------------------------------------------------------------
 
     def write(self, outputs, targets: dict[str, TensorRef] | None, reader: str,
-              copies: Copies) -> list[TensorRef]:
+              copies: Copies, sync: bool = True) -> list[TensorRef]:
         """Descriptors for (name, datatype, array) outputs, each written once: into its
         target region when the request named one, else inline or into the arena.
-        Arrays may be numpy or, from device models, cupy."""
+        Arrays may be numpy or, from device models, cupy.
+
+        A copy into a client's CUDA region is queued on the device; with `sync` it is
+        waited for here, since the response may go out only once the bytes are in the
+        client's memory. A batch passes sync=False for each request and waits once,
+        before it answers any (`wait_for_device`, on the same thread)."""
         refs = []
         try:
             for name, datatype, array in outputs:
@@ -111,7 +123,10 @@ class TensorIO:
                     refs.append(self._write_region(name, datatype, array, target, copies))
                 else:
                     refs.append(self._write_arena(name, datatype, array, reader, copies))
+            if sync:
+                self.wait_for_device()
         except BaseException:
+            self.wait_for_device()  # a failed write leaves no copy in flight
             self.released(reader, [(r.segment, r.offset) for r in refs
                                    if r.data is None and not r.region])
             raise
@@ -121,12 +136,12 @@ class TensorIO:
         shape = list(array.shape)
         if is_device_array(array):
             n = array.nbytes
+            copies.d2h += n
+            copies.d2h_ops += 1
             if n <= INLINE_MAX:
-                copies.d2h += n
                 return TensorRef(name, datatype, shape, data=array.get().tobytes())
             segment, offset, view = self._alloc(n, reader)
             array.get(out=np.frombuffer(view, dtype=array.dtype).reshape(array.shape))
-            copies.d2h += n
             return TensorRef(name, datatype, shape, segment=segment, offset=offset, nbytes=n)
         buf = datatypes.tensor_to_buffer(datatype, array)
         n = len(buf) if isinstance(buf, bytes) else buf.nbytes
@@ -152,25 +167,36 @@ class TensorIO:
                                        target.region_size)
             if device:
                 dest = region.array(target.offset, n, array.dtype, array.shape)
-                dest[...] = array
+                if array.flags.c_contiguous:
+                    dest.data.copy_from_device_async(array.data, n)
+                else:
+                    dest[...] = array
                 copies.d2d += n
+                copies.d2d_ops += 1
             else:
                 host = np.frombuffer(buf, dtype=np.uint8)
                 region.array(target.offset, n, np.uint8, (n,)).set(host)
                 copies.h2d += n
-            # the response may go out only once the bytes are in the client's memory
-            from shm.cuda import cupy
-            cupy().cuda.get_current_stream().synchronize()
+                copies.h2d_ops += 1
+            self._local.unsynced = True
         else:
             view = self.regions.view(target.region, target.segment, target.offset, n)
             if device:
                 array.get(out=np.frombuffer(view, dtype=array.dtype).reshape(array.shape))
                 copies.d2h += n
+                copies.d2h_ops += 1
             else:
                 view[:] = buf
                 copies.host += n
         return TensorRef(name, datatype, shape, segment=target.segment, offset=target.offset,
                          nbytes=n, region=target.region, device=target.device)
+
+    def wait_for_device(self) -> None:
+        """Wait for the copies into clients' CUDA regions that this thread queued."""
+        if getattr(self._local, "unsynced", False):
+            self._local.unsynced = False
+            from shm.cuda import cupy
+            cupy().cuda.get_current_stream().synchronize()
 
     def _alloc(self, n: int, reader: str):
         with self._lock:
