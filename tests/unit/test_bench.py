@@ -407,6 +407,24 @@ def test_bench_scheduler_runs_every_request_through_batches_of_the_burst():
     assert out["requests"] == 640 and out["requests_per_s"] > 0
 
 
+# --- scripts/bench_worker.py --------------------------------------------------------------
+
+
+def test_bench_worker_answers_every_request_and_the_scheduler():
+    import argparse
+
+    import bench_worker
+    args = argparse.Namespace(model=os.path.join(bench_worker.ROOT, "examples",
+                                                 "model_repository", "identity_fp32"),
+                              shape="1,16", batch=4, batches=50, rounds=2, check=True)
+    rows = bench_worker.run(args)
+    assert len(rows) == 2
+    for row in rows:
+        # per batch: a response per request and one BatchDone
+        assert row["requests"] == 200 and row["frames_out"] == 50 * 5
+        assert 0 < row["cpu_us_per_request"] < 10_000
+
+
 # --- inputs from the model's metadata ----------------------------------------------------
 
 from scheduler import bench_inputs, bench_open, bench_procs, bench_report  # noqa: E402
