@@ -108,10 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     # Half the cores: the other half runs the scheduler, the workers and, on a
     # benchmark box, the client. With one frontend per core on 2 cores, HTTP
     # throughput at concurrency 16 fell 3-5x (136-238 against 604-701 infer/s).
-    p.add_argument("--frontend-processes", type=int,
-                   default=max(1, (os.cpu_count() or 1) // 2),
+    p.add_argument("--frontend-processes", type=int, default=None,
                    help="frontend processes sharing the HTTP and gRPC ports "
-                        "(default: half the cores, at least 1)")
+                        "(default: half the cores it may run on, at least 1)")
+    p.add_argument("--cpus", default=None, metavar="LIST",
+                   help="run every process of the server on these CPUs only, e.g. 2-7 or "
+                        "1,3 (default: the CPUs it was started with)")
     p.add_argument("--arena-mib", type=int, default=64,
                    help="size of each shared-memory arena chunk, MiB")
     p.add_argument("--startup-timeout-secs", type=float, default=120.0)
@@ -317,6 +319,48 @@ def _check_regex(flag: str, pattern: str) -> None:
                          f"'{pattern}': {exc}") from None
 
 
+def available_cpus() -> set[int]:
+    """The CPUs this process may run on (taskset, cgroups), or all of them."""
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """'0-3,8' -> {0, 1, 2, 3, 8}, each a CPU this process may run on."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        low, dash, high = part.partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise ValueError(f"--cpus: '{part}' is not a CPU number or a range "
+                             "like 2-5") from None
+        if first < 0 or last < first:
+            raise ValueError(f"--cpus: '{part}' is not a range of CPUs")
+        cpus.update(range(first, last + 1))
+    missing = sorted(cpus - available_cpus())
+    if missing:
+        raise ValueError(f"--cpus: CPU {', '.join(map(str, missing))} is not available "
+                         f"here (available: {_cpu_list_text(available_cpus())})")
+    return cpus
+
+
+def _cpu_list_text(cpus) -> str:
+    """{0, 1, 2, 5} -> '0-2,5'"""
+    out, run = [], []
+    for cpu in sorted(cpus):
+        if run and cpu != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(cpu)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -326,6 +370,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.model_repository:
         parser.error("--model-repository must be specified")
     _apply_triton_only(parser, args)
+    if args.cpus is not None:
+        try:
+            args.cpus = parse_cpu_list(args.cpus)
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.frontend_processes is None:
+        args.frontend_processes = max(1, len(args.cpus or available_cpus()) // 2)
     if args.frontend_processes < 1:
         raise SystemExit("--frontend-processes must be at least 1")
     try:

@@ -7,6 +7,7 @@ SUPERVISED_ENV set, which makes that process the scheduler.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> None:
         configure_logging("root", args.log_settings)
         if stopped:
             sys.exit(0)  # stopped before anything started
+        if args.cpus:
+            # every process of the server is a child of this one and inherits it
+            os.sched_setaffinity(0, args.cpus)
         # the scheduler's own stop takes at most about --exit-timeout-secs + 20 s
         # (drain, then bounded waits for every child)
         sys.exit(Root(argv, stop_grace=args.exit_timeout_secs + 30.0).run())

@@ -88,6 +88,7 @@ class Server:
         self.model = model
         self.proc: subprocess.Popen | None = None
         self.attached = spec.cmd.strip() in ("", "-")
+        self.cpus: set[int] | None = None  # the CPUs it runs on (None: this process's)
 
     def start(self):
         if self.attached:
@@ -104,9 +105,16 @@ class Server:
         # A neutral cwd: Triton's python stub puts cwd on sys.path, where a checkout's
         # modules have nothing to do (older checkouts had a top-level
         # triton_python_backend_utils.py that shadowed Triton's).
+        cpus = self.cpus
+
+        def place():  # the server's CPUs, whatever the client here was given
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+
         self.proc = subprocess.Popen(shlex.split(self.spec.cmd), stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, cwd=self.cwd)
+                                     start_new_session=True, cwd=self.cwd,
+                                     preexec_fn=place)
         log.close()
         print(f"# started {self.spec.name} pid {self.proc.pid}: {self.spec.cmd}",
               flush=True)
@@ -321,6 +329,15 @@ def _num(d, key, digits):
     return f"{d[key]:.{digits}f}"
 
 
+def parse_cpus(text: str) -> set[int]:
+    """'0-2,5' -> {0, 1, 2, 5}, CPUs this machine lets us use (as shmserve's --cpus)."""
+    from scheduler.cli import parse_cpu_list
+    try:
+        return parse_cpu_list(text)
+    except ValueError as exc:
+        raise SystemExit(f"compare: {exc}".replace("--cpus", "cpus")) from None
+
+
 def parse_servers(args) -> list[ServerSpec]:
     if args.server:
         return [ServerSpec(n, cmd, int(h), int(g)) for n, h, g, cmd in args.server]
@@ -368,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-requests", type=int, default=None)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     p.add_argument("--client-processes", type=int, default=1)
+    p.add_argument("--server-cpus", default=None, metavar="LIST",
+                   help="run every server on these CPUs (e.g. 1 or 2-7); on a small "
+                        "machine, where a hop between processes on different CPUs costs "
+                        "far more than one on the same CPU, this changes the figures "
+                        "of both servers (see the README)")
+    p.add_argument("--client-cpus", default=None, metavar="LIST",
+                   help="run the load generator on these CPUs (e.g. 0)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--one-at-a-time", action="store_true",
                    help="only one server alive at a time: each server runs its own block "
@@ -405,6 +429,13 @@ def main(argv=None) -> int:
     os.makedirs(args.log_dir, exist_ok=True)
     servers = [Server(s, args.log_dir, args.ready_timeout, args.stop_timeout, args.model)
                for s in specs]
+    # CPU placement: the same for every server, so they compare on equal terms
+    everywhere = os.sched_getaffinity(0)
+    for s in servers:
+        s.cpus = parse_cpus(args.server_cpus) if args.server_cpus else (
+            everywhere if args.client_cpus else None)
+    if args.client_cpus:
+        os.sched_setaffinity(0, parse_cpus(args.client_cpus))  # the client pool inherits
 
     rows: list[dict] = []
 

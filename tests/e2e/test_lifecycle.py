@@ -180,3 +180,25 @@ def test_load_failure_with_exit_on_error_false(tmp_path):
             assert "cannot open weights file" in exc.value.message()
         with urllib.request.urlopen(f"http://{srv.http_url}/v2/health/ready", timeout=5) as r:
             assert r.status == 200
+
+
+def test_cpus_places_every_process_of_the_server(tmp_path):
+    """--cpus: the root, the scheduler, the frontends and the workers all run on the
+    given CPUs only, and the server serves from there."""
+    cpu = max(os.sched_getaffinity(0))
+    srv = ServerProcess([EXAMPLES], "--cpus", str(cpu), frontends=1,
+                        log_dir=tmp_path).start()
+    try:
+        c = client(srv, "http")
+        x = np.arange(16, dtype=np.float32).reshape(1, 16)
+        out = c.infer("identity_fp32", [infer_input("http", "INPUT0", x, "FP32")])
+        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
+        pids = [srv.proc.pid, srv.scheduler_pid(), *srv.children()]
+        roles = []
+        for pid in pids:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                roles.append(f.read().split(b"\0")[2].decode())
+            assert os.sched_getaffinity(pid) == {cpu}, (pid, roles[-1])
+        assert {"frontend.main", "workers.main"} <= set(roles), roles
+    finally:
+        assert srv.stop() == 0

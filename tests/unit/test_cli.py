@@ -137,3 +137,25 @@ def test_model_repository_required(capsys):
         parse_args(["--http-port", "9000"])
     assert e.value.code == 2
     assert "--model-repository must be specified" in capsys.readouterr().err
+
+
+def test_cpus_list_and_the_frontend_default(monkeypatch, capsys):
+    """--cpus takes taskset's list syntax, only CPUs this process may use; the default
+    frontend count is half of the CPUs the server runs on."""
+    import scheduler.cli as cli
+    monkeypatch.setattr(cli, "available_cpus", lambda: {0, 1, 2, 3, 4, 5, 8})
+    assert cli.parse_cpu_list("0-2,5") == {0, 1, 2, 5}
+    assert cli.parse_cpu_list(" 8 , 3-4") == {3, 4, 8}
+    args = parse_args([*BASE, "--cpus", "0-3"])
+    assert args.cpus == {0, 1, 2, 3} and args.frontend_processes == 2
+    assert parse_args([*BASE, "--cpus", "5"]).frontend_processes == 1
+    assert parse_args(BASE).frontend_processes == 3  # 7 CPUs available
+    assert parse_args([*BASE, "--cpus", "0-3", "--frontend-processes", "3"]
+                      ).frontend_processes == 3
+    for text, reason in (("1-x", "'1-x' is not a CPU number"), ("3-1", "'3-1' is not a range"),
+                         ("", "'' is not a CPU number"),
+                         ("4-7", "CPU 6, 7 is not available here (available: 0-5,8)")):
+        with pytest.raises(SystemExit) as e:
+            parse_args([*BASE, "--cpus", text])
+        assert e.value.code == 2
+        assert reason in capsys.readouterr().err
