@@ -231,7 +231,8 @@ class FrameworkInstance:
         copy (and one wait on the stream) per request."""
         hosts = {}
         for name, array in outputs.items():
-            if not is_device_array(array) or array.nbytes >= SMALL_TRANSFER * len(requests):
+            if (not is_device_array(array) or name in self.batch_outputs  # scattered
+                    or array.nbytes >= SMALL_TRANSFER * len(requests)):
                 continue
             for req in requests:
                 targets = targets_of(req)
