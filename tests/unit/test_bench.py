@@ -411,13 +411,14 @@ def test_bench_scheduler_runs_every_request_through_batches_of_the_burst():
 
 
 def test_bench_worker_answers_every_request_and_the_scheduler():
-    import argparse
-
-    import bench_worker
-    args = argparse.Namespace(model=os.path.join(bench_worker.ROOT, "examples",
-                                                 "model_repository", "identity_fp32"),
-                              shape="1,16", batch=4, batches=50, rounds=2, check=True)
-    rows = bench_worker.run(args)
+    """In a process of its own: a Worker sets process-wide hooks (pb_utils' BLS)."""
+    import subprocess
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench_worker.py")
+    out = subprocess.run([sys.executable, script, "--batch", "4", "--batches", "50",
+                          "--rounds", "2", "--check"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(rows) == 2
     for row in rows:
         # per batch: a response per request and one BatchDone
