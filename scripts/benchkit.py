@@ -112,9 +112,11 @@ class Server:
         # not from the repository root for Triton: its python stub puts its cwd on
         # sys.path, where our packages have nothing to do
         cwd = ROOT if self.kind.startswith("shmserve") else self.repo
+        cpus = SERVER_CPUS
         self.proc = subprocess.Popen(
             server_command(self.kind, self.repo, self.ports, self.extra), cwd=cwd,
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         try:
             wait_ready(self.ports[0], self.proc, 180)
         except BaseException:
@@ -209,6 +211,10 @@ def add_common_args(p: argparse.ArgumentParser, ports: list[int], *, duration=No
     p.add_argument("--ports", type=lambda t: [int(x) for x in t.split(",")],
                    default=ports)
     p.add_argument("--json", default=None)
+    p.add_argument("--server-cpus", default=None, metavar="LIST",
+                   help="run every server on these CPUs (e.g. 1); see scripts/compare")
+    p.add_argument("--client-cpus", default=None, metavar="LIST",
+                   help="run the load generator on these CPUs (e.g. 0)")
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -221,7 +227,26 @@ def parse(p: argparse.ArgumentParser, log_prefix: str) -> argparse.Namespace:
     args = p.parse_args()
     if hasattr(args, "log_dir"):
         args.log_dir = args.log_dir or tempfile.mkdtemp(prefix=log_prefix)
+    place(args)
     return args
+
+
+# The CPUs every Server started here runs on (None: this process's own).
+SERVER_CPUS: set[int] | None = None
+
+
+def place(args: argparse.Namespace) -> None:
+    """--server-cpus / --client-cpus: servers and the load generator (this process and
+    what it starts) on their own CPUs, the same for every server compared."""
+    global SERVER_CPUS
+    from compare import parse_cpus
+    everywhere = os.sched_getaffinity(0)
+    if getattr(args, "server_cpus", None):
+        SERVER_CPUS = parse_cpus(args.server_cpus)
+    elif getattr(args, "client_cpus", None):
+        SERVER_CPUS = everywhere
+    if getattr(args, "client_cpus", None):
+        os.sched_setaffinity(0, parse_cpus(args.client_cpus))
 
 
 def servers(args: argparse.Namespace) -> list[str]:

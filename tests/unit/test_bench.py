@@ -426,6 +426,28 @@ def test_bench_worker_answers_every_request_and_the_scheduler():
         assert 0 < row["cpu_us_per_request"] < 10_000
 
 
+# --- placement: scripts/benchkit.py and scripts/compare.py ------------------------------
+
+
+def test_server_and_client_cpus(monkeypatch):
+    """--server-cpus places every server a benchkit script starts; --client-cpus the
+    script itself (its load tools inherit it), leaving the servers on every CPU."""
+    import argparse
+
+    import benchkit
+    placed = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: placed.append(set(cpus)))
+    monkeypatch.setattr(benchkit, "SERVER_CPUS", None)
+    everywhere = os.sched_getaffinity(0)
+    cpu = min(everywhere)
+    benchkit.place(argparse.Namespace(server_cpus=str(cpu), client_cpus=None))
+    assert benchkit.SERVER_CPUS == {cpu} and placed == []
+    benchkit.place(argparse.Namespace(server_cpus=None, client_cpus=str(cpu)))
+    assert benchkit.SERVER_CPUS == everywhere and placed == [{cpu}]
+    with pytest.raises(SystemExit, match="not available"):
+        compare.parse_cpus(str(max(everywhere) + 1))
+
+
 # --- inputs from the model's metadata ----------------------------------------------------
 
 from scheduler import bench_inputs, bench_open, bench_procs, bench_report  # noqa: E402
