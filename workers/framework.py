@@ -155,7 +155,7 @@ class FrameworkInstance:
                 arrays = [a.reshape(-1) for a in arrays]
             if len(arrays) == 1:
                 inputs[name] = self._to_device(arrays[0]) if on_device else arrays[0]
-            elif on_device:
+            elif on_device and arrays[0].dtype != object:
                 inputs[name] = self._gather_device(arrays)
             else:
                 batch = np.concatenate(arrays, axis=0)  # the one gather copy
@@ -178,6 +178,9 @@ class FrameworkInstance:
     def _to_device(self, array):
         if is_device_array(array):
             return array  # already in the client's CUDA region: bound as it is
+        if array.dtype == object:
+            return array  # BYTES: devices hold no strings; the backend takes them on
+            # the host (onnxruntime runs such a batch through session.run)
         from shm.cuda import cupy
         cp = cupy()
         dev = cp.empty(array.shape, dtype=array.dtype)

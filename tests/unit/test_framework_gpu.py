@@ -117,3 +117,46 @@ def test_large_outputs_come_back_per_request(add_sub):
         got = {name: array for name, _, array in out}
         assert all(hasattr(x, "__cuda_array_interface__") for x in got.values())
         np.testing.assert_allclose(got["OUTPUT__0"].get(), a + b, rtol=1e-6)
+
+
+BYTES_CONFIG = """name: "bytes_gpu"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+def test_bytes_inputs_stay_on_the_host(tmp_path):
+    """A GPU onnxruntime instance given BYTES requests, one and several to a batch:
+    strings cannot live on a device, so they reach the model as host arrays (it runs
+    such a batch through session.run) and every request gets its own strings back."""
+    _cupy()
+    pytest.importorskip("onnx")
+    from tests import onnx_models
+    model_dir = onnx_models.string_identity(tmp_path / "bytes_gpu", config=BYTES_CONFIG)
+    config = normalize(load_config(model_dir), model_files=["model.onnx"])
+    validate(config)
+    msg = LoadInstance("i1", "bytes_gpu_0", model_dir.name, 1, str(model_dir),
+                       json.dumps(config_to_json(config)).encode(), kind="KIND_GPU",
+                       device_id=0)
+    try:
+        inst, _ = create_instance(msg)
+    except Exception as exc:  # an onnxruntime without the CUDA provider
+        pytest.skip(f"no GPU onnxruntime: {exc}")
+    from shm import datatypes
+    try:
+        for words in ([[b"a"]], [[b"bc"], [b"d"], [b""]]):
+            requests = []
+            for i, word in enumerate(words):
+                array = np.array([word], dtype=object)
+                buf = datatypes.tensor_to_buffer("BYTES", array)
+                requests.append(InferRequest(i, "test", "bytes_gpu", 1, [TensorRef(
+                    "INPUT0", "BYTES", [1, 1], data=bytes(buf))], batch_size=1))
+            results = inst.execute(requests, TensorIO(None, "test"))
+            assert not any(isinstance(r, Exception) for r in results), results
+            for word, out in zip(words, results):
+                (name, datatype, array), = out
+                assert datatype == "BYTES" and array.tolist() == [word]
+    finally:
+        inst.finalize()
