@@ -8,10 +8,12 @@ allows, and are counted:
 - a batch of one is never copied: the model gets the view over shared memory (or the
   client's region) itself;
 - a larger batch is gathered once, straight into the batch tensor (on a GPU instance,
-  host-to-device from the pinned arenas into the device batch tensor);
+  host-to-device from the pinned arenas into the device batch tensor; small tensors
+  side by side are joined on the host first, so the batch crosses in one copy call);
 - outputs are per-request slices of the model's batch outputs, written once by the
-  worker's TensorIO (device outputs go device-to-host straight into their destination,
-  or device-to-device into a client's CUDA region).
+  worker's TensorIO (large device outputs go device-to-host straight into their
+  destination, or device-to-device into a client's CUDA region; a batch of small ones
+  wanted on the host comes back whole in one copy and is sliced there).
 Ragged inputs, batch inputs and batch outputs follow Triton's ragged batching (see
 workers/batch_io.py): a ragged input reaches the model flattened and concatenated, with
 the batch inputs the config asks for beside it.
