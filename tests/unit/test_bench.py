@@ -448,6 +448,14 @@ def test_server_and_client_cpus(monkeypatch):
         compare.parse_cpus(str(max(everywhere) + 1))
 
 
+def test_wake_cost_measures_a_round_trip():
+    import wake_cost
+    cpu = min(os.sched_getaffinity(0))
+    wall, parent, child = wake_cost.ping_pong(200, (cpu, cpu))
+    assert wall > 0 and parent > 0 and child >= 0
+    assert os.sched_getaffinity(0) != {cpu} or len(os.sched_getaffinity(0)) == 1
+
+
 # --- inputs from the model's metadata ----------------------------------------------------
 
 from scheduler import bench_inputs, bench_open, bench_procs, bench_report  # noqa: E402
