@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import statistics
@@ -113,8 +114,10 @@ class Server:
         # sys.path, where our packages have nothing to do
         cwd = ROOT if self.kind.startswith("shmserve") else self.repo
         cpus = SERVER_CPUS
+        extra = (*SHMSERVE_ARGS, *self.extra) if self.kind.startswith("shmserve") else \
+            self.extra
         self.proc = subprocess.Popen(
-            server_command(self.kind, self.repo, self.ports, self.extra), cwd=cwd,
+            server_command(self.kind, self.repo, self.ports, extra), cwd=cwd,
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         try:
@@ -215,6 +218,9 @@ def add_common_args(p: argparse.ArgumentParser, ports: list[int], *, duration=No
                    help="run every server on these CPUs (e.g. 1); see scripts/compare")
     p.add_argument("--client-cpus", default=None, metavar="LIST",
                    help="run the load generator on these CPUs (e.g. 0)")
+    p.add_argument("--shmserve-args", default="", metavar="ARGS",
+                   help="more flags for every shmserve started, e.g. "
+                        "'--frontend-processes 2'")
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -228,11 +234,14 @@ def parse(p: argparse.ArgumentParser, log_prefix: str) -> argparse.Namespace:
     if hasattr(args, "log_dir"):
         args.log_dir = args.log_dir or tempfile.mkdtemp(prefix=log_prefix)
     place(args)
+    SHMSERVE_ARGS[:] = shlex.split(getattr(args, "shmserve_args", "") or "")
     return args
 
 
 # The CPUs every Server started here runs on (None: this process's own).
 SERVER_CPUS: set[int] | None = None
+# Flags every shmserve started here gets (--shmserve-args).
+SHMSERVE_ARGS: list[str] = []
 
 
 def place(args: argparse.Namespace) -> None:

@@ -448,6 +448,16 @@ def test_server_and_client_cpus(monkeypatch):
         compare.parse_cpus(str(max(everywhere) + 1))
 
 
+def test_shmserve_args_reach_every_shmserve_command(monkeypatch):
+    import benchkit
+    p = benchkit.parser("doc")
+    benchkit.add_common_args(p, [1, 2, 3])
+    monkeypatch.setattr(sys, "argv", ["x", "--shmserve-args", "--frontend-processes 2"])
+    monkeypatch.setattr(benchkit, "SHMSERVE_ARGS", [])
+    benchkit.parse(p, "test-")
+    assert benchkit.SHMSERVE_ARGS == ["--frontend-processes", "2"]
+
+
 def test_wake_cost_measures_a_round_trip():
     import wake_cost
     cpu = min(os.sched_getaffinity(0))
