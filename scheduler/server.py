@@ -50,6 +50,7 @@ from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSe
                                    TraceSettingRequest)
 from shm.messages.worker import (BatchDone, ExecuteBatch, InstanceLoaded, ResponseStats,
                                  WorkerReady)
+from shm.tensor import arena_blocks
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -376,8 +377,7 @@ class Server:
         owner = self.internal.get(msg.id)
         if owner is None:
             log.warning("response to unknown internal request %d", msg.id)
-            blocks = [(r.segment, r.offset) for r in msg.outputs
-                      if r.data is None and not r.region]
+            blocks = arena_blocks(msg.outputs)
             if blocks and msg.owner:
                 self.release(msg.owner, blocks)
             return

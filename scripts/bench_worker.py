@@ -42,7 +42,8 @@ from workers.main import Worker  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load(worker: Worker, model_dir: str) -> str:
+def load(worker: Worker, model_dir: str) -> tuple[str, dict]:
+    """Load the model's instance into `worker`: (its key, its config as JSON)."""
     config = normalize(load_config(model_dir), model_files=["model.py"])
     validate(config)
     name = os.path.basename(model_dir.rstrip("/"))

@@ -245,17 +245,11 @@ SHMSERVE_ARGS: list[str] = []
 
 
 def place(args: argparse.Namespace) -> None:
-    """--server-cpus / --client-cpus: servers and the load generator (this process and
-    what it starts) on their own CPUs, the same for every server compared."""
+    """--server-cpus / --client-cpus, as scripts/compare places them."""
     global SERVER_CPUS
-    from compare import parse_cpus
-    everywhere = os.sched_getaffinity(0)
-    if getattr(args, "server_cpus", None):
-        SERVER_CPUS = parse_cpus(args.server_cpus)
-    elif getattr(args, "client_cpus", None):
-        SERVER_CPUS = everywhere
-    if getattr(args, "client_cpus", None):
-        os.sched_setaffinity(0, parse_cpus(args.client_cpus))
+    import compare
+    SERVER_CPUS = compare.place(getattr(args, "server_cpus", None),
+                                getattr(args, "client_cpus", None))
 
 
 def servers(args: argparse.Namespace) -> list[str]:

@@ -338,6 +338,18 @@ def parse_cpus(text: str) -> set[int]:
         raise SystemExit(f"compare: {exc}".replace("--cpus", "cpus")) from None
 
 
+def place(server_cpus: str | None, client_cpus: str | None) -> set[int] | None:
+    """--server-cpus / --client-cpus: put this process (the load generator, and what it
+    starts) on the client's CPUs; returns the CPUs every server is to run on (None:
+    wherever this process could run), the same for every server compared."""
+    everywhere = os.sched_getaffinity(0)
+    servers = parse_cpus(server_cpus) if server_cpus else (everywhere if client_cpus
+                                                           else None)
+    if client_cpus:
+        os.sched_setaffinity(0, parse_cpus(client_cpus))
+    return servers
+
+
 def parse_servers(args) -> list[ServerSpec]:
     if args.server:
         return [ServerSpec(n, cmd, int(h), int(g)) for n, h, g, cmd in args.server]
@@ -429,13 +441,11 @@ def main(argv=None) -> int:
     os.makedirs(args.log_dir, exist_ok=True)
     servers = [Server(s, args.log_dir, args.ready_timeout, args.stop_timeout, args.model)
                for s in specs]
-    # CPU placement: the same for every server, so they compare on equal terms
-    everywhere = os.sched_getaffinity(0)
+    # CPU placement: the same for every server, so they compare on equal terms; the
+    # client pool inherits this process's
+    cpus = place(args.server_cpus, args.client_cpus)
     for s in servers:
-        s.cpus = parse_cpus(args.server_cpus) if args.server_cpus else (
-            everywhere if args.client_cpus else None)
-    if args.client_cpus:
-        os.sched_setaffinity(0, parse_cpus(args.client_cpus))  # the client pool inherits
+        s.cpus = cpus
 
     rows: list[dict] = []
 

@@ -35,3 +35,9 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
     device: int = -1
     handle: bytes = b""
     region_size: int = 0  # CUDA regions: the size of the allocation `handle` opens
+
+
+def arena_blocks(refs) -> list[tuple[str, int]]:
+    """(segment, offset) of the refs whose bytes are a server arena block, the ones a
+    reader releases: not inline, not in a client region."""
+    return [(r.segment, r.offset) for r in refs if r.data is None and not r.region]

@@ -31,22 +31,13 @@ from shm import datatypes
 from shm.errors import ErrorCode, InferError
 from shm.messages.worker import LoadInstance
 from workers import batch_io
-from workers.tensors import Copies, TensorIO, is_device_array, targets_of
+from workers.tensors import Copies, TensorIO, copy_on_device, is_device_array, targets_of
 
 log = logging.getLogger("shmserve.framework")
 
 # Below this many bytes a host<->device copy costs its call (~10 us), not its bytes:
 # small per-request tensors of a GPU batch are joined on the host and cross in one copy.
 SMALL_TRANSFER = 64 << 10
-
-
-def _copy_on_device(dest, src, stream) -> None:
-    """dest[...] = src between device arrays: one async memcpy when both are
-    contiguous (cupy's assignment launches a copy kernel with more Python around it)."""
-    if dest.flags.c_contiguous and src.flags.c_contiguous and dest.dtype == src.dtype:
-        dest.data.copy_from_device_async(src.data, src.nbytes, stream)
-    else:
-        dest[...] = src
 
 
 class FrameworkInstance:
@@ -155,9 +146,12 @@ class FrameworkInstance:
                 # Triton's backends take a ragged input as one 1-D tensor, batch of
                 # one included: every request's elements, one after the other
                 arrays = [a.reshape(-1) for a in arrays]
+            # BYTES stay on the host: devices hold no strings, and the backend takes
+            # them there (onnxruntime runs such a batch through session.run)
+            device = on_device and arrays[0].dtype != object
             if len(arrays) == 1:
-                inputs[name] = self._to_device(arrays[0]) if on_device else arrays[0]
-            elif on_device and arrays[0].dtype != object:
+                inputs[name] = self._to_device(arrays[0]) if device else arrays[0]
+            elif device:
                 inputs[name] = self._gather_device(arrays)
             else:
                 batch = np.concatenate(arrays, axis=0)  # the one gather copy
@@ -180,9 +174,6 @@ class FrameworkInstance:
     def _to_device(self, array):
         if is_device_array(array):
             return array  # already in the client's CUDA region: bound as it is
-        if array.dtype == object:
-            return array  # BYTES: devices hold no strings; the backend takes them on
-            # the host (onnxruntime runs such a batch through session.run)
         from shm.cuda import cupy
         cp = cupy()
         dev = cp.empty(array.shape, dtype=array.dtype)
@@ -206,7 +197,7 @@ class FrameworkInstance:
         while i < len(arrays):
             a = arrays[i]
             if is_device_array(a):
-                _copy_on_device(batch[row:row + a.shape[0]], a, self.stream)
+                copy_on_device(batch[row:row + a.shape[0]], a, self.stream)
                 copies.d2d += a.nbytes
                 copies.d2d_ops += 1
                 row += a.shape[0]
@@ -229,21 +220,20 @@ class FrameworkInstance:
             i = j
         return batch
 
-    def _host_copies(self, requests, outputs: dict) -> dict:
+    def _host_copies(self, requests, targets: list, outputs: dict) -> dict:
         """Device outputs of a batch that are best brought to the host whole: those
         some request wants on the host (not in a CUDA region) and whose rows are
         small. One device-to-host copy then serves every such request, instead of one
-        copy (and one wait on the stream) per request."""
+        copy (and one wait on the stream) per request. `targets`: each request's
+        targets_of()."""
         hosts = {}
         for name, array in outputs.items():
             if (not is_device_array(array) or name in self.batch_outputs  # scattered
                     or array.nbytes >= SMALL_TRANSFER * len(requests)):
                 continue
-            for req in requests:
-                targets = targets_of(req)
-                target = targets.get(name) if targets else None
+            for req, req_targets in zip(requests, targets):
                 wanted = req.outputs is None or any(o.name == name for o in req.outputs)
-                if wanted and (target is None or target.device < 0):
+                if wanted and _on_host(req_targets, name):
                     hosts[name] = array.get(stream=self.stream)
                     self.copies.d2h += array.nbytes
                     self.copies.d2h_ops += 1
@@ -276,13 +266,14 @@ class FrameworkInstance:
                                  f"{list(array.shape)}, which does not hold a batch of "
                                  f"{total}")
                 return [err] * len(requests)
-        hosts = self._host_copies(requests, outputs) if (
-            self.stream is not None and len(requests) > 1) else {}
+        hosts = {}
+        if self.stream is not None and len(requests) > 1:
+            targets = [targets_of(req) for req in requests]
+            hosts = self._host_copies(requests, targets, outputs)
         results = []
         row = 0
         for index, (req, size) in enumerate(zip(requests, sizes)):
             wanted = None if req.outputs is None else {o.name for o in req.outputs}
-            targets = targets_of(req) if hosts else None
             out = []
             for name, array in outputs.items():
                 if wanted is not None and name not in wanted:
@@ -290,15 +281,20 @@ class FrameworkInstance:
                 if name in scattered:
                     part = scattered[name][index]
                 else:
-                    if name in hosts:
-                        target = targets.get(name) if targets else None
-                        if target is None or target.device < 0:
-                            array = hosts[name]
+                    if name in hosts and _on_host(targets[index], name):
+                        array = hosts[name]
                     part = array if len(requests) == 1 else array[row:row + size]
                 out.append((name, self.output_types.get(name) or _datatype_of(array), part))
             results.append(out)
             row += size
         return results
+
+
+def _on_host(targets: dict | None, name: str) -> bool:
+    """Whether output `name` goes to host memory (the arena, a system region) rather
+    than into a client's CUDA region, for a request with these targets_of()."""
+    target = targets.get(name) if targets else None
+    return target is None or target.device < 0
 
 
 def _datatype_of(array) -> str:

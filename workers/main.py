@@ -41,6 +41,7 @@ from shm.messages.settings import LogSettings
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, ResponseStats, StopWorker, UnloadInstance,
                                  WorkerReady)
+from shm.tensor import arena_blocks
 from workers import warmup
 from workers.backends import create_instance
 from workers.python_backend import bls, pb_utils
@@ -437,8 +438,7 @@ class Worker:
                 if r is None:
                     continue
                 if r.outputs:
-                    self.io.released(request.reply_to, [(t.segment, t.offset) for t in r.outputs
-                                                        if t.data is None and not t.region])
+                    self.io.released(request.reply_to, arena_blocks(r.outputs))
                 if i not in failed:
                     failed.append(i)
                 responses[i] = InferResponse(r.id, error=error.message,

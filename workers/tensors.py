@@ -21,7 +21,7 @@ from shm import datatypes
 from shm.arena import Arena, SegmentCache
 from shm.errors import ErrorCode, InferError
 from shm.regions import RegionMaps
-from shm.tensor import INLINE_MAX, TensorRef
+from shm.tensor import INLINE_MAX, TensorRef, arena_blocks
 
 
 # A request's result when the model answered it itself, response by response, as it
@@ -48,6 +48,16 @@ class Copies:
 
 def is_device_array(array) -> bool:
     return hasattr(array, "__cuda_array_interface__")
+
+
+def copy_on_device(dest, src, stream=None) -> None:
+    """dest[...] = src between cupy arrays: one async memcpy on `stream` (None: the
+    current one) when both are contiguous and alike, which costs less than the copy
+    kernel and the Python around it that cupy's assignment launches."""
+    if dest.flags.c_contiguous and src.flags.c_contiguous and dest.dtype == src.dtype:
+        dest.data.copy_from_device_async(src.data, src.nbytes, stream)
+    else:
+        dest[...] = src
 
 
 class TensorIO:
@@ -127,8 +137,7 @@ class TensorIO:
                 self.wait_for_device()
         except BaseException:
             self.wait_for_device()  # a failed write leaves no copy in flight
-            self.released(reader, [(r.segment, r.offset) for r in refs
-                                   if r.data is None and not r.region])
+            self.released(reader, arena_blocks(refs))
             raise
         return refs
 
@@ -166,11 +175,8 @@ class TensorIO:
             region = self.regions.cuda(target.region, target.handle, target.device,
                                        target.region_size)
             if device:
-                dest = region.array(target.offset, n, array.dtype, array.shape)
-                if array.flags.c_contiguous:
-                    dest.data.copy_from_device_async(array.data, n)
-                else:
-                    dest[...] = array
+                copy_on_device(region.array(target.offset, n, array.dtype, array.shape),
+                               array)
                 copies.d2d += n
                 copies.d2d_ops += 1
             else:

@@ -33,7 +33,7 @@ from shm.channel import Outbox
 from shm.errors import ErrorCode
 from shm.messages.frontend import CancelRequest, InferRequest, RequestedOutput
 from shm.messages.results import InferResponse, ReleaseBlocks
-from shm.tensor import TensorRef
+from shm.tensor import TensorRef, arena_blocks
 from workers.python_backend import pb_utils
 
 _CLOSED = InferResponse(0, error="the worker is stopping", error_code=int(ErrorCode.UNAVAILABLE))
@@ -318,8 +318,7 @@ class BlsClient:
         self._send_msg(self.scheduler, CancelRequest(call.id, self.address))
 
     def _release_outputs(self, msg: InferResponse) -> None:
-        blocks = [(r.segment, r.offset) for r in msg.outputs
-                  if r.data is None and not r.region]
+        blocks = arena_blocks(msg.outputs)
         if blocks and msg.owner:
             self._release(msg.owner, blocks)
 
