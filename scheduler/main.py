@@ -70,7 +70,16 @@ def main(argv: list[str] | None = None) -> None:
             early.append(server)
         return await server.run()  # its loop takes the signals over from here
 
-    sys.exit(asyncio.run(run()))
+    # uvloop, as the frontends: the scheduler wakes once or twice per batch, and the
+    # stdlib loop's Python-level select and run-once cost ~10 us of each wake-up
+    # (scheduler CPU per request at c=16, 5 alternated rounds: 41 against 51 us HTTP,
+    # 36 against 46 gRPC)
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    sys.exit(runner(run()))
 
 
 if __name__ == "__main__":
