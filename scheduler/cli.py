@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="run every process of the server on these CPUs only, e.g. 2-7 or "
                         "1,3 (default: the CPUs it was started with)")
+    p.add_argument("--process-policy", choices=("batch", "inherit"), default="batch",
+                   help="the Linux scheduling policy of every process of the server: "
+                        "batch (SCHED_BATCH, the default: a process another one wakes "
+                        "waits for the running one to block instead of preempting it, "
+                        "so each runs its burst to the end) or inherit (as started)")
     p.add_argument("--arena-mib", type=int, default=64,
                    help="size of each shared-memory arena chunk, MiB")
     p.add_argument("--startup-timeout-secs", type=float, default=120.0)
@@ -317,6 +322,23 @@ def _check_regex(flag: str, pattern: str) -> None:
     except re.error as exc:
         raise ValueError(f"--{flag.replace('_', '-')}: invalid regular expression "
                          f"'{pattern}': {exc}") from None
+
+
+def apply_process_policy(policy: str) -> str | None:
+    """Put this process (and so every child it starts) under SCHED_BATCH when asked
+    and it runs under the normal policy; a real-time or idle policy someone chose is
+    kept. A request crosses three processes here (frontend, scheduler, worker), each
+    waking the next: under the normal policy the woken one preempts the waker in the
+    middle of its burst, so bursts split, batches shrink and every process wakes more
+    often. SCHED_BATCH needs no privilege. What went wrong, if anything, is returned."""
+    if policy != "batch":
+        return None
+    try:
+        if os.sched_getscheduler(0) == os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError) as exc:
+        return f"--process-policy batch: {exc}; the server runs under its own policy"
+    return None
 
 
 def available_cpus() -> set[int]:

@@ -7,6 +7,7 @@ SUPERVISED_ENV set, which makes that process the scheduler.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, lambda signum, _frame: stopped.append(signum))
     import asyncio
 
-    from scheduler.cli import parse_args, warn_ignored
+    from scheduler.cli import apply_process_policy, parse_args, warn_ignored
     from scheduler.root import STOP_SIGNALS, Root, supervised
     from shm.lifecycle import die_with_parent
     from shm.log import configure_logging
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.cpus:
             # every process of the server is a child of this one and inherits it
             os.sched_setaffinity(0, args.cpus)
+        problem = apply_process_policy(args.process_policy)  # inherited as well
+        if problem:
+            logging.getLogger("shmserve.root").warning("%s", problem)
         # the scheduler's own stop takes at most about --exit-timeout-secs + 20 s
         # (drain, then bounded waits for every child)
         sys.exit(Root(argv, stop_grace=args.exit_timeout_secs + 30.0).run())

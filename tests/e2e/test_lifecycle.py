@@ -199,6 +199,27 @@ def test_cpus_places_every_process_of_the_server(tmp_path):
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 roles.append(f.read().split(b"\0")[2].decode())
             assert os.sched_getaffinity(pid) == {cpu}, (pid, roles[-1])
+            # and, by default, under SCHED_BATCH (--process-policy)
+            assert os.sched_getscheduler(pid) == os.SCHED_BATCH, (pid, roles[-1])
         assert {"frontend.main", "workers.main"} <= set(roles), roles
+    finally:
+        assert srv.stop() == 0
+
+
+def test_process_policy_inherit_leaves_the_policy_as_started(tmp_path):
+    """--process-policy inherit: every process keeps the policy the server was started
+    with (the normal one here), where the default puts them all under SCHED_BATCH."""
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    srv = ServerProcess([EXAMPLES], "--process-policy", "inherit", frontends=1,
+                        log_dir=tmp_path).start()
+    try:
+        c = client(srv, "grpc")
+        x = np.arange(16, dtype=np.float32).reshape(1, 16)
+        out = c.infer("identity_fp32", [infer_input("grpc", "INPUT0", x, "FP32")])
+        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
+        pids = [srv.proc.pid, srv.scheduler_pid(), *srv.children()]
+        assert len(pids) >= 4
+        for pid in pids:
+            assert os.sched_getscheduler(pid) == os.SCHED_OTHER, pid
     finally:
         assert srv.stop() == 0

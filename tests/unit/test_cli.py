@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from scheduler.cli import IGNORED_FLAGS, parse_args, warn_ignored
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE = ["--model-repository", "repo"]
 
@@ -159,3 +165,27 @@ def test_cpus_list_and_the_frontend_default(monkeypatch, capsys):
             parse_args([*BASE, "--cpus", text])
         assert e.value.code == 2
         assert reason in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("start, flag, after", [
+    ("SCHED_OTHER", "batch", "SCHED_BATCH"),
+    ("SCHED_OTHER", "inherit", "SCHED_OTHER"),
+    ("SCHED_IDLE", "batch", "SCHED_IDLE"),  # a policy someone chose is kept
+])
+def test_process_policy(start, flag, after):
+    """--process-policy batch moves a normal process to SCHED_BATCH and its children
+    inherit it; inherit, or a policy other than the normal one, changes nothing. Run in
+    a child, so the test process (and the servers later tests start) keep theirs."""
+    code = (
+        "import os, subprocess, sys\n"
+        f"os.sched_setscheduler(0, os.{start}, os.sched_param(0))\n"
+        "from scheduler.cli import apply_process_policy\n"
+        f"assert apply_process_policy({flag!r}) is None\n"
+        "child = subprocess.run([sys.executable, '-c', 'import os; "
+        "print(os.sched_getscheduler(0))'], capture_output=True, text=True, check=True)\n"
+        "print(os.sched_getscheduler(0), child.stdout.strip())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    want = getattr(os, after)
+    assert out.stdout.split() == [str(want), str(want)]
