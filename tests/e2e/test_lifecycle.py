@@ -182,26 +182,32 @@ def test_load_failure_with_exit_on_error_false(tmp_path):
             assert r.status == 200
 
 
+def _serving_processes(srv, protocol: str) -> dict[int, str]:
+    """Serve one request over `protocol`, then every process of the server, by pid,
+    with its role (the module it runs; the root's is its script)."""
+    c = client(srv, protocol)
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    out = c.infer("identity_fp32", [infer_input(protocol, "INPUT0", x, "FP32")])
+    np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
+    roles = {}
+    for pid in (srv.proc.pid, srv.scheduler_pid(), *srv.children()):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            roles[pid] = f.read().split(b"\0")[2].decode()
+    assert {"frontend.main", "workers.main"} <= set(roles.values()), roles
+    return roles
+
+
 def test_cpus_places_every_process_of_the_server(tmp_path):
     """--cpus: the root, the scheduler, the frontends and the workers all run on the
-    given CPUs only, and the server serves from there."""
+    given CPUs only, and the server serves from there; by default all under
+    SCHED_BATCH (--process-policy)."""
     cpu = max(os.sched_getaffinity(0))
     srv = ServerProcess([EXAMPLES], "--cpus", str(cpu), frontends=1,
                         log_dir=tmp_path).start()
     try:
-        c = client(srv, "http")
-        x = np.arange(16, dtype=np.float32).reshape(1, 16)
-        out = c.infer("identity_fp32", [infer_input("http", "INPUT0", x, "FP32")])
-        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
-        pids = [srv.proc.pid, srv.scheduler_pid(), *srv.children()]
-        roles = []
-        for pid in pids:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                roles.append(f.read().split(b"\0")[2].decode())
-            assert os.sched_getaffinity(pid) == {cpu}, (pid, roles[-1])
-            # and, by default, under SCHED_BATCH (--process-policy)
-            assert os.sched_getscheduler(pid) == os.SCHED_BATCH, (pid, roles[-1])
-        assert {"frontend.main", "workers.main"} <= set(roles), roles
+        for pid, role in _serving_processes(srv, "http").items():
+            assert os.sched_getaffinity(pid) == {cpu}, (pid, role)
+            assert os.sched_getscheduler(pid) == os.SCHED_BATCH, (pid, role)
     finally:
         assert srv.stop() == 0
 
@@ -213,13 +219,7 @@ def test_process_policy_inherit_leaves_the_policy_as_started(tmp_path):
     srv = ServerProcess([EXAMPLES], "--process-policy", "inherit", frontends=1,
                         log_dir=tmp_path).start()
     try:
-        c = client(srv, "grpc")
-        x = np.arange(16, dtype=np.float32).reshape(1, 16)
-        out = c.infer("identity_fp32", [infer_input("grpc", "INPUT0", x, "FP32")])
-        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
-        pids = [srv.proc.pid, srv.scheduler_pid(), *srv.children()]
-        assert len(pids) >= 4
-        for pid in pids:
-            assert os.sched_getscheduler(pid) == os.SCHED_OTHER, pid
+        for pid, role in _serving_processes(srv, "grpc").items():
+            assert os.sched_getscheduler(pid) == os.SCHED_OTHER, (pid, role)
     finally:
         assert srv.stop() == 0
