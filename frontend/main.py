@@ -18,7 +18,7 @@ import msgspec
 
 from frontend.core import SchedulerCore
 from frontend.sockets import reuseport_socket
-from shm.lifecycle import die_with_parent, keep_freed_heap
+from shm.lifecycle import die_with_parent, keep_freed_heap, run_loop
 from shm.log import configure_logging
 from shm.messages.frontend import FrontendReady, FrontendStopped
 from shm.messages.settings import LogSettings
@@ -146,12 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))
     die_with_parent(signal.SIGTERM)
     keep_freed_heap()  # large bodies and responses reuse pages, not fault them in again
-    try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    sys.exit(runner(serve(args)))
+    sys.exit(run_loop(serve(args)))
 
 
 if __name__ == "__main__":

@@ -19,11 +19,10 @@ def main(argv: list[str] | None = None) -> None:
     stopped: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: stopped.append(signum))
-    import asyncio
 
     from scheduler.cli import apply_process_policy, parse_args, warn_ignored
     from scheduler.root import STOP_SIGNALS, Root, supervised
-    from shm.lifecycle import die_with_parent
+    from shm.lifecycle import die_with_parent, run_loop
     from shm.log import configure_logging
 
     argv = sys.argv[1:] if argv is None else argv
@@ -74,16 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             early.append(server)
         return await server.run()  # its loop takes the signals over from here
 
-    # uvloop, as the frontends: the scheduler wakes once or twice per batch, and the
-    # stdlib loop's Python-level select and run-once cost ~10 us of each wake-up
-    # (scheduler CPU per request at c=16, 5 alternated rounds: 41 against 51 us HTTP,
-    # 36 against 46 gRPC)
-    try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    sys.exit(runner(run()))
+    sys.exit(run_loop(run()))
 
 
 if __name__ == "__main__":

@@ -69,8 +69,9 @@ def run(args) -> list[dict]:
     tmp = tempfile.mkdtemp(prefix="bench-worker-")
     model_dir = os.path.join(tmp, os.path.basename(args.model.rstrip("/")))
     shutil.copytree(args.model, model_dir)
-    worker = Worker("bench", f"bench-worker-{os.getpid()}", "bench-scheduler",
-                    f"bw{os.getpid()}", 64 << 20)
+    # its inbox socket in the temporary folder, which close() unlinks
+    worker = Worker("bench", f"ipc://{tmp}/inbox", "bench-scheduler", f"bw{os.getpid()}",
+                    64 << 20)
     sent = {"frames": 0, "last": []}
 
     def drop(address, frames, what):  # the frames are encoded; the write is left out
@@ -120,9 +121,7 @@ def run(args) -> list[dict]:
                 got = np.frombuffer(out.data, dtype=np.float32).reshape(out.shape)
                 np.testing.assert_array_equal(got, data)
     finally:
-        for inst in worker.instances.values():
-            inst.finalize()
-        worker.arena.close()
+        worker.close()  # finalizes the instance, stops its thread, closes the sockets
         shutil.rmtree(tmp, ignore_errors=True)
     return rows
 

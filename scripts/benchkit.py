@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import compare  # noqa: E402
 from bench_mlp import wait_ready  # noqa: E402
 
 # the CPU by role of scripts/bench, one implementation for every benchmark
@@ -113,13 +114,12 @@ class Server:
         # not from the repository root for Triton: its python stub puts its cwd on
         # sys.path, where our packages have nothing to do
         cwd = ROOT if self.kind.startswith("shmserve") else self.repo
-        cpus = SERVER_CPUS
         extra = (*SHMSERVE_ARGS, *self.extra) if self.kind.startswith("shmserve") else \
             self.extra
         self.proc = subprocess.Popen(
             server_command(self.kind, self.repo, self.ports, extra), cwd=cwd,
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+            preexec_fn=compare.on_cpus(SERVER_CPUS))
         try:
             wait_ready(self.ports[0], self.proc, 180)
         except BaseException:
@@ -247,7 +247,6 @@ SHMSERVE_ARGS: list[str] = []
 def place(args: argparse.Namespace) -> None:
     """--server-cpus / --client-cpus, as scripts/compare places them."""
     global SERVER_CPUS
-    import compare
     SERVER_CPUS = compare.place(getattr(args, "server_cpus", None),
                                 getattr(args, "client_cpus", None))
 

@@ -105,16 +105,10 @@ class Server:
         # A neutral cwd: Triton's python stub puts cwd on sys.path, where a checkout's
         # modules have nothing to do (older checkouts had a top-level
         # triton_python_backend_utils.py that shadowed Triton's).
-        cpus = self.cpus
-
-        def place():  # the server's CPUs, whatever the client here was given
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-
         self.proc = subprocess.Popen(shlex.split(self.spec.cmd), stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True, cwd=self.cwd,
-                                     preexec_fn=place)
+                                     preexec_fn=on_cpus(self.cpus))
         log.close()
         print(f"# started {self.spec.name} pid {self.proc.pid}: {self.spec.cmd}",
               flush=True)
@@ -336,6 +330,12 @@ def parse_cpus(text: str) -> set[int]:
         return parse_cpu_list(text)
     except ValueError as exc:
         raise SystemExit(f"compare: {exc}".replace("--cpus", "cpus")) from None
+
+
+def on_cpus(cpus: set[int] | None):
+    """A Popen preexec_fn that puts the child on `cpus` whatever this process (the
+    client) was given; None when there is nothing to place."""
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
 def place(server_cpus: str | None, client_cpus: str | None) -> set[int] | None:

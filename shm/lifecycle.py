@@ -29,6 +29,21 @@ def die_with_parent(sig: int = signal.SIGTERM, expected: int = 0) -> None:
         os.kill(os.getpid(), sig)
 
 
+def run_loop(main_coroutine):
+    """Run a process's event loop to the end of `main_coroutine`: on uvloop where it is
+    installed (a dependency on Linux), else asyncio's own. A frontend and the scheduler
+    wake for a few microseconds of work per burst, and the stdlib loop's Python-level
+    run-once and selector cost ~10 us of each wake-up (the scheduler's CPU per request
+    at c=16, 5 alternated rounds: 41 against 51 us over HTTP, 36 against 46 gRPC)."""
+    try:
+        import uvloop
+        run = uvloop.run
+    except ImportError:
+        import asyncio
+        run = asyncio.run
+    return run(main_coroutine)
+
+
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
 _M_MMAP_THRESHOLD = -3
 KEEP_HEAP_BYTES = 256 << 20

@@ -178,7 +178,7 @@ class FrameworkInstance:
         cp = cupy()
         dev = cp.empty(array.shape, dtype=array.dtype)
         dev.set(array, stream=self.stream)
-        self.copies.h2d += array.nbytes
+        self.copies.to_device(array.nbytes)
         return dev
 
     def _gather_device(self, arrays):
@@ -198,8 +198,7 @@ class FrameworkInstance:
             a = arrays[i]
             if is_device_array(a):
                 copy_on_device(batch[row:row + a.shape[0]], a, self.stream)
-                copies.d2d += a.nbytes
-                copies.d2d_ops += 1
+                copies.on_device(a.nbytes)
                 row += a.shape[0]
                 i += 1
                 continue
@@ -214,8 +213,7 @@ class FrameworkInstance:
             else:
                 host = np.ascontiguousarray(a)
             batch[row:row + rows].set(host, stream=self.stream)
-            copies.h2d += host.nbytes
-            copies.h2d_ops += 1
+            copies.to_device(host.nbytes)
             row += rows
             i = j
         return batch
@@ -235,8 +233,7 @@ class FrameworkInstance:
                 wanted = req.outputs is None or any(o.name == name for o in req.outputs)
                 if wanted and _on_host(req_targets, name):
                     hosts[name] = array.get(stream=self.stream)
-                    self.copies.d2h += array.nbytes
-                    self.copies.d2h_ops += 1
+                    self.copies.to_host(array.nbytes)
                     break
         return hosts
 

@@ -45,6 +45,21 @@ class Copies:
     def as_list(self) -> list[int]:
         return [self.host, self.h2d, self.d2h, self.d2d]
 
+    def to_device(self, nbytes: int) -> None:
+        """One host-to-device copy call of `nbytes`."""
+        self.h2d += nbytes
+        self.h2d_ops += 1
+
+    def to_host(self, nbytes: int) -> None:
+        """One device-to-host copy call of `nbytes`."""
+        self.d2h += nbytes
+        self.d2h_ops += 1
+
+    def on_device(self, nbytes: int) -> None:
+        """One device-to-device copy call of `nbytes`."""
+        self.d2d += nbytes
+        self.d2d_ops += 1
+
 
 def is_device_array(array) -> bool:
     return hasattr(array, "__cuda_array_interface__")
@@ -108,8 +123,7 @@ class TensorIO:
         """The input in host memory: in place, or one device-to-host copy."""
         array = self.input(ref)
         if is_device_array(array):
-            copies.d2h += array.nbytes
-            copies.d2h_ops += 1
+            copies.to_host(array.nbytes)
             return array.get()
         return array
 
@@ -145,8 +159,7 @@ class TensorIO:
         shape = list(array.shape)
         if is_device_array(array):
             n = array.nbytes
-            copies.d2h += n
-            copies.d2h_ops += 1
+            copies.to_host(n)
             if n <= INLINE_MAX:
                 return TensorRef(name, datatype, shape, data=array.get().tobytes())
             segment, offset, view = self._alloc(n, reader)
@@ -177,20 +190,17 @@ class TensorIO:
             if device:
                 copy_on_device(region.array(target.offset, n, array.dtype, array.shape),
                                array)
-                copies.d2d += n
-                copies.d2d_ops += 1
+                copies.on_device(n)
             else:
                 host = np.frombuffer(buf, dtype=np.uint8)
                 region.array(target.offset, n, np.uint8, (n,)).set(host)
-                copies.h2d += n
-                copies.h2d_ops += 1
+                copies.to_device(n)
             self._local.unsynced = True
         else:
             view = self.regions.view(target.region, target.segment, target.offset, n)
             if device:
                 array.get(out=np.frombuffer(view, dtype=array.dtype).reshape(array.shape))
-                copies.d2h += n
-                copies.d2h_ops += 1
+                copies.to_host(n)
             else:
                 view[:] = buf
                 copies.host += n
