@@ -86,7 +86,7 @@ class Server:
     """One server process: start, wait until ready, stop by PID."""
 
     def __init__(self, spec: ServerSpec, log_dir: str, ready_timeout: float,
-                 stop_timeout: float, model: str):
+                 stop_timeout: float, model: str | None):
         self.spec = spec
         self.cwd = log_dir
         self.log_path = os.path.join(log_dir, f"{spec.name}.log")
@@ -127,7 +127,9 @@ class Server:
 
     def wait_ready(self):
         base = f"http://127.0.0.1:{self.spec.http}"
-        urls = [f"{base}/v2/health/ready", f"{base}/v2/models/{self.model}/ready"]
+        # model None: the server alone (one that serves what loaded, whatever failed)
+        urls = [f"{base}/v2/health/ready"] + \
+            ([f"{base}/v2/models/{self.model}/ready"] if self.model else [])
         deadline = time.monotonic() + self.ready_timeout
         last = ""
         while time.monotonic() < deadline:
