@@ -169,6 +169,12 @@ def _region_value(arr):
     return serialize_byte_tensor(arr)
 
 
+def _cuda_regions():
+    """CUDA regions through cupy, or tritonclient's utilities (scheduler/bench_cuda.py)."""
+    from scheduler.bench_cuda import regions
+    return regions()
+
+
 def _byte_size(arr) -> int:
     """Bytes of a tensor on the wire: raw for numbers, length-prefixed for BYTES."""
     if arr.dtype != object:
@@ -234,7 +240,7 @@ class Stream:
 
     def create_regions(self):
         if self.spec.shm == "cuda":
-            import tritonclient.utils.cuda_shared_memory as cudashm
+            cudashm = _cuda_regions()
             dev = self.spec.cuda_device
             for t in self._tensors():
                 t.handle = cudashm.create_shared_memory_region(t.region, t.nbytes, dev)
@@ -264,7 +270,7 @@ class Stream:
         appending each name to `registered` once the server has it."""
         for t in self._tensors():
             if self.spec.shm == "cuda":
-                import tritonclient.utils.cuda_shared_memory as cudashm
+                cudashm = _cuda_regions()
                 control.register_cuda_shared_memory(t.region, cudashm.get_raw_handle(t.handle),
                                                     self.spec.cuda_device, t.nbytes)
             else:
@@ -273,7 +279,7 @@ class Stream:
 
     def destroy_regions(self):
         if self.spec.shm == "cuda":
-            import tritonclient.utils.cuda_shared_memory as shm
+            shm = _cuda_regions()
         else:
             import tritonclient.utils.shared_memory as shm
         for t in self._tensors():
@@ -307,8 +313,7 @@ class Stream:
             if x.view is not None:
                 x.view.flat[0] = v
             elif self.spec.shm == "cuda":
-                import tritonclient.utils.cuda_shared_memory as cudashm
-                cudashm.set_shared_memory_region(x.handle, [x.data])
+                _cuda_regions().set_shared_memory_region(x.handle, [x.data])
 
     def check(self, result) -> bool:
         if not self.spec.verify:
@@ -324,8 +329,8 @@ class Stream:
             elif self.spec.shm == "cuda":
                 if y.data.dtype == object:
                     continue
-                import tritonclient.utils.cuda_shared_memory as cudashm
-                got = cudashm.get_contents_as_numpy(y.handle, y.data.dtype, y.data.shape)
+                got = _cuda_regions().get_contents_as_numpy(y.handle, y.data.dtype,
+                                                            y.data.shape)
             else:
                 got = result.as_numpy(y.name)
             if got is None or got.shape != y.data.shape or not np.array_equal(got, y.data):

@@ -31,7 +31,9 @@ from bench_mlp import wait_ready  # noqa: E402
 # the CPU by role of scripts/bench, one implementation for every benchmark
 from scheduler.bench_procs import cpu_by_role, process_tree, roles  # noqa: E402
 
-TRITON = "/tmp/anchors/bin/run_triton_anchor"  # ../shared/anchor/setup.sh makes it
+# the real Triton's launcher (REPO HTTP GRPC METRICS ...): compare's, $TRITON_CMD on the
+# GPU machine, else the anchor ../shared/anchor/setup.sh makes
+TRITON = compare.TRITON_LAUNCHER
 
 # a python identity model: INPUT0 -> OUTPUT0, FP32 [-1], max_batch_size 8, one instance
 IDENTITY_CONFIG = """name: "{name}"

@@ -8,6 +8,8 @@ ratio table (each server against the first, the baseline) and writes JSON.
 
     scripts/compare --rounds 2 --duration 3 --json /tmp/compare.json
     scripts/compare --shm none,system --shape 1,16 --shape 1,4194304
+    scripts/compare --shm cuda --protocols grpc --model M  # GPU machine: CUDA regions;
+                                                          # Triton from $TRITON_CMD
     scripts/compare --triton-ports 18100,18101,18102 --shmserve-ports 28100,28101,28102
     scripts/compare --server triton 18000 18001 - --server mine 8000 8001 -  # attach
 
@@ -36,7 +38,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 
 REPO = "/tmp/repo_anchor"
-TRITON_CMD = ("/tmp/anchors/bin/run_triton_anchor {repo} {http} {grpc} {metrics} "
+SHMS = ("none", "system", "cuda")
+# the real Triton's launcher, taking REPO HTTP GRPC METRICS: $TRITON_CMD where it is set
+# (the GPU machine's, from ../shared/device/on_device.sh), else the anchor's
+# (../shared/anchor/setup.sh)
+TRITON_LAUNCHER = os.environ.get("TRITON_CMD") or "/tmp/anchors/bin/run_triton_anchor"
+TRITON_CMD = (TRITON_LAUNCHER + " {repo} {http} {grpc} {metrics} "
               "--http-address 127.0.0.1 --grpc-address 127.0.0.1 "
               "--metrics-address 127.0.0.1")
 
@@ -79,7 +86,7 @@ class Server:
     """One server process: start, wait until ready, stop by PID."""
 
     def __init__(self, spec: ServerSpec, log_dir: str, ready_timeout: float,
-                 stop_timeout: float, model: str):
+                 stop_timeout: float, model: str | None):
         self.spec = spec
         self.cwd = log_dir
         self.log_path = os.path.join(log_dir, f"{spec.name}.log")
@@ -120,7 +127,9 @@ class Server:
 
     def wait_ready(self):
         base = f"http://127.0.0.1:{self.spec.http}"
-        urls = [f"{base}/v2/health/ready", f"{base}/v2/models/{self.model}/ready"]
+        # model None: the server alone (one that serves what loaded, whatever failed)
+        urls = [f"{base}/v2/health/ready"] + \
+            ([f"{base}/v2/models/{self.model}/ready"] if self.model else [])
         deadline = time.monotonic() + self.ready_timeout
         last = ""
         while time.monotonic() < deadline:
@@ -323,6 +332,43 @@ def _num(d, key, digits):
     return f"{d[key]:.{digits}f}"
 
 
+def measure_row(pool, server: Server, pt: Point, rnd: int, *, model: str,
+                dtype: str = "FP32", duration: float, warmup: float, timeout: float = 30.0,
+                max_requests: int | None = None, verify: bool, client_processes: int = 1,
+                cuda_device: int = 0, input_name: str = "INPUT0",
+                output_name: str = "OUTPUT0") -> dict:
+    """One point on one server with the pool's clients, the server's CPU per request by
+    role sampled inside the window; printed, and returned as the JSON row (with its
+    round and point key). A server that has exited gives a row with one error."""
+    cfg = bench.BenchConfig(
+        url=f"127.0.0.1:{server.spec.port(pt.protocol)}", protocol=pt.protocol,
+        model=model, shapes=[list(pt.shape)], dtype=dtype, concurrency=[pt.concurrency],
+        duration=duration, max_requests=max_requests, warmup=warmup, timeout=timeout,
+        shm=pt.shm, cuda_device=cuda_device, verify=verify,
+        client_processes=client_processes, server=server.spec.name,
+        input_name=input_name, output_name=output_name)
+    if server.exited():
+        row = bench.summarize([], protocol=pt.protocol, shape=pt.shape, dtype=dtype,
+                              concurrency=pt.concurrency, shm=pt.shm,
+                              impl=cfg.client_impl(), model=model, url=cfg.url,
+                              server=server.spec.name)
+        row.errors, row.first_error = 1, f"server exited ({server.log_path})"
+    else:
+        # the server's CPU per request by role, sampled inside the window
+        pid, note = bench.find_server_pid(cfg)
+        probe = bench.ServerProbe(cfg, pid, note)
+        try:
+            row = bench.measure_point(pool, cfg, list(pt.shape), pt.concurrency,
+                                      probe=probe)
+        finally:
+            probe.close()
+    print(bench.format_row(row) + f"  r{rnd}", flush=True)
+    print(bench.cpu_line(row.cpu_us, row.cpu_note), flush=True)
+    d = bench.row_to_json(row)
+    d.update(round=rnd, point=pt.key())
+    return d
+
+
 def parse_cpus(text: str) -> set[int]:
     """'0-2,5' -> {0, 1, 2, 5}, CPUs this machine lets us use (as shmserve's --cpus)."""
     from scheduler.cli import parse_cpu_list
@@ -390,7 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="repeatable (default: 1,16 and 1,262144)")
     p.add_argument("--dtype", default="FP32", type=str.upper)
     p.add_argument("--concurrency", type=bench.parse_int_list, default=[1, 4, 16])
-    p.add_argument("--shm", default="none", help="comma list of none,system")
+    p.add_argument("--shm", default="none", help="comma list of none,system,cuda")
+    p.add_argument("--cuda-device", type=int, default=0,
+                   help="the GPU that holds the clients' regions with --shm cuda")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--warmup", type=float, default=1.0)
@@ -433,7 +481,7 @@ def main(argv=None) -> int:
         if x not in ("http", "grpc"):
             raise SystemExit(f"compare: unknown protocol {x}")
     for x in shms:
-        if x not in ("none", "system"):
+        if x not in SHMS:
             raise SystemExit(f"compare: unknown --shm {x}")
     points = build_points(protocols, args.shape or [[1, 16], [1, 262144]], shms,
                           args.concurrency)
@@ -450,33 +498,11 @@ def main(argv=None) -> int:
     rows: list[dict] = []
 
     def measure(pool, server, pt, rnd):
-        cfg = bench.BenchConfig(
-            url=f"127.0.0.1:{server.spec.port(pt.protocol)}", protocol=pt.protocol,
-            model=args.model, shapes=[list(pt.shape)], dtype=args.dtype,
-            concurrency=[pt.concurrency], duration=args.duration,
-            max_requests=args.max_requests, warmup=args.warmup, timeout=args.timeout,
-            shm=pt.shm, verify=verify, client_processes=args.client_processes,
-            server=server.spec.name)
-        if server.exited():
-            row = bench.summarize([], protocol=pt.protocol, shape=pt.shape,
-                                  dtype=args.dtype, concurrency=pt.concurrency, shm=pt.shm,
-                                  impl=cfg.client_impl(), model=args.model, url=cfg.url,
-                                  server=server.spec.name)
-            row.errors, row.first_error = 1, f"server exited ({server.log_path})"
-        else:
-            # the server's CPU per request by role, sampled inside the window
-            pid, note = bench.find_server_pid(cfg)
-            probe = bench.ServerProbe(cfg, pid, note)
-            try:
-                row = bench.measure_point(pool, cfg, list(pt.shape), pt.concurrency,
-                                          probe=probe)
-            finally:
-                probe.close()
-        print(bench.format_row(row) + f"  r{rnd}", flush=True)
-        print(bench.cpu_line(row.cpu_us, row.cpu_note), flush=True)
-        d = bench.row_to_json(row)
-        d.update(round=rnd, point=pt.key())
-        rows.append(d)
+        rows.append(measure_row(
+            pool, server, pt, rnd, model=args.model, dtype=args.dtype,
+            duration=args.duration, warmup=args.warmup, timeout=args.timeout,
+            max_requests=args.max_requests, verify=verify,
+            client_processes=args.client_processes, cuda_device=args.cuda_device))
 
     print(f"# compare {' vs '.join(names)}: {len(points)} points x {args.rounds} rounds, "
           f"{args.duration}s each (+{args.warmup}s warmup), verify={verify}", flush=True)

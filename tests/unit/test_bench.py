@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -278,12 +279,36 @@ def test_compare_points_and_ratio_table():
     assert "shmserve: frontend 100.0 | scheduler 20.0 | server 120.0" in text
 
 
+def test_compare_cuda_regions_and_the_triton_launcher(tmp_path):
+    """--shm cuda is a point like the others; an exited server gives a row with one
+    error; $TRITON_CMD (the GPU machine's launcher) replaces the anchor's."""
+    args = compare.build_parser().parse_args(["--shm", "none,cuda", "--cuda-device", "1"])
+    assert args.cuda_device == 1 and "cuda" in compare.SHMS
+    with pytest.raises(SystemExit, match="unknown --shm"):
+        compare.main(["--server", "x", "1", "2", "-", "--shm", "gpu"])
+    pt = compare.Point("grpc", (1 << 22,), "cuda", 4)
+    server = compare.Server(compare.ServerSpec("shmserve", "true", 1, 2), str(tmp_path),
+                            1.0, 1.0, "m")
+    server.exited = lambda: True
+    row = compare.measure_row(None, server, pt, 2, model="m", duration=1.0, warmup=0.0,
+                              verify=False, cuda_device=1, input_name="INPUT__0")
+    assert (row["errors"], row["requests"], row["round"], row["point"]) == \
+        (1, 0, 2, pt.key())
+    assert row["shm"] == "cuda" and row["server"] == "shmserve"
+    assert row["first_error"].startswith("server exited")
+    env = {**os.environ, "TRITON_CMD": "/x/run_triton"}
+    out = subprocess.run([sys.executable, "-c", "import compare; print(compare.TRITON_CMD)"],
+                         cwd=SCRIPTS, env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("/x/run_triton {repo} {http} {grpc} {metrics}"), out.stderr
+
+
 def test_compare_server_specs():
     p = compare.build_parser()
     specs = compare.parse_servers(p.parse_args([]))
     assert [(s.name, s.http, s.grpc) for s in specs] == [
         ("triton", 18000, 18001), ("shmserve", 28000, 28001)]
-    assert "run_triton_anchor" in specs[0].cmd and "--model-repository" in specs[1].cmd
+    assert specs[0].cmd.startswith(compare.TRITON_LAUNCHER + " ")
+    assert "--model-repository" in specs[1].cmd
     specs = compare.parse_servers(p.parse_args(
         ["--server", "a", "1", "2", "-", "--server", "b", "3", "4", "cmd x"]))
     assert [(s.name, s.port("http"), s.port("grpc"), s.cmd) for s in specs] == [
