@@ -100,8 +100,8 @@ def hpack_amplification(t: Target, until: float) -> dict:
             p.pump(0)
         _settle_reads(p)
         answers = _answers(p)
-        return {"fate": _fate(f"{blocks:,} blocks ({blocks * 4000 * entry_size / 1e9:.1f} "
-                              "GB decoded)", answers, *p.fate_parts()),
+        return {"fate": _fate(f"{blocks:,} blocks sent (each {4000 * entry_size / 1e6:.0f} "
+                              "MB decoded)", answers, *p.fate_parts()),
                 "blocks": blocks, "goaway": _goaway(p)}
     finally:
         p.close()

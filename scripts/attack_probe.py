@@ -43,7 +43,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import attack_cases as cases  # noqa: E402
-from attack_memory import Sampler, tree_pids  # noqa: E402
+from attack_memory import Sampler, shm_mappings, tree_pids  # noqa: E402
 from attack_report import side_by_side, table, victim_stats  # noqa: E402
 
 EXAMPLES = os.path.join(ROOT, "examples", "model_repository")
@@ -179,6 +179,11 @@ class Server:
             return
         prefixes = (f"shmserve-{p.pid:x}",)
         tree = tree_pids(p.pid)
+        # the shm files it maps (e.g. Triton's python backend regions): a server
+        # killed mid-way leaves them behind
+        mapped = {path.removesuffix(" (deleted)") for pid in tree
+                  for path, _ in shm_mappings(pid).values()
+                  if path.startswith("/dev/shm/")}
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
             try:
@@ -197,7 +202,8 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        leaked = [n for n in _listdir("/dev/shm") if n.startswith(prefixes)]
+        leaked = [n for n in _listdir("/dev/shm")
+                  if n.startswith(prefixes) or "/dev/shm/" + n in mapped]
         for n in leaked:
             try:
                 os.unlink(os.path.join("/dev/shm", n))

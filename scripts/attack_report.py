@@ -55,10 +55,14 @@ def fmt_mib(v: int | None) -> str:
     return f"{m:+.0f}" if abs(m) >= 10 else f"{m:+.1f}"
 
 
-def fmt_memory(mem: dict) -> str:
+def fmt_memory(mem: dict, start: bool = False) -> str:
+    """'+peak / +after MiB', against the memory at the attack's start (shown too with
+    `start`: a server still giving back an earlier attack's memory shows as a
+    negative +after)."""
     if mem.get("start") is None:
         return "-"
-    return f"{fmt_mib(mem.get('delta_peak'))} / {fmt_mib(mem.get('delta_after'))} MiB"
+    out = f"{fmt_mib(mem.get('delta_peak'))} / {fmt_mib(mem.get('delta_after'))} MiB"
+    return out + (f" (of {mem['start'] / MIB:,.0f})" if start else "")
 
 
 def table(rows: list[dict], server: str) -> str:
@@ -73,8 +77,8 @@ def table(rows: list[dict], server: str) -> str:
             continue
         fate = r["fate"] + (f" [{r['note']}]" if r.get("note") else "")
         lines.append(f"| {r['label']} | {fmt_victim(r['victim'].get('grpc'))} | "
-                     f"{fmt_victim(r['victim'].get('http'))} | {fmt_memory(r['memory'])} "
-                     f"| {fate.replace('|', '/')} |")
+                     f"{fmt_victim(r['victim'].get('http'))} | "
+                     f"{fmt_memory(r['memory'], True)} | {fate.replace('|', '/')} |")
     return "\n".join(lines)
 
 

@@ -83,50 +83,63 @@ class Caller:
 
 
 class Victim:
+    """One thread per protocol for the process's whole life (tritonclient.http's
+    gevent hub belongs to the thread that made the client), sending while `running`
+    is set; start() and stop() open and close a window of records."""
+
     def __init__(self, args):
-        self.callers = {"grpc": Caller("grpc", args.grpc, args.model, args.timeout),
-                        "http": Caller("http", args.http, args.model, args.timeout)}
-        self.callers = {k: v for k, v in self.callers.items() if k in args.protocols}
+        self.callers = {k: Caller(k, getattr(args, k), args.model, args.timeout)
+                        for k in ("grpc", "http") if k in args.protocols}
         self.interval = args.interval
-        self.stop_event = threading.Event()
-        self.threads: list[threading.Thread] = []
-        self.records: dict[str, list] = {}
+        self.running = threading.Event()
+        self.lock = threading.Lock()
+        self.idle = {k: threading.Event() for k in self.callers}
+        self.records: dict[str, list] = {k: [] for k in self.callers}
         self.first_error: dict[str, str] = {}
         self.checkers: dict[tuple, Caller] = {}
+        for k in self.callers:
+            self.idle[k].set()
+            threading.Thread(target=self._loop, args=(k,), daemon=True).start()
 
     def start(self):
-        self.stop_event.clear()
-        self.records = {k: [] for k in self.callers}
-        self.first_error = {}
-        self.threads = [threading.Thread(target=self._loop, args=(k,), daemon=True)
-                        for k in self.callers]
-        for th in self.threads:
-            th.start()
+        with self.lock:
+            self.records = {k: [] for k in self.callers}
+            self.first_error = {}
+        self.running.set()
 
     def _loop(self, protocol: str):
-        caller, out = self.callers[protocol], self.records[protocol]
-        next_at = time.monotonic()
-        while not self.stop_event.is_set():
-            t = time.monotonic()
-            ms, kind, err = caller.call()
-            out.append([t, None if ms is None else round(ms, 3), kind])
-            if err and protocol not in self.first_error:
-                self.first_error[protocol] = err
-            # paced, not bunched: ticks missed while a call hung are skipped
-            next_at += self.interval
-            now = time.monotonic()
-            if next_at < now:
-                next_at = now
-            self.stop_event.wait(next_at - now)
+        caller, idle = self.callers[protocol], self.idle[protocol]
+        while True:
+            self.running.wait()
+            idle.clear()
+            next_at = time.monotonic()
+            while self.running.is_set():
+                t = time.monotonic()
+                ms, kind, err = caller.call()
+                with self.lock:
+                    self.records[protocol].append([t, None if ms is None else round(ms, 3),
+                                                   kind])
+                    if err and protocol not in self.first_error:
+                        self.first_error[protocol] = err
+                # paced, not bunched: ticks missed while a call hung are skipped
+                next_at += self.interval
+                now = time.monotonic()
+                if next_at < now:
+                    next_at = now
+                time.sleep(next_at - now)
+            idle.set()
 
     def stop(self) -> dict:
-        self.stop_event.set()
-        for th in self.threads:
-            th.join()
-        return {**self.records, "first_error": self.first_error}
+        """Stop sending; every call under way ends (each has its timeout) first."""
+        self.running.clear()
+        for e in self.idle.values():
+            e.wait()
+        with self.lock:
+            return {**self.records, "first_error": self.first_error}
 
     def check(self, timeout: float) -> dict:
-        """One call per protocol, on clients of their own (with this timeout)."""
+        """One call per protocol, on clients of their own (with this timeout), made
+        and used on this (the main) thread."""
         out = {}
         for k, c in self.callers.items():
             if (k, timeout) not in self.checkers:

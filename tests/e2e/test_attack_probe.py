@@ -46,6 +46,9 @@ def test_probe_prints_a_row_per_case(tmp_path):
         assert r["fate"] and not r["fate"].startswith("attack failed"), r["fate"]
         assert r["settle_s"] is not None
     assert rows[1]["fate"].startswith("CL+TE: ")
+    # a malformed HTTP/1.1 request on its own connection: no call of the victim's
+    # failed, from the first of its window on (its clients outlive each window)
+    assert rows[1]["victim_first_error"] == {}, rows[1]["victim_first_error"]
     assert "| Content-Length + Transfer-Encoding |" in proc.stdout
     assert "| gRPC length prefix 4 GiB |" in proc.stdout
     pid = int(proc.stdout.split("# started shmserve pid ")[1].split(":")[0])

@@ -300,7 +300,7 @@ def test_table_rows():
     lines = text.splitlines()
     assert lines[0] == "### shmserve" and lines[2].startswith("| attack |")
     assert lines[4] == ("| rapid reset | 3.0 / 3.0 ms, 0 err, 1 ok | - / - ms, 1 err "
-                        "(1 timeout), 0 ok | +300 / +0.5 MiB | GOAWAY ENHANCE_YOUR_CALM "
+                        "(1 timeout), 0 ok | +300 / +0.5 MiB (of 100) | GOAWAY ENHANCE_YOUR_CALM "
                         "at 0.1s / x |")
     assert lines[5] == "| load | - | - | - | n/a: needs --model-control-mode=explicit |"
     both = report.side_by_side({"shmserve": [row, skipped], "triton": [row]})
