@@ -169,7 +169,7 @@ class Server:
         except ProcessLookupError:
             return False
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
         """SIGINT, `timeout` to exit, then SIGKILL to its group and to every process
         of its tree (a server's children may run in sessions of their own, and a hung
         one may outlive its parent and keep the ports); then its /dev/shm segments
