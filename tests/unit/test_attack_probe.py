@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.abspath(SCRIPTS))
 
 import attack_cases as cases  # noqa: E402
 import attack_memory as mem  # noqa: E402
+import attack_probe as probe  # noqa: E402
 import attack_report as report  # noqa: E402
 import attack_wire as w  # noqa: E402
 from attack_peer import H2Peer  # noqa: E402
@@ -371,3 +372,52 @@ def test_sampler_peak_and_series():
                  (12.0, 9 << 20, 0, 0)]
     assert s.peak(10.1, 11.0) == 5 << 20 and s.peak(13.0) is None
     assert s.series(10.0, 11.0) == [(0.0, 1.0), (0.9, 2.0)]
+
+
+# --- one case, with the server, victim and sampler faked -----------------------------------
+
+class _FakeVictim:
+    """Its one call starts the moment the window opens and hangs to its timeout."""
+
+    def ask(self, cmd, wait):
+        if cmd == "start":
+            self.t = time.monotonic()
+            return {"started": True}
+        return {"grpc": [[self.t, None, "timeout"]], "http": [[self.t, 2.0, "ok"]],
+                "first_error": {"grpc": "DEADLINE_EXCEEDED"}}
+
+
+class _FakeServer:
+    name, root = "fake", None
+
+    def alive(self):
+        return True
+
+
+class _FakeSampler:
+    def __init__(self):
+        self.totals = iter([100 << 20, 110 << 20])
+
+    def sample(self):
+        return {"total": next(self.totals)}
+
+    def peak(self, since):
+        return 300 << 20
+
+
+def test_run_case_counts_a_victim_call_that_hung_from_the_window_start():
+    from types import SimpleNamespace
+    case = cases.Case("x", "x attack", lambda t, until: {"fate": "closed at 0.1s"})
+    args = SimpleNamespace(duration=0.01, after=0.0, timeout=5.0)
+    row = probe.run_case(case, _FakeServer(), _FakeVictim(), _FakeSampler(),
+                         cases.Target("127.0.0.1", 1, 2), args, {})
+    assert row["victim"]["grpc"]["timeouts"] == 1 and row["victim"]["http"]["ok"] == 1
+    assert row["fate"] == "closed at 0.1s"
+    assert (row["memory"]["delta_peak"], row["memory"]["delta_after"]) == \
+        (200 << 20, 10 << 20)
+
+
+def test_run_case_skips_what_does_not_apply():
+    case = cases.Case("x", "x attack", None, needs=("explicit",))
+    row = probe.run_case(case, _FakeServer(), None, None, None, None, {"explicit": False})
+    assert row["skipped"] == "needs --model-control-mode=explicit"
