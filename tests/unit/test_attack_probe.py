@@ -301,8 +301,8 @@ def test_table_rows():
     lines = text.splitlines()
     assert lines[0] == "### shmserve" and lines[2].startswith("| attack |")
     assert lines[4] == ("| rapid reset | 3.0 / 3.0 ms, 0 err, 1 ok | - / - ms, 1 err "
-                        "(1 timeout), 0 ok | +300 / +0.5 MiB (of 100) | GOAWAY ENHANCE_YOUR_CALM "
-                        "at 0.1s / x |")
+                        "(1 timeout), 0 ok | +300 / +0.5 MiB (of 100) | "
+                        "GOAWAY ENHANCE_YOUR_CALM at 0.1s / x |")
     assert lines[5] == "| load | - | - | - | n/a: needs --model-control-mode=explicit |"
     both = report.side_by_side({"shmserve": [row, skipped], "triton": [row]})
     assert both.splitlines()[2].startswith("| rapid reset | p99 3.0 / - ms, 1 err, +300")
@@ -374,7 +374,7 @@ def test_sampler_peak_and_series():
     assert s.series(10.0, 11.0) == [(0.0, 1.0), (0.9, 2.0)]
 
 
-# --- one case, with the server, victim and sampler faked -----------------------------------
+# --- one case, with the server, victim and sampler faked ------------------------------
 
 class _FakeVictim:
     """Its one call starts the moment the window opens and hangs to its timeout."""
