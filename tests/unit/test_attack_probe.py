@@ -229,6 +229,7 @@ def test_h2_peer_keeps_what_the_server_did():
                   + w.ping(b"pingpong")
                   + w.frame(w.HEADERS, w.END_HEADERS | w.END_STREAM, 1,
                             enc.encode([(":status", "200"), ("grpc-status", "8")]))
+                  + w.rst_stream(1, 0)  # stream 1 ended a second time
                   + w.rst_stream(3, 7) + w.window_update(0, 1000)
                   + w.frame(w.GOAWAY, 0, 0, b"\x00\x00\x00\x03\x00\x00\x00\x0bcalm"))
         deadline = time.monotonic() + 5
@@ -249,7 +250,8 @@ def test_h2_peer_keeps_what_the_server_did():
     try:
         until = time.monotonic() + 5
         p.start(None, until)
-        p.watch.update({1, 3})
+        for sid in (p.new_sid(), p.new_sid()):
+            p.headers(sid, w.request_block(p.authority), until, watch=True)
         p.wait_settings(until)
         while not p.closed and time.monotonic() < until:
             p.pump(0.05)
@@ -262,10 +264,11 @@ def test_h2_peer_keeps_what_the_server_did():
     assert p.grpc_status == {"RESOURCE_EXHAUSTED": 1}
     assert p.ended[1][1] == "grpc-status RESOURCE_EXHAUSTED"
     assert p.ended[3][1] == "RST_STREAM REFUSED_STREAM"
+    assert p.ended_count == 2 and p.open_sids == set()  # each stream ends once
     assert p.goaway[1:3] == (3, 11)
     fate = "; ".join(p.fate_parts())
     assert "GOAWAY ENHANCE_YOUR_CALM" in fate and "(calm)" in fate
-    assert "RST_STREAM REFUSED_STREAM x1" in fate and "closed at" in fate
+    assert "RST_STREAM NO_ERROR x1, REFUSED_STREAM x1" in fate and "closed at" in fate
     replies = w.FrameReader().feed(b"".join(received))
     assert (w.SETTINGS, w.ACK) in [(k, fl) for k, fl, _, _ in replies]
     assert any(k == w.PING and fl == w.ACK and pl == b"pingpong"
