@@ -102,7 +102,9 @@ def side_by_side(by_server: dict[str, list[dict]]) -> str:
             else:
                 g, h = r["victim"].get("grpc") or {}, r["victim"].get("http") or {}
                 errs = sum(x.get("errors", 0) + x.get("timeouts", 0) for x in (g, h))
-                cells.append(f"p99 {fmt_ms(g.get('p99_ms'))} / {fmt_ms(h.get('p99_ms'))} "
-                             f"ms, {errs} err, {fmt_memory(r['memory'])}")
+                def pm(x):
+                    return f"{fmt_ms(x.get('p99_ms'))}/{fmt_ms(x.get('max_ms'))}"
+                cells.append(f"gRPC {pm(g)}, HTTP {pm(h)} ms; {errs} err; "
+                             f"{fmt_memory(r['memory'])}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -308,7 +308,8 @@ def test_table_rows():
                         "GOAWAY ENHANCE_YOUR_CALM at 0.1s / x |")
     assert lines[5] == "| load | - | - | - | n/a: needs --model-control-mode=explicit |"
     both = report.side_by_side({"shmserve": [row, skipped], "triton": [row]})
-    assert both.splitlines()[2].startswith("| rapid reset | p99 3.0 / - ms, 1 err, +300")
+    assert both.splitlines()[2].startswith(
+        "| rapid reset | gRPC 3.0/3.0, HTTP -/- ms; 1 err; +300 / +0.5 MiB |")
     assert both.splitlines()[3] == "| load | n/a | - |"
 
 
