@@ -82,6 +82,10 @@ def table(rows: list[dict], server: str) -> str:
     return "\n".join(lines)
 
 
+def _p99_max(s: dict) -> str:
+    return f"{fmt_ms(s.get('p99_ms'))}/{fmt_ms(s.get('max_ms'))}"
+
+
 def side_by_side(by_server: dict[str, list[dict]]) -> str:
     """One row per attack, one column per server: p99s, errors and memory in short."""
     names = list(by_server)
@@ -102,9 +106,7 @@ def side_by_side(by_server: dict[str, list[dict]]) -> str:
             else:
                 g, h = r["victim"].get("grpc") or {}, r["victim"].get("http") or {}
                 errs = sum(x.get("errors", 0) + x.get("timeouts", 0) for x in (g, h))
-                def pm(x):
-                    return f"{fmt_ms(x.get('p99_ms'))}/{fmt_ms(x.get('max_ms'))}"
-                cells.append(f"gRPC {pm(g)}, HTTP {pm(h)} ms; {errs} err; "
+                cells.append(f"gRPC {_p99_max(g)}, HTTP {_p99_max(h)} ms; {errs} err; "
                              f"{fmt_memory(r['memory'])}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
