@@ -425,3 +425,17 @@ def test_run_case_skips_what_does_not_apply():
     case = cases.Case("x", "x attack", None, needs=("explicit",))
     row = probe.run_case(case, _FakeServer(), None, None, None, None, {"explicit": False})
     assert row["skipped"] == "needs --model-control-mode=explicit"
+
+
+def test_run_case_reports_a_server_the_attack_killed():
+    from types import SimpleNamespace
+
+    class Dead(_FakeServer):
+        def alive(self):
+            return False
+
+    case = cases.Case("x", "x attack", lambda t, until: {"fate": "reset at 0.1s"})
+    row = probe.run_case(case, Dead(), _FakeVictim(), _FakeSampler(),
+                         cases.Target("127.0.0.1", 1, 2),
+                         SimpleNamespace(duration=0.01, after=0.0, timeout=5.0), {})
+    assert row["server_died"] and row["fate"] == "reset at 0.1s; SERVER DIED"
