@@ -278,8 +278,8 @@ def load_traversal(t: Target, until: float) -> dict:
     for label, name in tries:
         msg = w.model_load_request(name, '{"backend": "python"}',
                                    {"file:1/model.py": b"# scripts/attack_probe\n"})
-        # each name gets its answer, however short the window
-        r = _unary(t, max(until, time.monotonic() + 2.0), w.grpc_message(msg),
+        # each name gets its answer (a load may take seconds), however short the window
+        r = _unary(t, max(until, time.monotonic() + 5.0), w.grpc_message(msg),
                    path=w.LOAD_PATH)
         where = os.path.join(tmp, os.path.basename(name))
         wrote = os.path.exists(where)
