@@ -31,6 +31,7 @@ from collections import deque
 import grpc
 
 from . import h2
+from .h2_keepalive import ConnectionPolicy, KeepaliveSettings
 from .restricted import Restrictions, grpc_refusal
 from .types import BODY_IN_ARENA_MIN
 
@@ -231,6 +232,8 @@ class GrpcConnection(h2.H2Connection):
     def connection_made(self, transport):
         super().connection_made(transport)
         self.server.connections.add(self)
+        if self.server.keepalive is not None:
+            self.policy = ConnectionPolicy(self.server.keepalive, self)
 
     def connection_closed(self) -> None:
         self.server.connections.discard(self)
@@ -521,9 +524,13 @@ class NativeGrpcServer:
     """A listening socket and its connections; the grpc.aio.Server calls main.py uses
     (start, stop, bound_port)."""
 
+    # keepalive, PING abuse and age policy of every connection (None: none at all)
+    keepalive: KeepaliveSettings | None = None
+
     def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
                  body_buffer=None, free_blocks=None, arena_paths=(),
-                 arena_body_max: int = ARENA_BODY_MAX):
+                 arena_body_max: int = ARENA_BODY_MAX,
+                 keepalive: KeepaliveSettings | None = KeepaliveSettings()):
         self.handlers = handlers  # "/service/Method" -> grpc.RpcMethodHandler
         self.restrictions = restrictions or None
         # large unary messages to `arena_paths` are received into blocks that
@@ -537,6 +544,7 @@ class NativeGrpcServer:
         self.bound_port = sock.getsockname()[1]
         self.connections: set[GrpcConnection] = set()
         self.server: asyncio.AbstractServer | None = None
+        self.keepalive = keepalive
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

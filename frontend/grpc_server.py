@@ -10,7 +10,8 @@ server does not offer yet answer UNIMPLEMENTED.
 
 The port is bound with SO_REUSEPORT so that every frontend process listens on it and
 the kernel spreads connections between them; message size limits are raised to 2 GiB
-as Triton does.
+as Triton does. Keepalive, PING abuse and connection age (frontend.h2_keepalive) are
+Triton's flags, on either transport.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from shm.errors import ErrorCode, InferError
 
 from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_endpoints,
                settings_endpoints, shm_endpoints)
+from .h2_keepalive import KeepaliveSettings
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import RestrictionInterceptor, Restrictions
@@ -49,13 +51,17 @@ def _default_version() -> str:
         return "0.1.0"
 
 
-def server_options() -> list[tuple[str, int]]:
-    """Channel arguments for the server: shared port, Triton's message size limits."""
-    return [
+def server_options(keepalive: KeepaliveSettings | None = None) -> list[tuple[str, int]]:
+    """Channel arguments for the server: shared port, Triton's message size limits,
+    the keepalive flags as Triton passes them."""
+    opts = [
         ("grpc.so_reuseport", 1),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
+    if keepalive is not None:
+        opts += keepalive.grpcio_options()
+    return opts
 
 
 def handler_table(core: FrontendCore, *, server_name: str = "shmserve",
@@ -72,12 +78,14 @@ def handler_table(core: FrontendCore, *, server_name: str = "shmserve",
 def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "shmserve",
                      server_version: str | None = None,
                      extensions=EXTENSIONS, header_forward: str = "",
-                     restrictions: Restrictions | None = None, frontend: str = "grpcio"):
+                     restrictions: Restrictions | None = None, frontend: str = "grpcio",
+                     keepalive: KeepaliveSettings | None = KeepaliveSettings()):
     """A gRPC server for `core`, bound to `address` ("host:port"), not started:
     grpc.aio's (`frontend` "grpcio") or frontend.grpc_native's ("native"), both with
     `start()`, `stop(grace)` and `bound_port`. `restrictions` ({group: (metadata key,
     value)}, --grpc-restricted-protocol) are checked on every method, this module's
-    and any added later.
+    and any added later. `keepalive` (Triton's defaults unless given): Triton's gRPC
+    keepalive and age flags.
 
     With port 0 the kernel picks one; the server's `bound_port` attribute says which.
     Must be called with the event loop the server will run on set (grpc.aio's rule)."""
@@ -97,12 +105,14 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
                                 arena_body_max=getattr(getattr(core, "arena", None),
                                                        "chunk_size", 64 << 20) - 5,
                                 free_blocks=getattr(core, "free_blocks", None),
-                                arena_paths=("/inference.GRPCInferenceService/ModelInfer",))
+                                arena_paths=("/inference.GRPCInferenceService/ModelInfer",),
+                                keepalive=keepalive)
     if frontend != "grpcio":
         raise ValueError(f"unknown gRPC frontend {frontend!r}")
     # no interceptor at all when nothing is restricted: it would cost every RPC
     interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
-    server = grpc.aio.server(options=server_options(), interceptors=interceptors)
+    server = grpc.aio.server(options=server_options(keepalive),
+                             interceptors=interceptors)
     for service, handlers in table.items():
         if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63: faster
             server.add_registered_method_handlers(service, handlers)
