@@ -71,7 +71,8 @@ class KeepaliveSettings:
         opts = [
             ("grpc.keepalive_time_ms", self.keepalive_time_ms),
             ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
-            ("grpc.keepalive_permit_without_calls", int(self.keepalive_permit_without_calls)),
+            ("grpc.keepalive_permit_without_calls",
+             int(self.keepalive_permit_without_calls)),
             ("grpc.http2.max_pings_without_data", self.http2_max_pings_without_data),
             ("grpc.http2.min_recv_ping_interval_without_data_ms",
              self.http2_min_recv_ping_interval_without_data_ms),
@@ -201,7 +202,8 @@ class ConnectionPolicy:
         # the first, graceful GOAWAY: streams already on their way are still taken
         conn.send_frame(h2.frame(h2.GOAWAY, 0, 0, struct.pack(">II", INT_MAX, h2.NO_ERROR))
                         + h2.frame(h2.PING, 0, 0, GOAWAY_PING))
-        self.goaway_timer = self.loop.call_later(GOAWAY_PING_TIMEOUT, self._goaway_unanswered)
+        self.goaway_timer = self.loop.call_later(GOAWAY_PING_TIMEOUT,
+                                                 self._goaway_unanswered)
         grace = self.settings.max_connection_age_grace_ms
         if grace > 0:
             self.grace_timer = self.loop.call_later(grace / 1000, self._grace_over)

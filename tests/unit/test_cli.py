@@ -212,13 +212,15 @@ def test_grpc_keepalive_flags_reach_the_frontends_with_tritons_defaults():
         max_connection_age_ms=0, max_connection_age_grace_ms=0)
     assert tls is None
     args = parse_args([*BASE, "--grpc-keepalive-time", "1000",
-                       "--grpc-keepalive-timeout=50", "--grpc-keepalive-permit-without-calls",
-                       "1", "--grpc-http2-max-pings-without-data", "0",
+                       "--grpc-keepalive-timeout=50",
+                       "--grpc-keepalive-permit-without-calls", "1",
+                       "--grpc-http2-max-pings-without-data", "0",
                        "--grpc-http2-min-recv-ping-interval-without-data", "700",
                        "--grpc-http2-max-ping-strikes", "5", "--grpc-max-connection-age",
                        "9000", "--grpc-max-connection-age-grace", "300"])
     assert args.ignored_flags == []
-    assert frontend_settings(args)[0] == KeepaliveSettings(1000, 50, True, 0, 700, 5, 9000, 300)
+    assert frontend_settings(args)[0] == KeepaliveSettings(1000, 50, True, 0, 700, 5,
+                                                           9000, 300)
 
 
 @pytest.mark.parametrize("argv, error", [
