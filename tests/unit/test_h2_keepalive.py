@@ -1,7 +1,9 @@
 """frontend/h2_keepalive.py through a native gRPC connection driven frame by frame
 (test_h2's Peer): PING strikes and GOAWAY too_many_pings, keepalive PINGs and their
 watchdog, max-pings-without-data, max connection age with its two GOAWAYs and grace,
-with grpc-core's meaning of each of Triton's flags. Small values; time is real."""
+with grpc-core's meaning of each of Triton's flags. Small values; time is real, so a
+deadline the test must beat (a timeout, a grace) is kept well above a busy machine's
+stalls."""
 
 import asyncio
 import struct
@@ -137,7 +139,7 @@ async def test_keepalive_pings_a_quiet_connection_with_a_call_and_drops_a_dead_o
     keeps the connection, and the next period brings the next PING; a PING left
     unanswered past the timeout drops the connection."""
     handlers, started, _ = blocking_handlers()
-    p = peer(KeepaliveSettings(keepalive_time_ms=20, keepalive_timeout_ms=150), handlers)
+    p = peer(KeepaliveSettings(keepalive_time_ms=20, keepalive_timeout_ms=500), handlers)
     p.request(1, "/s/Hold", b"")
     await started
     await until(lambda: pings_from_server(p, KEEPALIVE_PING))
@@ -152,7 +154,7 @@ async def test_any_byte_read_during_the_timeout_counts_as_alive():
     """As grpc-core, which cancels the watchdog on every read: a client that sends
     something (here a WINDOW_UPDATE) but never ACKs is not dropped."""
     handlers, started, _ = blocking_handlers()
-    p = peer(KeepaliveSettings(keepalive_time_ms=20, keepalive_timeout_ms=100,
+    p = peer(KeepaliveSettings(keepalive_time_ms=20, keepalive_timeout_ms=500,
                                http2_max_pings_without_data=0), handlers)
     p.request(1, "/s/Hold", b"")
     await started
@@ -222,7 +224,7 @@ async def test_max_connection_age_two_goaways_then_close_when_calls_are_done():
 @run
 async def test_max_connection_age_grace_cuts_off_calls_still_running():
     handlers, started, _ = blocking_handlers()
-    p = peer(KeepaliveSettings(max_connection_age_ms=20, max_connection_age_grace_ms=80),
+    p = peer(KeepaliveSettings(max_connection_age_ms=20, max_connection_age_grace_ms=500),
              handlers)
     p.request(1, "/s/Hold", b"")
     await started
