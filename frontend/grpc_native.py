@@ -31,6 +31,8 @@ from collections import deque
 import grpc
 
 from . import h2
+from .grpc_tls import HANDSHAKE_TIMEOUT
+from .h2_keepalive import ConnectionPolicy, KeepaliveSettings
 from .restricted import Restrictions, grpc_refusal
 from .types import BODY_IN_ARENA_MIN
 
@@ -231,6 +233,8 @@ class GrpcConnection(h2.H2Connection):
     def connection_made(self, transport):
         super().connection_made(transport)
         self.server.connections.add(self)
+        if self.server.keepalive is not None:
+            self.policy = ConnectionPolicy(self.server.keepalive, self)
 
     def connection_closed(self) -> None:
         self.server.connections.discard(self)
@@ -519,11 +523,18 @@ class GrpcConnection(h2.H2Connection):
 
 class NativeGrpcServer:
     """A listening socket and its connections; the grpc.aio.Server calls main.py uses
-    (start, stop, bound_port)."""
+    (start, stop, bound_port). With `ssl_context` (frontend.grpc_tls) the port speaks
+    TLS: a handshake not done within `tls_handshake_timeout` seconds is dropped."""
+
+    # keepalive, PING abuse and age policy of every connection (None: none at all)
+    keepalive: KeepaliveSettings | None = None
+    ssl_context = None
 
     def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
                  body_buffer=None, free_blocks=None, arena_paths=(),
-                 arena_body_max: int = ARENA_BODY_MAX):
+                 arena_body_max: int = ARENA_BODY_MAX,
+                 keepalive: KeepaliveSettings | None = KeepaliveSettings(),
+                 ssl_context=None, tls_handshake_timeout: float = HANDSHAKE_TIMEOUT):
         self.handlers = handlers  # "/service/Method" -> grpc.RpcMethodHandler
         self.restrictions = restrictions or None
         # large unary messages to `arena_paths` are received into blocks that
@@ -537,11 +548,18 @@ class NativeGrpcServer:
         self.bound_port = sock.getsockname()[1]
         self.connections: set[GrpcConnection] = set()
         self.server: asyncio.AbstractServer | None = None
+        self.keepalive = keepalive
+        self.ssl_context = ssl_context
+        self.tls_handshake_timeout = tls_handshake_timeout
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        tls = {}
+        if self.ssl_context is not None:  # the protocol sees the connection once it is up
+            tls = {"ssl": self.ssl_context,
+                   "ssl_handshake_timeout": self.tls_handshake_timeout}
         self.server = await loop.create_server(lambda: GrpcConnection(self),
-                                               sock=self.sock)
+                                               sock=self.sock, **tls)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop listening; GOAWAY to every connection, whose running calls get `grace`

@@ -218,6 +218,11 @@ class H2Connection(asyncio.Protocol):
         self.going_away = False  # GOAWAY sent or received: no new streams
         self.transport = None
         self.loop = None
+        # -- keepalive hook (frontend/h2_keepalive.py): a ConnectionPolicy, and two
+        # flags it reads and clears on its own timers, so frames cost a store at most
+        self.policy = None
+        self.bytes_read = False  # anything read from the client
+        self.data_sent = False  # HEADERS, DATA or a connection WINDOW_UPDATE queued
 
     # -- asyncio.Protocol -------------------------------------------------------------
 
@@ -233,6 +238,7 @@ class H2Connection(asyncio.Protocol):
                                 _U32.pack(RECV_CONN_WINDOW - DEFAULT_WINDOW)))
 
     def data_received(self, data: bytes) -> None:
+        self.bytes_read = True  # keepalive hook
         buf = self.buf
         buf += data
         pos = 0
@@ -272,6 +278,7 @@ class H2Connection(asyncio.Protocol):
         if self.recv_unacked >= RECV_CONN_WINDOW >> 1:
             self.out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unacked)))
             self.recv_unacked = 0
+            self.data_sent = True  # keepalive hook (grpc-core resets its ping clock)
         if self.out:
             self._write_out()
 
@@ -295,6 +302,8 @@ class H2Connection(asyncio.Protocol):
             if not w.done():
                 w.set_result(None)
         self.resume_waiters = []
+        if self.policy is not None:  # keepalive hook: its timers go with the connection
+            self.policy.close()
         self.connection_closed()
 
     # -- hooks ------------------------------------------------------------------------
@@ -353,7 +362,12 @@ class H2Connection(asyncio.Protocol):
             if end - start != 8:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "bad PING")
             if not flags & ACK:
+                # keepalive hook: PINGs too often -> GOAWAY, as grpc-core words it
+                if self.policy is not None and self.policy.ping_received():
+                    raise ConnectionError_(ENHANCE_YOUR_CALM, "too_many_pings")
                 self.out.append(frame(PING, ACK, 0, bytes(buf[start:end])))
+            elif self.policy is not None:  # keepalive hook
+                self.policy.ping_acked(bytes(buf[start:end]))
         elif kind == RST_STREAM:
             st = self.streams.pop(sid, None)
             if st is not None:
@@ -510,6 +524,7 @@ class H2Connection(asyncio.Protocol):
         """Queue `data` (bytes-like) on the stream; it goes out as windows allow."""
         if st.local_closed or not len(data):
             return
+        self.data_sent = True  # keepalive hook
         view = memoryview(data).cast("B")
         if (not st.pending and len(view) <= self.send_window
                 and len(view) <= st.send_window and len(view) <= self.peer_max_frame):
@@ -562,6 +577,7 @@ class H2Connection(asyncio.Protocol):
             self.send_window -= n
             st.send_window -= n
             st.pending_bytes -= n
+            self.data_sent = True  # keepalive hook
             out.append(_HEAD.pack((n << 8) | DATA, 0, st.id))
             out.append(chunk)
         self.blocked.pop(st.id, None)
@@ -577,6 +593,7 @@ class H2Connection(asyncio.Protocol):
             self._maybe_forget(st)
 
     def _header_frames(self, sid: int, block: bytes, flags: int) -> None:
+        self.data_sent = True  # keepalive hook
         out, limit = self.out, self.peer_max_frame
         if len(block) <= limit:
             out.append(_HEAD.pack((len(block) << 8) | HEADERS, flags | END_HEADERS, sid))
@@ -623,6 +640,12 @@ class H2Connection(asyncio.Protocol):
         if not self.streams and self.transport is not None:
             self._write_out()
             self.transport.close()
+
+    def send_frame(self, data: bytes) -> None:
+        """Keepalive hook: queue frames built elsewhere (frontend/h2_keepalive.py's
+        PINGs and GOAWAY); they go out with the next write."""
+        self.out.append(data)
+        self._schedule_flush()
 
     def _schedule_flush(self) -> None:
         if not self.reading and not self.flush_scheduled:

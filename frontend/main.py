@@ -17,6 +17,8 @@ import sys
 import msgspec
 
 from frontend.core import SchedulerCore
+from frontend.grpc_tls import TlsSettings
+from frontend.h2_keepalive import KeepaliveSettings
 from frontend.sockets import reuseport_socket
 from shm.lifecycle import die_with_parent, keep_freed_heap, run_loop
 from shm.log import configure_logging
@@ -32,6 +34,31 @@ def _bool(text: str) -> bool:
 
 def _restrictions(text: str) -> dict[str, tuple[str, str]]:
     return {group: (key, value) for group, (key, value) in msgspec.json.decode(text).items()}
+
+
+# Triton's gRPC keepalive and age flags (--grpc-FLAG) -> KeepaliveSettings fields
+KEEPALIVE_FLAGS = {
+    "keepalive-time": "keepalive_time_ms", "keepalive-timeout": "keepalive_timeout_ms",
+    "keepalive-permit-without-calls": "keepalive_permit_without_calls",
+    "http2-max-pings-without-data": "http2_max_pings_without_data",
+    "http2-min-recv-ping-interval-without-data":
+        "http2_min_recv_ping_interval_without_data_ms",
+    "http2-max-ping-strikes": "http2_max_ping_strikes",
+    "max-connection-age": "max_connection_age_ms",
+    "max-connection-age-grace": "max_connection_age_grace_ms",
+}
+
+
+def keepalive_settings(args) -> KeepaliveSettings:
+    return KeepaliveSettings(**{field: getattr(args, "grpc_" + flag.replace("-", "_"))
+                                for flag, field in KEEPALIVE_FLAGS.items()})
+
+
+def tls_settings(args) -> TlsSettings | None:
+    if not (args.grpc_use_ssl or args.grpc_use_ssl_mutual):
+        return None
+    return TlsSettings(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
+                       mutual=args.grpc_use_ssl_mutual)
 
 
 async def serve(args) -> int:
@@ -84,7 +111,9 @@ async def serve(args) -> int:
                                        header_forward=args.grpc_header_forward_pattern,
                                        restrictions=_restrictions(
                                            args.grpc_restricted_protocol),
-                                       frontend=args.grpc_frontend)
+                                       frontend=args.grpc_frontend,
+                                       keepalive=keepalive_settings(args),
+                                       tls=tls_settings(args))
 
     core.outbox.send(args.scheduler, FrontendReady(args.index, args.address, os.getpid()))
     await core.got_state.wait()
@@ -117,7 +146,8 @@ async def serve(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line the scheduler's frontend pool gives this process."""
     p = argparse.ArgumentParser(prog="shmserve-frontend")
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--address", required=True)
@@ -141,7 +171,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--http-max-input-size", type=int, default=1 << 26)
     p.add_argument("--grpc-frontend", choices=("native", "grpcio"), default="native")
     p.add_argument("--http-frontend", choices=("native", "uvicorn"), default="native")
-    args = p.parse_args(argv)
+    # Triton's gRPC keepalive, age and TLS flags, checked by the scheduler's CLI
+    for flag, field in KEEPALIVE_FLAGS.items():
+        default = getattr(KeepaliveSettings, field)
+        p.add_argument(f"--grpc-{flag}", type=_bool if isinstance(default, bool) else int,
+                       default=default)
+    for flag in ("use-ssl", "use-ssl-mutual"):
+        p.add_argument(f"--grpc-{flag}", type=_bool, default=False)
+    for flag in ("server-cert", "server-key", "root-cert"):
+        p.add_argument(f"--grpc-{flag}", default="")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     args.role = f"frontend[{args.index}]"
     configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))
     die_with_parent(signal.SIGTERM)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import re
+import ssl
 
 from scheduler.cache import parse_cache_config
 from scheduler.log_settings import LOG_FORMATS, from_args
@@ -127,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"{proto.upper()} request headers whose (lower-case) name "
                             "this regular expression matches become request parameters")
     _add_limits(p)
+    _add_grpc_transport(p)
     _add_triton_only(p)
     return p
 
@@ -196,6 +198,84 @@ def _parse_limits(args: argparse.Namespace) -> None:
             GRPC_KEY_PREFIX).items()}
 
 
+def _add_grpc_transport(p: argparse.ArgumentParser) -> None:
+    """Triton's gRPC keepalive, PING abuse, connection age and TLS flags, with its
+    defaults (grpc-core's server defaults); frontend.h2_keepalive and
+    frontend.grpc_tls say what each does."""
+    p.add_argument("--grpc-keepalive-time", type=int, default=7_200_000, metavar="MS",
+                   help="after this long without a byte from the client, a PING is sent "
+                        "on a connection with calls running (default 2 hours)")
+    p.add_argument("--grpc-keepalive-timeout", type=int, default=20_000, metavar="MS",
+                   help="a connection that answers no keepalive PING within this is "
+                        "closed (default 20 s)")
+    p.add_argument("--grpc-keepalive-permit-without-calls", type=_bool, default=False,
+                   help="keepalive PINGs both ways also while no call runs")
+    p.add_argument("--grpc-http2-max-pings-without-data", type=int, default=2,
+                   metavar="N", help="keepalive PINGs sent until HEADERS or DATA are "
+                                     "sent again (0: no limit; default 2)")
+    p.add_argument("--grpc-http2-min-recv-ping-interval-without-data", type=int,
+                   default=300_000, metavar="MS",
+                   help="a client PING sooner than this after the last, while the "
+                        "server sends nothing, is a strike (default 5 minutes)")
+    p.add_argument("--grpc-http2-max-ping-strikes", type=int, default=2, metavar="N",
+                   help="one strike more and the connection gets GOAWAY "
+                        "ENHANCE_YOUR_CALM too_many_pings (0: no limit; default 2)")
+    p.add_argument("--grpc-max-connection-age", type=int, default=0, metavar="MS",
+                   help="a connection this old (+-10%%) gets GOAWAY and takes no more "
+                        "calls (0, the default: no limit)")
+    p.add_argument("--grpc-max-connection-age-grace", type=int, default=0, metavar="MS",
+                   help="then its calls get this long before it is closed (0, the "
+                        "default: as long as they take)")
+    p.add_argument("--grpc-use-ssl", type=_bool, default=False,
+                   help="serve gRPC over TLS (--grpc-server-cert, --grpc-server-key)")
+    p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False,
+                   help="mutual TLS: clients need a certificate that --grpc-root-cert "
+                        "signed (implies --grpc-use-ssl)")
+    p.add_argument("--grpc-server-cert", default="", metavar="PEM")
+    p.add_argument("--grpc-server-key", default="", metavar="PEM")
+    p.add_argument("--grpc-root-cert", default="", metavar="PEM")
+
+
+# flags that mean something only with another one, warned about when given alone
+TLS_FILE_FLAGS = ("--grpc-server-cert", "--grpc-server-key", "--grpc-root-cert")
+
+
+def _parse_grpc_transport(args: argparse.Namespace) -> None:
+    """Refuse values grpc-core would clamp or misread, and TLS files that do not load,
+    before any process starts (ValueError, the flag named)."""
+    if args.grpc_keepalive_time < 1:
+        raise ValueError("--grpc-keepalive-time must be at least 1 (ms)")
+    for flag in ("grpc_keepalive_timeout", "grpc_http2_max_pings_without_data",
+                 "grpc_http2_min_recv_ping_interval_without_data",
+                 "grpc_http2_max_ping_strikes", "grpc_max_connection_age",
+                 "grpc_max_connection_age_grace"):
+        if getattr(args, flag) < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be 0 or more")
+    if args.grpc_use_ssl_mutual:
+        args.grpc_use_ssl = True  # as in tritonserver
+    if not args.grpc_use_ssl:
+        args.ignored_flags += [f for f in TLS_FILE_FLAGS
+                               if getattr(args, f[2:].replace("-", "_"))]
+        return
+    if not args.grpc_server_cert or not args.grpc_server_key:
+        raise ValueError("--grpc-use-ssl=true needs --grpc-server-cert and "
+                         "--grpc-server-key")
+    if args.grpc_use_ssl_mutual and not args.grpc_root_cert:
+        raise ValueError("--grpc-use-ssl-mutual=true needs --grpc-root-cert")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(args.grpc_server_cert, args.grpc_server_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"--grpc-server-cert {args.grpc_server_cert} / --grpc-server-key "
+                         f"{args.grpc_server_key}: cannot load them: {exc}") from None
+    if args.grpc_root_cert:
+        try:
+            ctx.load_verify_locations(cafile=args.grpc_root_cert)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"--grpc-root-cert {args.grpc_root_cert}: cannot load it: "
+                             f"{exc}") from None
+
+
 # tritonserver flags that configure parts this server does not have (GPU memory pools,
 # backend shared libraries, gRPC transport tuning...). They are accepted so that a
 # Triton command line carries over, and each one given is named in a warning.
@@ -210,26 +290,15 @@ IGNORED_FLAGS = (
     ("--model-load-retry-count", False),
     ("--http-thread-count", False), ("--grpc-infer-allocation-pool-size", False),
     ("--grpc-infer-response-compression-level", False),
-    ("--grpc-keepalive-time", False), ("--grpc-keepalive-timeout", False),
-    ("--grpc-keepalive-permit-without-calls", False),
-    ("--grpc-http2-max-pings-without-data", False),
-    ("--grpc-http2-min-recv-ping-interval-without-data", False),
-    ("--grpc-http2-max-ping-strikes", False), ("--grpc-max-connection-age", False),
-    ("--grpc-max-connection-age-grace", False), ("--sagemaker-port", False),
+    ("--sagemaker-port", False),
     ("--sagemaker-safe-port-range", False), ("--sagemaker-thread-count", False),
     ("--vertex-ai-port", False), ("--vertex-ai-thread-count", False),
     ("--vertex-ai-default-model", False),
-    # the certificate files mean nothing while --grpc-use-ssl is false, and true is
-    # refused below
-    ("--grpc-server-cert", False), ("--grpc-server-key", False),
-    ("--grpc-root-cert", False),
 )
 
-# tritonserver flags whose `true` would change what a client sees (TLS, other
-# protocols, other model names): false is accepted, true refused.
+# tritonserver flags whose `true` would change what a client sees (other protocols,
+# other model names): false is accepted, true refused.
 REFUSED_WHEN_TRUE = {
-    "--grpc-use-ssl": "TLS is not supported; terminate TLS in front of the server",
-    "--grpc-use-ssl-mutual": "TLS is not supported; terminate TLS in front of the server",
     "--allow-sagemaker": "the SageMaker endpoint is not supported",
     "--allow-vertex-ai": "the Vertex AI endpoint is not supported",
     "--model-namespacing": "model namespacing is not supported",
@@ -296,6 +365,8 @@ def warn_ignored(args: argparse.Namespace) -> None:
         if flag == "--repository-poll-secs":
             log.warning("--repository-poll-secs is ignored: it is only used with "
                         "--model-control-mode=poll")
+        elif flag in TLS_FILE_FLAGS:
+            log.warning("%s is ignored: it is only used with --grpc-use-ssl=true", flag)
         else:
             log.warning("%s is ignored: it configures a part of tritonserver that "
                         "shmserve does not have", flag)
@@ -411,6 +482,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         for flag in ("http_header_forward_pattern", "grpc_header_forward_pattern"):
             _check_regex(flag, getattr(args, flag))
         _parse_limits(args)
+        _parse_grpc_transport(args)
     except ValueError as exc:
         parser.error(str(exc))
     if args.log_verbose < 0:

@@ -59,6 +59,28 @@ def claim_port(flag: str, address: str, port: int) -> socket.socket:
     return lock
 
 
+# Triton's gRPC keepalive, age and TLS flags, handed to every frontend as given
+GRPC_TRANSPORT_FLAGS = (
+    "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_keepalive_permit_without_calls",
+    "grpc_http2_max_pings_without_data", "grpc_http2_min_recv_ping_interval_without_data",
+    "grpc_http2_max_ping_strikes", "grpc_max_connection_age",
+    "grpc_max_connection_age_grace", "grpc_use_ssl", "grpc_use_ssl_mutual",
+    "grpc_server_cert", "grpc_server_key", "grpc_root_cert")
+
+
+def grpc_transport_args(args) -> list[str]:
+    """The frontend's command line for those of GRPC_TRANSPORT_FLAGS that `args`
+    holds (a caller may build args without them: the frontend's defaults apply)."""
+    out = []
+    for name in GRPC_TRANSPORT_FLAGS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        out += ["--" + name.replace("_", "-"),
+                str(value).lower() if isinstance(value, bool) else str(value)]
+    return out
+
+
 class FrontendHandle:
     def __init__(self, index: int, address: str, prefix: str):
         self.index = index
@@ -149,6 +171,7 @@ class FrontendPool:
             "--http-max-input-size", str(a.http_max_input_size),
             "--grpc-frontend", getattr(a, "grpc_frontend", "native"),
             "--http-frontend", getattr(a, "http_frontend", "native"),
+            *grpc_transport_args(a),
         ], on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())

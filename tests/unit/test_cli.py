@@ -105,12 +105,11 @@ def test_repeatable_triton_only_flags():
     assert args.ignored_flags == ["--cuda-memory-pool-byte-size"]
 
 
-@pytest.mark.parametrize("flag", ["--grpc-use-ssl", "--allow-sagemaker",
-                                  "--allow-vertex-ai", "--reuse-http-port",
-                                  "--model-namespacing"])
+@pytest.mark.parametrize("flag", ["--allow-sagemaker", "--allow-vertex-ai",
+                                  "--reuse-http-port", "--model-namespacing"])
 def test_harmful_flags_refused_when_true(flag, capsys):
-    """Ignoring TLS or another endpoint would change what clients see: true is
-    refused with the flag named, false is accepted quietly."""
+    """Ignoring another endpoint would change what clients see: true is refused with
+    the flag named, false is accepted quietly."""
     assert parse_args([*BASE, f"{flag}=false"]).ignored_flags == []
     with pytest.raises(SystemExit) as e:
         parse_args([*BASE, f"{flag}=true"])
@@ -189,3 +188,82 @@ def test_process_policy(start, flag, after):
     assert out.returncode == 0, out.stderr
     want = getattr(os, after)
     assert out.stdout.split() == [str(want), str(want)]
+
+
+# ------------------------------------------------------ gRPC keepalive, age and TLS
+
+
+def frontend_settings(args):
+    """What a frontend makes of the flags the frontend pool hands it."""
+    from frontend.main import keepalive_settings, parse_args as frontend_args, tls_settings
+    from scheduler.frontend_pool import grpc_transport_args
+    fe = frontend_args(["--index", "0", "--address", "a", "--scheduler", "s",
+                        "--segment-prefix", "p", *grpc_transport_args(args)])
+    return keepalive_settings(fe), tls_settings(fe)
+
+
+def test_grpc_keepalive_flags_reach_the_frontends_with_tritons_defaults():
+    from frontend.h2_keepalive import KeepaliveSettings
+    keepalive, tls = frontend_settings(parse_args(BASE))
+    assert keepalive == KeepaliveSettings(
+        keepalive_time_ms=7_200_000, keepalive_timeout_ms=20_000,
+        keepalive_permit_without_calls=False, http2_max_pings_without_data=2,
+        http2_min_recv_ping_interval_without_data_ms=300_000, http2_max_ping_strikes=2,
+        max_connection_age_ms=0, max_connection_age_grace_ms=0)
+    assert tls is None
+    args = parse_args([*BASE, "--grpc-keepalive-time", "1000",
+                       "--grpc-keepalive-timeout=50",
+                       "--grpc-keepalive-permit-without-calls", "1",
+                       "--grpc-http2-max-pings-without-data", "0",
+                       "--grpc-http2-min-recv-ping-interval-without-data", "700",
+                       "--grpc-http2-max-ping-strikes", "5", "--grpc-max-connection-age",
+                       "9000", "--grpc-max-connection-age-grace", "300"])
+    assert args.ignored_flags == []
+    assert frontend_settings(args)[0] == KeepaliveSettings(1000, 50, True, 0, 700, 5,
+                                                           9000, 300)
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--grpc-keepalive-time", "0"], "--grpc-keepalive-time must be at least 1"),
+    (["--grpc-max-connection-age", "-1"], "--grpc-max-connection-age must be 0 or more"),
+    (["--grpc-http2-max-ping-strikes", "-2"], "--grpc-http2-max-ping-strikes must be 0"),
+    (["--grpc-keepalive-time", "soon"], "invalid int value: 'soon'"),
+    (["--grpc-use-ssl=true"], "--grpc-use-ssl=true needs --grpc-server-cert and "
+                              "--grpc-server-key"),
+])
+def test_bad_grpc_transport_values_refused(argv, error, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args([*BASE, *argv])
+    assert e.value.code == 2
+    assert error in capsys.readouterr().err
+
+
+def test_grpc_tls_flags(tmp_path, capsys, caplog):
+    """TLS files are loaded once at start, so a bad one fails the command line with
+    the flag named; mutual TLS implies TLS and needs the root certificate; the files
+    alone, without --grpc-use-ssl, are warned about as Triton ignores them."""
+    from tests.tls_certs import make_certs
+    certs = make_certs(tmp_path)
+    files = ["--grpc-server-cert", certs.server_cert, "--grpc-server-key", certs.server_key]
+    _, tls = frontend_settings(parse_args([*BASE, "--grpc-use-ssl=true", *files]))
+    assert (tls.server_cert, tls.server_key, tls.mutual) == (
+        certs.server_cert, certs.server_key, False)
+    _, tls = frontend_settings(parse_args([*BASE, "--grpc-use-ssl-mutual=true", *files,
+                                           "--grpc-root-cert", certs.ca]))
+    assert tls.mutual and tls.root_cert == certs.ca
+    bad = [(["--grpc-use-ssl-mutual=true", *files], "needs --grpc-root-cert"),
+           (["--grpc-use-ssl=true", "--grpc-server-cert", certs.server_cert,
+             "--grpc-server-key", certs.client_key], "--grpc-server-cert"),
+           (["--grpc-use-ssl=true", *files, "--grpc-root-cert", str(tmp_path / "none")],
+            "--grpc-root-cert")]
+    for argv, error in bad:
+        with pytest.raises(SystemExit):
+            parse_args([*BASE, *argv])
+        assert error in capsys.readouterr().err
+    args = parse_args([*BASE, *files])
+    assert args.ignored_flags == ["--grpc-server-cert", "--grpc-server-key"]
+    assert frontend_settings(args)[1] is None
+    with caplog.at_level(logging.WARNING, logger="shmserve.scheduler"):
+        warn_ignored(args)
+    assert "--grpc-server-cert is ignored: it is only used with --grpc-use-ssl=true" \
+        in caplog.text
