@@ -119,6 +119,7 @@ def test_resolve_checks_bounds_and_rewrites_to_the_object(key):
     inp, out = req.inputs[0], req.outputs[0].target
     assert inp.segment == key and inp.offset == 2024 and inp.region > 0
     assert out.offset == 1024 and out.region == inp.region
+    assert inp.region_name == out.region_name == "a"  # for the worker's errors
     with pytest.raises(InferError, match="Invalid offset"):
         reg.resolve(request(2, ref("a", offset=1000, nbytes=25)))
     with pytest.raises(InferError, match="Unable to find shared memory region: 'nope'"):
