@@ -19,6 +19,7 @@ SIGBUS); the CPU never reads or writes that mapping.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import stat
@@ -98,16 +99,39 @@ _MAX_END = (1 << 63) - 1  # off_t
 # next to the read, and a shrunken object fails before its bytes are allocated.
 _CHECK_FIRST = 1 << 20
 
+_pagemap: list = []  # this process's /proc/self/pagemap descriptor, once opened
+
+
+def _mapped(addr: int) -> bool | None:
+    """Whether this process has a page mapped at `addr` (/proc/self/pagemap's present
+    bit, which needs no privilege); None where that cannot be read."""
+    if not _pagemap:
+        try:
+            _pagemap.append(os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            _pagemap.append(None)
+    fd = _pagemap[0]
+    if fd is None:
+        return None
+    try:
+        entry = os.pread(fd, 8, addr // mmap.PAGESIZE * 8)
+    except OSError:
+        return None
+    return len(entry) == 8 and bool(entry[7] & 0x80)
+
+
 class _SystemObject:
     """A client's object: its descriptor, and on a GPU worker a mapping of it that the
     device copies from and to (page-locked once, on first use)."""
 
-    __slots__ = ("fd", "map", "view", "pinned", "pin_tried")
+    __slots__ = ("fd", "map", "view", "pinned", "pin_tried", "addr", "stale")
 
     def __init__(self, key: str):
         self.fd = open_client_object(key, os.O_RDWR)
         self.map = self.view = self.pinned = None
         self.pin_tried = False
+        self.addr = 0  # where the mapping starts
+        self.stale = False  # shrunk since it was pinned: see dma_view
 
     def close(self) -> None:
         if self.view is not None:
@@ -212,7 +236,7 @@ class RegionMaps:
                 if not obj.pin_tried:
                     self._map_pinned(obj)
                     obj.pin_tried = True
-        if obj.pinned is None:
+        if obj.pinned is None or obj.stale:
             return None
         end = offset + nbytes
         if offset < 0 or nbytes < 0 or end > len(obj.view):
@@ -220,6 +244,15 @@ class RegionMaps:
         size = os.fstat(obj.fd).st_size
         if end > size:
             raise RegionTruncated(name or key, key, size, what, offset, end)
+        if nbytes and _mapped(obj.addr + end - 1) is False:
+            # Shrunk (and grown back) since it was pinned: the kernel took its pages
+            # out of our mapping (a shrink into the range takes its last page), but
+            # the driver still holds the old ones, and a device copy would read or
+            # write those (seen on an H200: an output copied there never reached the
+            # regrown object). From now on through the host; unpinned when forgotten,
+            # once no copy can be using it.
+            obj.stale = True
+            return None
         return obj.view[offset:end]
 
     def _map_pinned(self, obj: _SystemObject) -> None:
@@ -231,6 +264,7 @@ class RegionMaps:
         except (OSError, ValueError):
             return  # copied through the host instead
         obj.view = memoryview(obj.map)
+        obj.addr = ctypes.addressof(ctypes.c_char.from_buffer(obj.map))
         # the driver faults the pages in itself (an object shrunk meanwhile makes it
         # refuse: None), so the CPU never touches them
         obj.pinned = self.pin(obj.view)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import uuid
 
@@ -310,6 +311,25 @@ def test_a_gpu_workers_system_regions_are_pinned_once_and_unpinned_before_unmap(
     maps.forget(7)
     assert calls == [("pin", 4096), ("unpin", 0xABC)]
     os.truncate(f"/dev/shm{key}", 4096)
+
+    # shrunk and grown back since it was pinned: the pages the driver holds are no
+    # longer the object's (an H200 showed it), so no more views, and it is unpinned
+    # only once forgotten (no copy can be using it then). Writes of the worker's own
+    # and of the client (through a mapping of its own) change nothing.
+    calls.clear()
+    maps = RegionMaps(pin=pin, unpin=lambda ptr: calls.append(("unpin", ptr)))
+    assert maps.dma_view(8, key, 0, 4096) is not None
+    maps.write(8, key, 0, b"w" * 16)
+    with open(f"/dev/shm{key}", "r+b") as f, mmap.mmap(f.fileno(), 4096) as client:
+        client[100:104] = b"cccc"
+    assert maps.dma_view(8, key, 0, 4096) is not None
+    os.truncate(f"/dev/shm{key}", 0)
+    os.truncate(f"/dev/shm{key}", 4096)
+    assert maps.dma_view(8, key, 0, 16) is None
+    assert maps.dma_view(8, key, 0, 16) is None and calls == [("pin", 4096)]
+    assert maps.read(8, key, 0, 4).tobytes() == bytes(4)  # the host path reads it
+    maps.forget(8)
+    assert calls == [("pin", 4096), ("unpin", 0xABC)]
 
     calls.clear()
     small = RegionMaps(pin=pin, unpin=lambda ptr: calls.append(("unpin", ptr)), pin_max=4095)
