@@ -174,3 +174,36 @@ def test_a_python_batch_runs_without_the_request_whose_region_shrank(tmp_path, o
     assert all(isinstance(x, InferError)
                for x in inst.execute([_request(k, r) for k, r in enumerate(refs)], io))
     io.close()
+
+
+def test_ragged_region_inputs_are_read_flat_into_the_batch(tmp_path, objects):
+    """A ragged input in clients' regions (requests of different lengths) is read
+    straight into its place in the one concatenated 1-D tensor; the request whose
+    object shrank fails alone, the batch inputs count only the others."""
+    config = normalize(load_config(onnx_models.ragged_sums(tmp_path / "rag")),
+                       model_files=["model.onnx"])
+    validate(config)
+    inst, _ = create_instance(LoadInstance("i1", "rag_0", "rag", 1, str(tmp_path / "rag"),
+                                           json.dumps(config_to_json(config)).encode()))
+    lengths = (3, 5, 2)
+    xs = [np.arange(1, n + 1, dtype=np.float32) * (k + 1) for k, n in enumerate(lengths)]
+    refs = []
+    for k, x in enumerate(xs):
+        ref = objects("abc"[k], x, k + 1)
+        ref.name, ref.shape, ref.nbytes = "INPUT", [1, x.size], x.nbytes
+        refs.append(ref)
+    _shrink(refs[1])
+    io = TensorIO(None, "test")
+    try:
+        results = inst.execute([_request(k, r) for k, r in enumerate(refs)], io)
+        assert isinstance(results[1], InferError) and "'b' was truncated" in \
+            results[1].message
+        for k in (0, 2):
+            got = {name: np.asarray(array) for name, _, array in results[k]}
+            np.testing.assert_array_equal(got["SUM"], [[xs[k].sum()]])
+            np.testing.assert_array_equal(got["DOUBLED"], [2 * xs[k]])
+        # the first gather stopped at b, a read; the second read a and c, once each
+        assert inst.copies.host == 2 * xs[0].nbytes + xs[2].nbytes
+    finally:
+        io.close()
+        inst.finalize()
