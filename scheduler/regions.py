@@ -205,6 +205,7 @@ class RegionRegistry:
                              f"Invalid offset + byte size for shared memory region: "
                              f"'{region.name}'")
         ref.region = region.uid
+        ref.region_name = region.name
         if region.kind == SYSTEM:
             ref.segment = region.key
             ref.offset += region.offset

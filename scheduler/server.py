@@ -348,9 +348,12 @@ class Server:
 
     def _quarantine_regions(self, slots: list[InstanceSlot]) -> None:
         """A worker died of SIGBUS running requests that read client regions: a client
-        truncated its object while the model read it. Those regions are unregistered
-        (their client's later requests fail, nobody else's), and the restart is not
-        held against the instance."""
+        truncated its object while something read it through a mapping. Workers read
+        and write clients' objects with preadv/pwrite (shm/regions.py), so this is the
+        backstop for a path nobody foresaw (a backend reading a region in place). Those
+        regions are unregistered (their client's later requests fail), and the restart
+        is not held against the instance; the other requests in flight on that worker
+        still fail with it."""
         faulted: set[str] = set()
         for slot in slots:
             sched = self.manager.by_instance.get(slot.key)

@@ -21,7 +21,8 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
     - `region` > 0: a resolved client region, the uid the scheduler gave it: `segment`
       is the POSIX key (system memory) and `offset` counts from the start of the
       key's object; with `device` >= 0 the bytes are CUDA memory on that device,
-      opened from `handle` (a CUDA IPC handle) and `offset` counts from its base.
+      opened from `handle` (a CUDA IPC handle) and `offset` counts from its base;
+      `region_name` is the name the client registered it by, for errors.
     """
 
     name: str
@@ -35,6 +36,7 @@ class TensorRef(msgspec.Struct, array_like=True, omit_defaults=True):
     device: int = -1
     handle: bytes = b""
     region_size: int = 0  # CUDA regions: the size of the allocation `handle` opens
+    region_name: str = ""
 
 
 def arena_blocks(refs) -> list[tuple[str, int]]:

@@ -6,10 +6,15 @@ batch into one tensor per input, place it on the instance's device, run, and spl
 outputs back into per-request views. The copies this makes are the ones the design
 allows, and are counted:
 - a batch of one is never copied: the model gets the view over shared memory (or the
-  client's region) itself;
-- a larger batch is gathered once, straight into the batch tensor (on a GPU instance,
-  host-to-device from the pinned arenas into the device batch tensor; small tensors
-  side by side are joined on the host first, so the batch crosses in one copy call);
+  client's CUDA region) itself; an input in a client's system region is read once into
+  memory of the worker's own (workers/tensors.py says why), or on a GPU instance
+  copied to the device from the pinned region;
+- a larger batch is gathered once, straight into the batch tensor (system-region
+  inputs read into their rows; on a GPU instance, host-to-device from the pinned
+  arenas and regions into the device batch tensor; small tensors side by side are
+  joined on the host first, so the batch crosses in one copy call);
+- a request whose inputs cannot be read (its client shrank its region under them)
+  fails alone: the batch runs without it;
 - outputs are per-request slices of the model's batch outputs, written once by the
   worker's TensorIO (large device outputs go device-to-host straight into their
   destination, or device-to-device into a client's CUDA region; a batch of small ones
@@ -31,13 +36,39 @@ from shm import datatypes
 from shm.errors import ErrorCode, InferError
 from shm.messages.worker import LoadInstance
 from workers import batch_io
-from workers.tensors import Copies, TensorIO, copy_on_device, is_device_array, targets_of
+from workers.tensors import (DMA_MIN, Copies, TensorIO, copy_on_device, is_device_array,
+                             targets_of)
 
 log = logging.getLogger("shmserve.framework")
 
 # Below this many bytes a host<->device copy costs its call (~10 us), not its bytes:
 # small per-request tensors of a GPU batch are joined on the host and cross in one copy.
-SMALL_TRANSFER = 64 << 10
+# The same bound as DMA_MIN: a view of a pinned client region is never joined there.
+SMALL_TRANSFER = DMA_MIN
+
+
+class _InputFailed(Exception):
+    """Request `index` of a batch cannot give its inputs (e.g. its client shrank its
+    region): it fails with `error`, alone, and the batch runs without it."""
+
+    def __init__(self, index: int, error: InferError):
+        super().__init__(error.message)
+        self.index, self.error = index, error
+
+
+class _RegionRows:
+    """Request `index`'s input in a client's system region, not read yet: a batch
+    reads it straight into its rows of the batch tensor (the one gather copy)."""
+
+    __slots__ = ("ref", "index", "shape", "dtype")
+
+    def __init__(self, ref, index: int, shape=None):
+        self.ref, self.index = ref, index
+        self.shape = tuple(ref.shape) if shape is None else shape
+        self.dtype = np.dtype(datatypes.NUMPY[ref.datatype])
+
+    def reshape(self, *shape):  # a ragged input: flattened (only reshape(-1) comes)
+        return _RegionRows(self.ref, self.index, (datatypes.num_elements(self.shape),))
 
 
 class FrameworkInstance:
@@ -94,14 +125,32 @@ class FrameworkInstance:
                 results.extend(self._execute([req], io))
             return results
         self.input_end_ns = self.output_start_ns = 0
-        try:
-            inputs, sizes, shapes = self._gather(requests, names, io)
-        except InferError as exc:
-            return [exc] * len(requests)
-        except Exception as exc:
-            log.exception("failed to gather inputs of '%s'", self.model_name)
-            return [InferError(ErrorCode.INTERNAL, f"failed to gather inputs: {exc}")] * len(
-                requests)
+        failed: dict[int, InferError] = {}  # requests that fail alone, by position
+        live = list(range(len(requests)))
+        while True:
+            batch = [requests[i] for i in live] if failed else requests
+            try:
+                inputs, sizes, shapes = self._gather(batch, names, io)
+                break
+            except _InputFailed as exc:  # rare: gather again without that request
+                failed[live.pop(exc.index)] = exc.error
+                if not live:
+                    return [failed[i] for i in range(len(requests))]
+            except InferError as exc:
+                return [failed.get(i, exc) for i in range(len(requests))]
+            except Exception as exc:
+                log.exception("failed to gather inputs of '%s'", self.model_name)
+                err = InferError(ErrorCode.INTERNAL, f"failed to gather inputs: {exc}")
+                return [failed.get(i, err) for i in range(len(requests))]
+        results = self._run(batch, inputs, sizes, shapes)
+        if not failed:
+            return results
+        merged, ran = [], iter(results)
+        for i in range(len(requests)):
+            merged.append(failed[i] if i in failed else next(ran))
+        return merged
+
+    def _run(self, requests, inputs, sizes, shapes):
         wanted = self._wanted(requests)
         self.input_end_ns = time.monotonic_ns()
         try:
@@ -132,10 +181,20 @@ class FrameworkInstance:
         # each request's shape per input, for the batch inputs and outputs that need it
         shapes: dict[str, list[tuple[int, ...]]] = {}
         need_shapes = bool(self.batch_inputs or self.batch_outputs)
-        for req in requests:
+        gathered = not on_device and len(requests) > 1
+        for index, req in enumerate(requests):
             for ref in req.inputs:
-                # a CPU model given CUDA memory gets it with one device-to-host copy
-                array = io.input(ref) if on_device else io.host_input(ref, copies)
+                if (gathered and ref.region > 0 and ref.device < 0
+                        and ref.datatype != "BYTES" and ref.data is None):
+                    array = _RegionRows(ref, index)  # read into the batch tensor below
+                else:
+                    try:
+                        # a CPU model given CUDA memory gets it with one device-to-host
+                        # copy; a GPU one copies a large pinned system region by DMA
+                        array = (io.input(ref, copies, dma=True) if on_device
+                                 else io.host_input(ref, copies))
+                    except InferError as exc:
+                        raise _InputFailed(index, exc) from None
                 per_input.setdefault(ref.name, []).append(array)
                 if need_shapes:
                     shapes.setdefault(ref.name, []).append(tuple(ref.shape))
@@ -154,9 +213,7 @@ class FrameworkInstance:
             elif device:
                 inputs[name] = self._gather_device(arrays)
             else:
-                batch = np.concatenate(arrays, axis=0)  # the one gather copy
-                copies.host += batch.nbytes if batch.dtype != object else 0
-                inputs[name] = batch
+                inputs[name] = self._gather_host(arrays, io)
         for spec in self.batch_inputs:
             source = shapes.get(spec.source)
             if source is None:
@@ -170,6 +227,42 @@ class FrameworkInstance:
             for target in spec.targets:
                 inputs[target] = value
         return inputs, sizes, shapes
+
+    def _gather_host(self, arrays, io: TensorIO):
+        """One host batch tensor from per-request arrays and system-region inputs not
+        read yet: each is copied once, into its rows."""
+        copies = self.copies
+        first = arrays[0]
+        pending = any(isinstance(a, _RegionRows) for a in arrays)
+        if pending and (not first.shape or any(
+                a.shape[1:] != first.shape[1:] or a.dtype != first.dtype for a in arrays)):
+            # what np.concatenate converts or refuses: read them, and let it
+            arrays = [self._read(a, io) if isinstance(a, _RegionRows) else a
+                      for a in arrays]
+            pending = False
+        if not pending:
+            batch = np.concatenate(arrays, axis=0)  # the one gather copy
+            copies.host += batch.nbytes if batch.dtype != object else 0
+            return batch
+        batch = np.empty((sum(a.shape[0] for a in arrays),) + first.shape[1:], first.dtype)
+        row = 0
+        for a in arrays:
+            part = batch[row:row + a.shape[0]]
+            if isinstance(a, _RegionRows):
+                self._read(a, io, part)
+            else:
+                part[...] = a
+                copies.host += part.nbytes
+            row += a.shape[0]
+        return batch
+
+    def _read(self, rows: _RegionRows, io: TensorIO, out=None):
+        try:
+            buf = io.read_region(rows.ref, self.copies, out)
+        except InferError as exc:
+            raise _InputFailed(rows.index, exc) from None
+        return buf if out is not None else datatypes.tensor_from_buffer(
+            rows.ref.datatype, rows.shape, buf)
 
     def _to_device(self, array):
         if is_device_array(array):

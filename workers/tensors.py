@@ -1,11 +1,15 @@
 """Tensors in and out of a worker: descriptors to arrays, arrays to descriptors.
 
-Inputs are read where they lie: inline message bytes, a frontend's arena block, a
-client's system region (all numpy views, no copy), or a client's CUDA region (a cupy
-array over the IPC mapping). Outputs are written once: inline when small, into a block
-of this worker's arena, or straight into the region the client named for them. Every
-copy a worker makes is counted in `Copies`, per instance, so tests and benchmarks can
-check the copies the design promises instead of assuming them.
+Inputs are read where they lie: inline message bytes, a frontend's arena block (numpy
+views, no copy), or a client's CUDA region (a cupy array over the IPC mapping). A
+client's system region is the exception: its client may shrink it at any moment, so it
+is read once, with preadv, into memory of the worker's own (shm/regions.py says why),
+straight into the batch tensor where requests are gathered. A GPU instance's device
+copies from a pinned system region instead (`dma`). Outputs are written once: inline
+when small, into a block of this worker's arena, or into the region the client named
+for them (pwrite for a system region). Every copy a worker makes is counted in
+`Copies`, per instance, so tests and benchmarks can check the copies the design
+promises instead of assuming them.
 
 Framework instances run on their own threads, so everything here that is shared
 (arena, segment and region caches) is safe to call from several threads.
@@ -22,6 +26,12 @@ from shm.arena import Arena, SegmentCache
 from shm.errors import ErrorCode, InferError
 from shm.regions import RegionMaps
 from shm.tensor import INLINE_MAX, TensorRef, arena_blocks
+
+# A system-region input smaller than this goes to a device through a host copy even
+# where the region is pinned: a host-to-device copy call costs ~10 us whatever its
+# size, so small ones are joined on the host first (workers/framework.py), which a
+# view the CPU must not touch could not be.
+DMA_MIN = 64 << 10
 
 
 # A request's result when the model answered it itself, response by response, as it
@@ -92,9 +102,12 @@ class TensorIO:
 
     # -- inputs -----------------------------------------------------------------------
 
-    def input(self, ref: TensorRef):
-        """The input as an array, without copying: numpy for host bytes, cupy for bytes
-        in a client's CUDA region."""
+    def input(self, ref: TensorRef, copies: Copies | None = None, dma: bool = False):
+        """The input as an array: numpy for host bytes, cupy for bytes in a client's
+        CUDA region; without copying, except a client's system region, which is read
+        into memory of our own (one host copy, counted in `copies`). With `dma`, for a
+        device to copy from and nothing else: a large one in a pinned system region is
+        a view over it instead."""
         local = getattr(ref, "array", None)  # workers/sequence.py LocalTensor
         if local is not None:
             return local
@@ -102,7 +115,15 @@ class TensorIO:
             buf = ref.data
         elif ref.region <= 0:
             buf = self.segments.view(ref.segment, ref.offset, ref.nbytes)
-        elif ref.device >= 0:
+        elif ref.device < 0:
+            buf = None
+            if dma and ref.nbytes >= DMA_MIN and ref.datatype != "BYTES":
+                buf = self.regions.dma_view(ref.region, ref.segment, ref.offset,
+                                            ref.nbytes, ref.region_name,
+                                            f"input '{ref.name}'")
+            if buf is None:
+                buf = self.read_region(ref, copies)
+        else:
             region = self.regions.cuda(ref.region, ref.handle, ref.device, ref.region_size)
             dtype = datatypes.NUMPY.get(ref.datatype)
             if dtype is None or ref.datatype == "BYTES":
@@ -115,17 +136,25 @@ class TensorIO:
                                  f"memory do not hold a {ref.datatype} tensor of shape "
                                  f"{ref.shape}")
             return region.array(ref.offset, ref.nbytes, dtype, tuple(ref.shape))
-        else:
-            buf = self.regions.view(ref.region, ref.segment, ref.offset, ref.nbytes)
         return datatypes.tensor_from_buffer(ref.datatype, ref.shape, buf)
 
     def host_input(self, ref: TensorRef, copies: Copies) -> np.ndarray:
-        """The input in host memory: in place, or one device-to-host copy."""
-        array = self.input(ref)
+        """The input in host memory: in place, or one copy (see `input`)."""
+        array = self.input(ref, copies)
         if is_device_array(array):
             copies.to_host(array.nbytes)
             return array.get()
         return array
+
+    def read_region(self, ref: TensorRef, copies: Copies | None, out=None) -> np.ndarray:
+        """A system-region input's bytes, read into `out` (an array of its nbytes, e.g.
+        the request's rows of a batch tensor) or new memory: RegionTruncated (an
+        InferError) when its client shrank the object under them."""
+        buf = self.regions.read(ref.region, ref.segment, ref.offset, ref.nbytes, out,
+                                ref.region_name, f"input '{ref.name}'")
+        if copies is not None:
+            copies.host += ref.nbytes
+        return buf
 
     # -- outputs ----------------------------------------------------------------------
 
@@ -197,12 +226,25 @@ class TensorIO:
                 copies.to_device(n)
             self._local.unsynced = True
         else:
-            view = self.regions.view(target.region, target.segment, target.offset, n)
+            what = f"output '{name}'"
             if device:
-                array.get(out=np.frombuffer(view, dtype=array.dtype).reshape(array.shape))
-                copies.to_host(n)
+                # into the pinned mapping by DMA where it is pinned, else through a
+                # host copy: the CPU never writes a mapping of a client's object
+                view = self.regions.dma_view(target.region, target.segment,
+                                             target.offset, n, target.region_name, what)
+                if view is not None:
+                    array.get(out=np.frombuffer(view, dtype=array.dtype).reshape(
+                        array.shape))
+                    copies.to_host(n)
+                else:
+                    buf = array.get()
+                    copies.to_host(n)
+                    self.regions.write(target.region, target.segment, target.offset,
+                                       buf, target.region_name, what)
+                    copies.host += n
             else:
-                view[:] = buf
+                self.regions.write(target.region, target.segment, target.offset, buf,
+                                   target.region_name, what)
                 copies.host += n
         return TensorRef(name, datatype, shape, segment=target.segment, offset=target.offset,
                          nbytes=n, region=target.region, device=target.device)

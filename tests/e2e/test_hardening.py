@@ -393,29 +393,101 @@ def test_dead_frontends_queued_requests_are_dropped(tmp_path):
     assert srv.segments() == []
 
 
+@pytest.fixture(scope="module")
+def wait_srv(tmp_path_factory):
+    """shm_wait, whose one instance holds its input until the test touches "go"."""
+    from tests.e2e.harness import ROOT
+    markers = tmp_path_factory.mktemp("wait-markers")
+    srv = ServerProcess(ROOT / "tests" / "models_hardening", "--allow-client-shm=true",
+                        "--model-control-mode=explicit", "--load-model=shm_wait",
+                        log_dir=tmp_path_factory.mktemp("wait-logs"),
+                        env={"SHMSERVE_TEST_MARKER_DIR": str(markers)})
+    srv.markers = markers
+    yield from srv.serve()
+
+
+def _shm_wait(srv, protocol, name, size, client=None):
+    mod = clients.module(protocol)
+    inp = mod.InferInput("INPUT0", [size], "UINT8")
+    inp.set_shared_memory(name, size)
+    kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
+    r = (client or _client(srv, protocol)).infer("shm_wait", [inp], **kwargs)
+    return int(r.as_numpy("CHECKSUM")[0])
+
+
+def _hold_and_truncate(srv, protocol, name, key):
+    """One request of shm_wait on region `name`, truncated (to 0) while the model holds
+    its input; the request's outcome."""
+    markers = srv.markers
+    with cf.ThreadPoolExecutor(1) as pool:
+        # a client of its own: the HTTP client is not shared across threads
+        fut = pool.submit(_shm_wait, srv, protocol, name, 16 * 4096)
+        wait_until(lambda: (markers / "holding").exists(), TIMEOUT,
+                   what="model holding the input")
+        fd = os.open(f"/dev/shm/{key[1:]}", os.O_RDWR)
+        os.ftruncate(fd, 0)
+        os.close(fd)
+        (markers / "go").touch()
+        try:
+            return fut.result(timeout=TIMEOUT)
+        except InferenceServerException as exc:
+            return exc
+        finally:
+            (markers / "go").unlink()
+
+
 @pytest.mark.parametrize("protocol", clients.PROTOCOLS)
-def test_region_truncated_while_the_model_reads_it(tmp_path, protocol):
-    """The backstop: a client truncates its object while the model holds its input in
-    place, the read faults (SIGBUS) and kills that one worker. Its request fails, the
-    region is unregistered (quarantined), the instance comes back, and the restart is
-    not held against it: more faults than the restart policy allows (5 a minute) do
-    not disable the model for everyone."""
+def test_region_truncated_while_the_model_reads_it(wait_srv, protocol):
+    """A client truncates its object while the model holds its input. The worker read
+    that input into memory of its own before the model ran (shm/regions.py), so
+    nothing faults: the request is answered from the bytes as they were, the region
+    stays registered, and the client's next request fails with an error naming it,
+    until the object is whole again."""
+    size = 16 * 4096
+    key = "/" + _unique("sstest-held")
+    name = _unique("held")
+    handle = shm.create_shared_memory_region(key[1:], key, size)
+    client = _client(wait_srv, protocol)
+    try:
+        shm.set_shared_memory_region(handle, [np.full(size, 3, np.uint8)])
+        _register(client, protocol, name, key, size)
+        assert _hold_and_truncate(wait_srv, protocol, name, key) == 3 * 16
+        (wait_srv.markers / "go").touch()  # the model reads at once from here on
+        try:
+            with pytest.raises(InferenceServerException) as err:
+                _shm_wait(wait_srv, protocol, name, size, client)
+            assert f"shared memory region '{name}' was truncated" in str(err.value)
+            fd = os.open(f"/dev/shm/{key[1:]}", os.O_RDWR)
+            os.ftruncate(fd, size)  # whole again (zeros)
+            os.close(fd)
+            assert _shm_wait(wait_srv, protocol, name, size, client) == 0
+        finally:
+            (wait_srv.markers / "go").unlink()
+        assert "SIGBUS" not in wait_srv.log()
+    finally:
+        client.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_region_faulting_a_worker_is_quarantined(tmp_path):
+    """The backstop, for a fault nobody foresaw (shm_wait maps the object itself, as no
+    worker does): a client truncates its object while the model reads it in place, the
+    read faults (SIGBUS) and kills that one worker. Its request fails, the region is
+    unregistered (quarantined), the instance comes back, and the restart is not held
+    against it: more faults than the restart policy allows (5 a minute) do not disable
+    the model for everyone. The protocol does not matter here: gRPC only."""
     from scheduler.worker_pool import MAX_RESTARTS
     from tests.e2e.harness import ROOT
+    protocol = "grpc"
     markers = tmp_path / "markers"
     markers.mkdir()
     srv = ServerProcess(ROOT / "tests" / "models_hardening", "--allow-client-shm=true",
+                        "--model-control-mode=explicit", "--load-model=shm_wait",
                         log_dir=tmp_path, env={"SHMSERVE_TEST_MARKER_DIR": str(markers)})
+    srv.markers = markers
     srv.start()
     size = 16 * 4096
-    mod = clients.module(protocol)
-    kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
     client = _client(srv, protocol)
-
-    def infer(c, name):
-        inp = mod.InferInput("INPUT0", [size], "UINT8")
-        inp.set_shared_memory(name, size)
-        return c.infer("shm_wait", [inp], **kwargs)
 
     def fault_once(i):
         key = "/" + _unique("sstest-fault")
@@ -424,21 +496,12 @@ def test_region_truncated_while_the_model_reads_it(tmp_path, protocol):
         try:
             shm.set_shared_memory_region(handle, [np.ones(size, np.uint8)])
             _register(client, protocol, name, key, size)
-            with cf.ThreadPoolExecutor(1) as pool:
-                # a client of its own: the HTTP client is not shared across threads
-                fut = pool.submit(lambda: infer(_client(srv, protocol), name))
-                wait_until(lambda: (markers / "holding").exists(), TIMEOUT,
-                           what="model holding the input")
-                fd = os.open(f"/dev/shm/{key[1:]}", os.O_RDWR)
-                os.ftruncate(fd, 0)
-                os.close(fd)
-                (markers / "go").touch()
-                with pytest.raises(InferenceServerException):
-                    fut.result(timeout=TIMEOUT)
-            (markers / "go").unlink()
+            (markers / "key").write_text(key)
+            assert isinstance(_hold_and_truncate(srv, protocol, name, key),
+                              InferenceServerException)
             # quarantined: the region is gone, its client's next request says so
             with pytest.raises(InferenceServerException) as err:
-                infer(client, name)
+                _shm_wait(srv, protocol, name, size, client)
             assert f"Unable to find shared memory region: '{name}'" in str(err.value)
         finally:
             shm.destroy_shared_memory_region(handle)
@@ -448,10 +511,11 @@ def test_region_truncated_while_the_model_reads_it(tmp_path, protocol):
             fault_once(i)
         assert srv.log().count("killed by SIGBUS") == MAX_RESTARTS + 2
         assert "keeps dying" not in srv.log()
+        (markers / "key").unlink()
         (markers / "go").touch()  # the model reads its input at once from now on
-        plain = mod.InferInput("INPUT0", [4], "UINT8")
+        plain = clients.module(protocol).InferInput("INPUT0", [4], "UINT8")
         plain.set_data_from_numpy(np.ones(4, np.uint8))
-        r = client.infer("shm_wait", [plain], **kwargs)  # waits for the instance
+        r = client.infer("shm_wait", [plain], client_timeout=TIMEOUT)  # waits for it
         assert int(r.as_numpy("CHECKSUM")[0]) == 1
         assert client.is_model_ready("shm_wait")
     finally:

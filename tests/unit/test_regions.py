@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import uuid
 
@@ -13,7 +14,7 @@ from scheduler.regions import RegionRegistry
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest, RequestedOutput
 from shm.messages.regions import CUDA, SYSTEM, RegionRequest
-from shm.regions import RegionMaps, check_client_key
+from shm.regions import RegionMaps, RegionTruncated, check_client_key
 from shm.tensor import TensorRef
 
 
@@ -119,6 +120,7 @@ def test_resolve_checks_bounds_and_rewrites_to_the_object(key):
     inp, out = req.inputs[0], req.outputs[0].target
     assert inp.segment == key and inp.offset == 2024 and inp.region > 0
     assert out.offset == 1024 and out.region == inp.region
+    assert inp.region_name == out.region_name == "a"  # for the worker's errors
     with pytest.raises(InferError, match="Invalid offset"):
         reg.resolve(request(2, ref("a", offset=1000, nbytes=25)))
     with pytest.raises(InferError, match="Unable to find shared memory region: 'nope'"):
@@ -162,19 +164,61 @@ def test_unregister_unused_and_all(key):
     assert sorted(r.name for r in gone) == ["a", "b"]
 
 
-def test_region_maps_view_and_bounds(key):
+def test_region_maps_read_and_write_with_the_descriptor(key):
+    """A worker reads a region's bytes into memory of its own and writes outputs with
+    pwrite; an input lands straight in the array it is given (a batch tensor's rows)."""
     maps = RegionMaps()
-    view = maps.view(7, key, 100, 8)
-    view[:] = b"abcdefgh"
-    assert maps.view(7, key, 100, 8).tobytes() == b"abcdefgh"
+    maps.write(7, key, 100, b"abcdefgh", "r")
+    assert maps.read(7, key, 100, 8).tobytes() == b"abcdefgh"
+    rows = np.zeros((4, 2), np.float32)
+    maps.read(7, key, 100, 8, rows[1:2])
+    assert rows[1:2].tobytes() == b"abcdefgh" and not rows[0].any() and not rows[2:].any()
+    assert maps.read(7, key, 0, 0).nbytes == 0
     with pytest.raises(ValueError, match="outside"):
-        maps.view(7, key, 4090, 8)
-    # a client that shrinks its object cannot make us read past its end
+        maps.read(7, key, -1, 8)
+    maps.close()
+
+
+def _maps_of(key: str) -> list[str]:
+    with open("/proc/self/maps") as f:
+        return [line for line in f if key in line]
+
+
+def test_a_shrunken_object_fails_the_request_instead_of_faulting(key):
+    """The client shrinks its object under a region in use: reading or writing past its
+    new end is a RegionTruncated (INVALID_ARG, naming the region, what needed which
+    bytes, and the size left), never a SIGBUS, and writes nothing; what is left reads
+    as before. A CPU worker never maps the object at all."""
+    maps = RegionMaps()
+    maps.write(7, key, 1000, b"x" * 48, "r")
     os.truncate(f"/dev/shm{key}", 1024)
-    with pytest.raises(ValueError, match="outside"):
-        maps.view(7, key, 1020, 8)
-    del view
-    maps.forget(7)
+    with pytest.raises(RegionTruncated) as e:
+        maps.read(7, key, 1000, 48, name="r", what="input 'IN'")
+    assert e.value.code == ErrorCode.INVALID_ARG
+    assert e.value.message == (
+        f"shared memory region 'r' was truncated after it was registered: input 'IN' "
+        f"needs bytes [1000, 1048) of its object '{key}', which holds 1024")
+    with pytest.raises(RegionTruncated, match="holds 1024"):
+        maps.read(7, key, 2048, 8, name="r")  # wholly past the end
+    with pytest.raises(RegionTruncated, match="output 'OUT' needs bytes"):
+        maps.write(7, key, 1020, b"12345678", "r", "output 'OUT'")
+    assert os.stat(f"/dev/shm{key}").st_size == 1024  # nothing was written past it
+    assert maps.read(7, key, 1000, 24).tobytes() == b"x" * 24
+    os.truncate(f"/dev/shm{key}", 0)
+    with pytest.raises(RegionTruncated, match="holds 0"):
+        maps.read(7, key, 0, 1 << 31, name="r")  # checked before taking the memory
+    assert _maps_of(key[1:]) == []
+    maps.close()
+
+
+def test_an_unlinked_object_fails_the_request(key):
+    maps = RegionMaps()
+    os.unlink(f"/dev/shm{key}")
+    try:
+        with pytest.raises(InferError, match="region 'r': its object .* cannot be opened"):
+            maps.read(3, key, 0, 8, name="r")
+    finally:
+        open(f"/dev/shm{key}", "wb").close()  # for the fixture to remove
     maps.close()
 
 
@@ -196,13 +240,15 @@ def test_backend_config_flag():
             parse_backend_config([bad])
 
 
-def test_numpy_view_keeps_working_after_forget(key):
-    """A model may keep an input view past the batch; forgetting the map must not
-    crash it (the mapping goes when the last view does)."""
+def test_an_input_read_is_the_workers_own_memory(key):
+    """A model may keep an input past the batch: it is a copy, which neither forgetting
+    the region nor the client's later writes or truncation change or fault."""
     maps = RegionMaps()
-    arr = np.frombuffer(maps.view(1, key, 0, 16), dtype=np.uint8)
+    maps.write(1, key, 0, bytes(range(16)), "r")
+    arr = maps.read(1, key, 0, 16)
     maps.forget(1)
-    assert arr.sum() >= 0
+    os.truncate(f"/dev/shm{key}", 0)
+    assert arr.tolist() == list(range(16))
 
 
 def test_keys_that_are_not_shm_objects_are_refused_without_blocking(tmp_path):
@@ -243,32 +289,60 @@ def test_keys_that_are_not_shm_objects_are_refused_without_blocking(tmp_path):
 
 
 def test_a_gpu_workers_system_regions_are_pinned_once_and_unpinned_before_unmap(key):
-    """Rule: with pin hooks (a GPU worker), a client's system region is page-locked when
-    first mapped, once however often it is read, and unlocked before it is unmapped; a
-    region over `pin_max`, or one the driver would not pin, is used unpinned."""
+    """Rule: with pin hooks (a GPU worker), a client's system region is mapped and
+    page-locked the first time a device copies from or to it, once however often, and
+    unlocked before it is unmapped. A region over `pin_max`, one the driver would not
+    pin, or any without pin hooks gets no view (its copies go through the host), and
+    is not left mapped. A view is refused for bytes past the object's end."""
     calls = []
 
     def pin(view):
+        np.frombuffer(view, np.uint8)[::4096].sum()  # faults the pages in, as the driver
         calls.append(("pin", len(view)))
         return 0xABC
 
     maps = RegionMaps(pin=pin, unpin=lambda ptr: calls.append(("unpin", ptr)))
-    maps.view(7, key, 0, 16)[:4] = b"abcd"
-    assert bytes(maps.view(7, key, 0, 4)) == b"abcd"
+    maps.dma_view(7, key, 0, 16)[:4] = b"abcd"  # the device's part, in this test
+    assert bytes(maps.dma_view(7, key, 0, 4)) == b"abcd"
     assert calls == [("pin", 4096)]
+    os.truncate(f"/dev/shm{key}", 8)
+    with pytest.raises(RegionTruncated, match="needs bytes \\[0, 16\\)"):
+        maps.dma_view(7, key, 0, 16, name="r")
     maps.forget(7)
+    assert calls == [("pin", 4096), ("unpin", 0xABC)]
+    os.truncate(f"/dev/shm{key}", 4096)
+
+    # shrunk and grown back since it was pinned: the pages the driver holds are no
+    # longer the object's (an H200 showed it), so no more views, and it is unpinned
+    # only once forgotten (no copy can be using it then). Writes of the worker's own
+    # and of the client (through a mapping of its own) change nothing.
+    calls.clear()
+    maps = RegionMaps(pin=pin, unpin=lambda ptr: calls.append(("unpin", ptr)))
+    assert maps.dma_view(8, key, 0, 4096) is not None
+    maps.write(8, key, 0, b"w" * 16)
+    with open(f"/dev/shm{key}", "r+b") as f, mmap.mmap(f.fileno(), 4096) as client:
+        client[100:104] = b"cccc"
+    assert maps.dma_view(8, key, 0, 4096) is not None
+    os.truncate(f"/dev/shm{key}", 0)
+    os.truncate(f"/dev/shm{key}", 4096)
+    assert maps.dma_view(8, key, 0, 16) is None
+    assert maps.dma_view(8, key, 0, 16) is None and calls == [("pin", 4096)]
+    assert maps.read(8, key, 0, 4).tobytes() == bytes(4)  # the host path reads it
+    maps.forget(8)
     assert calls == [("pin", 4096), ("unpin", 0xABC)]
 
     calls.clear()
     small = RegionMaps(pin=pin, unpin=lambda ptr: calls.append(("unpin", ptr)), pin_max=4095)
-    small.view(1, key, 0, 16)
+    assert small.dma_view(1, key, 0, 16) is None
     small.close()
     assert calls == []
 
     refused = RegionMaps(pin=lambda view: None, unpin=lambda ptr: calls.append(ptr))
-    refused.view(1, key, 0, 16)
+    assert refused.dma_view(1, key, 0, 16) is None
+    assert _maps_of(key[1:]) == []
     refused.close()
     assert calls == []
+    assert RegionMaps().dma_view(1, key, 0, 16) is None
 
 
 @pytest.mark.gpu
@@ -278,11 +352,11 @@ def test_pinned_system_region_is_registered_with_the_driver(key):
         pytest.skip("no CUDA device")
     cp = pytest.importorskip("cupy")
     maps = RegionMaps(pin=cuda.pin, unpin=cuda.unpin)
-    view = maps.view(1, key, 0, 4096)
+    host = np.arange(1024, dtype=np.float32)
+    maps.write(1, key, 0, host)
+    view = maps.dma_view(1, key, 0, 4096)
     ptr = np.frombuffer(view, np.uint8).ctypes.data
     assert cp.cuda.runtime.pointerGetAttributes(ptr).type == 1  # cudaMemoryTypeHost
-    host = np.arange(1024, dtype=np.float32)
-    np.frombuffer(view, np.float32)[:] = host
     dev = cp.empty(1024, cp.float32)
     dev.set(np.frombuffer(view, np.float32))
     np.testing.assert_array_equal(cp.asnumpy(dev), host)

@@ -210,12 +210,32 @@ class PythonInstance:
         # set by a CancelRequest the scheduler forwards; one lock for the batch
         flags = (self.bls.cancels.track_many(keys) if keys is not None
                  else [None] * len(requests))
-        try:
-            pb_requests = [self._request(r, io, s, f)
-                           for r, s, f in zip(requests, streams, flags)]
-        except Exception as exc:
-            err = InferError(ErrorCode.INVALID_ARG, f"failed to read inputs: {exc}")
-            return [err] * len(requests)
+        pb_requests, failed = [], {}
+        for i, (r, s, f) in enumerate(zip(requests, streams, flags)):
+            try:
+                pb_requests.append(self._request(r, io, s, f))
+            except Exception as exc:
+                # this request alone (e.g. its client shrank its region under it): the
+                # model runs the others
+                failed[i] = exc if isinstance(exc, InferError) else InferError(
+                    ErrorCode.INVALID_ARG, f"failed to read inputs: {exc}")
+        if failed:
+            return self._without(requests, streams, failed, pb_requests)
+        return self._run_batch(requests, streams, pb_requests)
+
+    def _without(self, requests, streams, failed: dict, pb_requests):
+        """Run the batch without the requests in `failed`, which end with their error."""
+        for i in failed:
+            streams[i].closed = True
+            if self.decoupled and self.bls is not None:  # no cancel can matter now
+                self.bls.cancels.done(requests[i].reply_to, requests[i].id)
+        live = [i for i in range(len(requests)) if i not in failed]
+        results = iter(self._run_batch([requests[i] for i in live],
+                                       [streams[i] for i in live], pb_requests)
+                       if live else ())
+        return [failed[i] if i in failed else next(results) for i in range(len(requests))]
+
+    def _run_batch(self, requests, streams, pb_requests):
         self.input_end_ns = time.monotonic_ns()
         for stream in streams:
             stream.last_end = self.input_end_ns
@@ -263,7 +283,7 @@ class PythonInstance:
         if self.cpu_inputs:
             return pb_utils.Tensor._from_server(
                 ref.name, ref.datatype, reshape(ref.name, io.host_input(ref, self.copies)))
-        array = reshape(ref.name, io.input(ref))
+        array = reshape(ref.name, io.input(ref, self.copies))
         if is_device_array(array):  # the client's CUDA memory, handed over as it is
             return pb_utils.Tensor.from_dlpack(ref.name, array)
         return pb_utils.Tensor._from_server(ref.name, ref.datatype, array)

@@ -1,3 +1,4 @@
+import mmap
 import os
 import time
 
@@ -13,6 +14,15 @@ class TritonPythonModel:
         for request in requests:
             array = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             if marker_dir:
+                key = os.path.join(marker_dir, "key")
+                if os.path.exists(key):
+                    # reads the client's object in place, through a mapping of its own,
+                    # as no worker does any more: the stand-in for a fault nobody
+                    # foresaw, which kills this worker when the object shrinks
+                    with open(key) as f:
+                        fd = os.open("/dev/shm/" + f.read().lstrip("/"), os.O_RDONLY)
+                    array = np.frombuffer(mmap.mmap(fd, 0, prot=mmap.PROT_READ), np.uint8)
+                    os.close(fd)
                 # holding the input, wait (bounded) until the test has truncated it
                 open(os.path.join(marker_dir, "holding"), "w").close()
                 go = os.path.join(marker_dir, "go")
