@@ -9,7 +9,8 @@ windows allow waits in the stream and goes out as WINDOW_UPDATEs arrive, in fram
 no larger than the peer's MAX_FRAME_SIZE. What the hooks produce while one read is
 handled goes out in one transport.write; what they produce later (a handler that
 finished) is gathered until the loop's next turn, so replies finishing together
-share a write too.
+share a write too. The writing half is H2Output (frontend/h2_send.py), the protocol's
+vocabulary frontend/h2_frames.py.
 
 Request headers are decoded by frontend/h2_hpack.py (one decoder per connection: its
 dynamic table is the connection's), under a cap on the decoded list and behind a cache
@@ -33,42 +34,28 @@ import asyncio
 import logging
 import struct
 
+from .h2_frames import *  # noqa: F401,F403  (the vocabulary, h2.DATA and the rest)
+from .h2_frames import (ACK, CONTINUATION, COMPRESSION_ERROR, DATA, DEFAULT_WINDOW,
+                        ENABLE_PUSH, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM,
+                        FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, GOAWAY, HEADER_TABLE_SIZE,
+                        HEADERS, INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS,
+                        MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE, MAX_WINDOW, NO_ERROR,
+                        PADDED, PING, PREFACE, PRIORITY, PRIORITY_FRAME, PROTOCOL_ERROR,
+                        PUSH_PROMISE, RECV_CONN_WINDOW, RECV_MAX_FRAME,
+                        RECV_STREAM_WINDOW, REFUSED_STREAM, RST_STREAM, SETTINGS,
+                        SETTINGS_TIMEOUT, STREAM_CLOSED, WINDOW_UPDATE, ConnectionError_,
+                        Stream, _HEAD, _U32, frame)
 from .h2_hpack import (CompressionError, HeaderDecoder, HeaderListTooLarge, hpack_int,
                        literal, trailer_problem)
 from .h2_limits import DEFAULT_LIMITS, PROCESS_BUDGET, HeldBudget, Limits, TokenBucket
+from .h2_send import H2Output
 
 __all__ = ["H2Connection", "Stream", "HeaderDecoder", "hpack_int", "literal", "frame"]
 
 log = logging.getLogger(__name__)
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY_FRAME, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, \
-    WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM = ACK = 0x1
-END_HEADERS, PADDED, PRIORITY = 0x4, 0x8, 0x20
-
-# SETTINGS identifiers
-HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, \
-    MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = range(1, 7)
-
-# error codes
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, SETTINGS_TIMEOUT, \
-    STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = range(10)
-ENHANCE_YOUR_CALM = 0xB
-
-DEFAULT_WINDOW = 65535
-MAX_WINDOW = 2**31 - 1
-
-# What this server advertises. Large receive windows keep a 64 MiB request from
-# waiting on round trips; what is read is given back once half a window is used.
-RECV_STREAM_WINDOW = 1 << 24
-RECV_CONN_WINDOW = 1 << 26
-RECV_MAX_FRAME = 1 << 20
-WRITELINES_MIN = 1 << 16  # bytes of pending frames written without joining them
 MAX_STREAMS = Limits.max_streams
 MAX_HEADER_BLOCK = Limits.max_header_block
-STREAM_WRITE_HIGH = 1 << 20  # a stream holding more unsent bytes makes writers wait
-RESET_MEMORY = 256  # streams we reset, remembered: frames the peer sent on them are ignored
 # a WINDOW_UPDATE that lets nothing out is a glitch only when smaller than this: clients
 # give windows back in halves of them, whether or not anything waits
 TINY_INCREMENT = 1024
@@ -81,8 +68,6 @@ PAUSE_BACKLOG = 2  # the peer does not read what we send
 OPEN, TRAILERS, IGNORE, REFUSE = "open", "trailers", "ignore", "refuse"
 
 _SELF_DEPENDENT = 0x100  # not a wire flag: HEADERS whose priority names its own stream
-_HEAD = struct.Struct(">IBI")  # (length << 8 | type), flags, stream id
-_U32 = struct.Struct(">I")
 _STATUS_431 = b"\x08" + hpack_int(3, 7) + b"431"  # :status 431, literal, name indexed
 
 
@@ -90,52 +75,14 @@ class _Enough(Exception):
     """One read's work is done (H2Connection._process)."""
 
 
-class ConnectionError_(Exception):
-    """A connection error: GOAWAY with `code`, then close."""
-
-    def __init__(self, code: int, why: str):
-        super().__init__(why)
-        self.code = code
-
-
-def frame_head(length: int, kind: int, flags: int, stream: int) -> bytes:
-    return _HEAD.pack((length << 8) | kind, flags, stream)
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return _HEAD.pack((len(payload) << 8) | kind, flags, stream) + payload
-
-
-class Stream:
-    """One HTTP/2 stream, as the server sees it."""
-
-    __slots__ = ("id", "send_window", "recv_unacked", "pending", "pending_bytes",
-                 "trailers", "remote_closed", "local_closed", "headers_sent",
-                 "waiter", "app", "expect")
-
-    def __init__(self, sid: int, send_window: int):
-        self.id = sid
-        self.send_window = send_window
-        self.recv_unacked = 0
-        self.pending: list[memoryview] = []  # data waiting for window
-        self.pending_bytes = 0
-        self.trailers: bytes | None = None  # header block to send once pending is out
-        self.remote_closed = False
-        self.local_closed = False
-        self.headers_sent = False
-        self.waiter: asyncio.Future | None = None  # a writer waiting for room
-        self.app = None  # the layer above's per-stream state
-        self.expect: int | None = None  # body bytes still due by content-length
-
-
-class H2Connection(asyncio.Protocol):
+class H2Connection(H2Output):
     """The server side of one HTTP/2 connection; subclass and fill in the hooks.
     `limits` (h2_limits.Limits) and `budget` (the process's HeldBudget) default to
-    the module's."""
+    the module's. What it sends is H2Output's (frontend/h2_send.py)."""
 
     def __init__(self, limits: Limits | None = None, budget: HeldBudget | None = None):
+        super().__init__(budget or PROCESS_BUDGET)
         self.limits = limits = limits or DEFAULT_LIMITS
-        self.budget = budget or PROCESS_BUDGET
         self.decoder = HeaderDecoder(limits.max_header_list, limits.header_table_size)
         self.buf = bytearray()
         self.preface = False  # the preface and the first frame's header checked
@@ -145,24 +92,14 @@ class H2Connection(asyncio.Protocol):
         # a header block in progress: (sid, stream, end_stream, what for, block, frames)
         self.continuing: tuple | None = None
         self.continuing_since = 0.0
-        self.reset_sent: dict[int, None] = {}  # the last RESET_MEMORY streams we reset
         self.lingering = 0  # handlers still running after their stream was reset
         # streams that may be open: MAX_CONCURRENT_STREAMS less the lingering handlers,
         # 0 once GOAWAY was sent or received
         self.stream_cap = limits.max_streams
-        self.send_window = DEFAULT_WINDOW
-        self.peer_initial_window = DEFAULT_WINDOW
-        self.peer_max_frame = 16384
         self.recv_unacked = 0
-        self.blocked: dict[int, Stream] = {}  # streams with data waiting for window
-        self.held = 0  # bytes in all streams' pending: waiting for window
-        self.out: list = []
-        self.flush_scheduled = False
         self.reading = False
         self.stream_stop = 0  # the highest stream id this read may open
         self.paused = 0  # PAUSE_* bits: why the transport is not being read
-        self.write_paused = False
-        self.resume_waiters: list[asyncio.Future] = []
         self.going_away = False  # GOAWAY sent or received: no new streams
         self.lost = False
         self.resets: TokenBucket | None = None
@@ -658,17 +595,6 @@ class H2Connection(asyncio.Protocol):
         past its own bound, or past the process's while holding anything at all."""
         return self.held >= self.limits.conn_held_max or self.budget.over()
 
-    def _hold(self, n: int) -> None:
-        self.held += n
-        self.budget.held += n
-
-    def _drop_pending(self, st: Stream) -> None:
-        if st.pending_bytes:
-            self._hold(-st.pending_bytes)
-            st.pending.clear()
-            st.pending_bytes = 0
-            self._wake_writers()
-
     def _yield(self) -> None:
         """Stop reading; go on with the buffer at the loop's next turn."""
         self._pause(PAUSE_BURST)
@@ -687,9 +613,11 @@ class H2Connection(asyncio.Protocol):
             self.transport.pause_reading()
         self.paused |= reason
 
-    def _check_backlog(self) -> None:
+    def _output_backlogged(self) -> None:
         """The transport holds our output: past the high-water mark, stop reading what
         would only add to it until the transport drains (resume_writing)."""
+        if self.paused & PAUSE_BACKLOG:
+            return
         size = self.transport.get_write_buffer_size()
         if size > self.limits.read_pause_high:
             self._pause(PAUSE_BACKLOG)
@@ -728,143 +656,6 @@ class H2Connection(asyncio.Protocol):
 
     # -- frames out -------------------------------------------------------------------
 
-    def send_headers(self, st: Stream, block: bytes) -> None:
-        """Response headers (a header block; it must fit one frame)."""
-        st.headers_sent = True
-        self._header_frames(st.id, block, 0)
-        self._schedule_flush()
-
-    def send_data(self, st: Stream, data) -> None:
-        """Queue `data` (bytes-like) on the stream; it goes out as windows allow."""
-        if st.local_closed or not len(data):
-            return
-        view = memoryview(data).cast("B")
-        if (not st.pending and len(view) <= self.send_window
-                and len(view) <= st.send_window and len(view) <= self.peer_max_frame):
-            # the common case: one frame, now
-            n = len(view)
-            self.send_window -= n
-            st.send_window -= n
-            self.out.append(_HEAD.pack((n << 8) | DATA, 0, st.id))
-            self.out.append(view)
-        else:
-            st.pending.append(view)
-            st.pending_bytes += len(view)
-            self._hold(len(view))
-            self._pump(st)
-        self._schedule_flush()
-
-    def send_trailers(self, st: Stream, block: bytes) -> None:
-        """End the stream with this header block, after whatever data is queued."""
-        if st.local_closed:
-            return
-        st.trailers = block
-        self._pump(st)
-        self._schedule_flush()
-
-    def room(self, st: Stream):
-        """None when a writer may go on, else a future resolved once it may: the
-        stream holds too much, the transport is full, or the connection holds too much
-        for closed windows."""
-        if st.local_closed or (st.pending_bytes < STREAM_WRITE_HIGH
-                               and not self.write_paused
-                               and self.held < self.limits.conn_held_max):
-            return None
-        fut = self.loop.create_future()
-        if st.pending_bytes >= STREAM_WRITE_HIGH:
-            st.waiter = fut
-        else:
-            self.resume_waiters.append(fut)
-        return fut
-
-    def _pump(self, st: Stream) -> None:
-        if st.pending and self._pump_data(st):
-            return  # the rest waits for window
-        self.blocked.pop(st.id, None)
-        if st.waiter is not None:
-            self._wake(st)
-        if st.trailers is not None:
-            block, st.trailers = st.trailers, None
-            self._header_frames(st.id, block, END_STREAM)
-            st.local_closed = True
-            self.completed += 1  # a response completed: a reset token back (h2o)
-            if not st.remote_closed:  # the answer is complete: the rest is not wanted
-                self.out.append(frame(RST_STREAM, 0, st.id, _U32.pack(NO_ERROR)))
-                st.remote_closed = True
-                self._remember_reset(st.id)
-            self._maybe_forget(st)
-
-    def _pump_data(self, st: Stream) -> bool:
-        """Send what the windows allow of the stream's pending data; True if some is
-        left (the stream is then blocked)."""
-        out = self.out
-        sent = 0
-        while st.pending:
-            n = min(self.send_window, st.send_window, self.peer_max_frame)
-            if n <= 0:
-                self.blocked[st.id] = st
-                break
-            chunk = st.pending[0]
-            if len(chunk) <= n:
-                n = len(chunk)
-                st.pending.pop(0)
-            else:
-                st.pending[0] = chunk[n:]
-                chunk = chunk[:n]
-            self.send_window -= n
-            st.send_window -= n
-            sent += n
-            out.append(_HEAD.pack((n << 8) | DATA, 0, st.id))
-            out.append(chunk)
-        if sent:
-            st.pending_bytes -= sent
-            self._hold(-sent)
-            if self.resume_waiters:
-                self._wake_writers()
-        return bool(st.pending)
-
-    def _header_frames(self, sid: int, block: bytes, flags: int) -> None:
-        out, limit = self.out, self.peer_max_frame
-        if len(block) <= limit:
-            out.append(_HEAD.pack((len(block) << 8) | HEADERS, flags | END_HEADERS, sid))
-            out.append(block)
-            return
-        kind = HEADERS
-        for i in range(0, len(block), limit):
-            piece = block[i:i + limit]
-            last = END_HEADERS if i + limit >= len(block) else 0
-            out.append(_HEAD.pack((len(piece) << 8) | kind, flags | last, sid))
-            out.append(piece)
-            kind, flags = CONTINUATION, 0
-
-    def _pump_blocked(self) -> None:
-        for st in list(self.blocked.values()):
-            if self.send_window <= 0:
-                break
-            self._pump(st)
-        self._schedule_flush()
-
-    def _wake(self, st: Stream) -> None:
-        w, st.waiter = st.waiter, None
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def _wake_writers(self) -> None:
-        """Writers waiting for the transport or the connection's held bytes go on once
-        neither holds them."""
-        if self.write_paused or self.held >= self.limits.conn_held_max:
-            return
-        waiters, self.resume_waiters = self.resume_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
-
-    def _remember_reset(self, sid: int) -> None:
-        sent = self.reset_sent
-        sent[sid] = None
-        if len(sent) > RESET_MEMORY:
-            del sent[next(iter(sent))]
-
     def _reset(self, st: Stream, code: int) -> None:
         self.out.append(frame(RST_STREAM, 0, st.id, _U32.pack(code)))
         self._remember_reset(st.id)
@@ -901,33 +692,6 @@ class H2Connection(asyncio.Protocol):
         if not self.streams and self.transport is not None:
             self._write_out()
             self.transport.close()
-
-    def _schedule_flush(self) -> None:
-        if not self.reading and not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        if self.out:
-            self._write_out()
-
-    def _write_out(self) -> None:
-        out = self.out
-        if self.transport.is_closing():
-            out.clear()
-            return
-        if len(out) == 1:
-            self.transport.write(out[0])
-        elif len(out) > 4 and sum(map(len, out)) >= WRITELINES_MIN:
-            # a large message's frames: their headers and views of its bytes go out in
-            # one vectored write (uvloop), not copied into one buffer first
-            self.transport.writelines(out)
-        else:
-            self.transport.write(b"".join(out))
-        out.clear()
-        if self.write_paused and not self.paused & PAUSE_BACKLOG:
-            self._check_backlog()
 
     # -- stopping ---------------------------------------------------------------------
 
