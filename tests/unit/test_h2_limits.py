@@ -158,6 +158,19 @@ async def test_one_read_opens_a_bounded_number_of_streams_then_yields():
     assert status(b, 1) == "0"
 
 
+@run
+async def test_one_read_handles_a_bounded_number_of_frames_then_yields():
+    p = Peer(_echo_handlers(), limits=Limits(frames_per_read=8))
+    acks = len([f for f in p.read() if f[0] == h2.PING])
+    p.send(h2.frame(h2.PING, 0, 0, b"12345678") * 100)
+    assert len([f for f in p.read() if f[0] == h2.PING]) == acks + 8
+    assert not p.transport.reading
+    for _ in range(30):
+        await asyncio.sleep(0)
+    assert len([f for f in p.read() if f[0] == h2.PING]) == acks + 100
+    assert p.transport.reading and not p.conn.buf
+
+
 # -- header lists -------------------------------------------------------------------------
 
 @run
