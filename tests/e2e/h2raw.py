@@ -44,13 +44,14 @@ def infer_message(elements: int, model: str = "identity_fp32") -> bytes:
 class RawH2:
     """One client connection that sends raw frames; read() starts a reader thread."""
 
-    def __init__(self, port: int, settings: bytes = b"", timeout: float = 10.0):
+    def __init__(self, port: int, settings: bytes | None = b"", timeout: float = 10.0):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.encoder = hpack.Encoder()
         self.frames: list[tuple[int, int, int, bytes]] = []
         self.ended = threading.Event()  # EOF or reset from the server
         self.reader: threading.Thread | None = None
-        self.send(h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, settings))
+        if settings is not None:  # None: the caller writes the preface
+            self.send(h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, settings))
 
     def send(self, data: bytes) -> bool:
         """False once the server has gone (or stopped reading for the socket's

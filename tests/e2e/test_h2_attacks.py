@@ -169,3 +169,28 @@ def test_a_zero_window_peer_is_refused_then_sent_away(server):
     # what it held (80 MiB of replies, the requests in flight) is bounded: not gigabytes
     assert peak - rss < 400 * 1024, (rss, peak)
     victim.served_throughout(start, end)
+
+
+def _headers_then_closed(a: RawH2) -> bytes:
+    first = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, request_block(a.encoder))
+    return first + h2.frame(h2.RST_STREAM, 0, 1, U32.pack(h2.CANCEL)) + h2.frame(
+        h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, request_block(a.encoder))
+
+
+@pytest.mark.parametrize("after_preface, code", [
+    # HEADERS before SETTINGS (it got RST_STREAM INTERNAL_ERROR, the connection kept)
+    (lambda a: h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1,
+                        request_block(a.encoder)), h2.PROTOCOL_ERROR),
+    (lambda a: h2.frame(h2.SETTINGS, 0, 0) + _headers_then_closed(a), h2.STREAM_CLOSED),
+    (lambda a: h2.frame(h2.SETTINGS, 0, 0) + h2.frame(h2.HEADERS, h2.END_HEADERS, 1, b"\x80"),
+     h2.COMPRESSION_ERROR),
+    (lambda a: h2.frame(h2.SETTINGS, 0, 0) + h2.frame(h2.WINDOW_UPDATE, 0, 9, U32.pack(1)),
+     h2.PROTOCOL_ERROR),
+], ids=["headers-before-settings", "headers-on-a-closed-stream", "hpack-index-0",
+        "window-update-on-an-idle-stream"])
+def test_rfc9113_connection_errors_over_tcp(server, after_preface, code):
+    a = RawH2(server.grpc_port, settings=None)
+    a.send(h2.PREFACE + after_preface(a))
+    a.read()
+    _until(a.ended.is_set, "the server to close the connection")
+    assert a.goaway_code() == code
