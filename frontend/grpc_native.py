@@ -222,6 +222,8 @@ class Call:
 class GrpcConnection(h2.H2Connection):
     """One client connection of the native gRPC server."""
 
+    __slots__ = ("server", "handlers", "restrictions", "arena_paths")
+
     def __init__(self, server: "NativeGrpcServer"):
         super().__init__(server.limits, server.budget)
         self.server = server

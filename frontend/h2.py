@@ -80,6 +80,14 @@ class H2Connection(H2Output):
     `limits` (h2_limits.Limits) and `budget` (the process's HeldBudget) default to
     the module's. What it sends is H2Output's (frontend/h2_send.py)."""
 
+    # slots, as H2Output's; a subclass's own attributes go in its __dict__ (or slots)
+    __slots__ = ("limits", "decoder", "buf", "preface", "settled", "streams",
+                 "last_stream", "continuing", "continuing_since", "lingering",
+                 "stream_cap", "recv_unacked", "reading", "stream_stop", "paused",
+                 "going_away", "lost", "resets", "completed", "glitches", "born",
+                 "idle_since", "idle_mark", "stuck_since", "held_since", "stuck_mark",
+                 "held_mark", "transport", "loop", "__dict__")
+
     def __init__(self, limits: Limits | None = None, budget: HeldBudget | None = None):
         super().__init__(budget or PROCESS_BUDGET)
         self.limits = limits = limits or DEFAULT_LIMITS
