@@ -29,8 +29,10 @@ Headers
   it went, so a flagrant amplification (a 4 KiB entry referenced 4,000 times) empties
   the bucket at once.
 - `max_header_block` 32 KiB: an encoded header block (HEADERS and its CONTINUATIONs)
-  larger than twice the list limit can only decode to a list over it; it is not decoded
-  at all: GOAWAY ENHANCE_YOUR_CALM (Go closes at 2x the remaining list size).
+  larger than twice the list limit is not decoded at all: GOAWAY ENHANCE_YOUR_CALM (Go
+  closes at 2x the remaining list size). No encoder sends that much for a list within
+  the limit: a literal costs about its size, a reference a byte or two for 32 or more,
+  and encoders use Huffman only where it is shorter.
 - `max_continuations` 8: CONTINUATION frames per header block (nghttp2's default),
   against floods of empty ones.
 - `header_table_size` 4096: SETTINGS_HEADER_TABLE_SIZE, the RFC's default and
