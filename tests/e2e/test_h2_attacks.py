@@ -10,6 +10,7 @@ are scripts' business."""
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 
@@ -19,7 +20,10 @@ from frontend import h2
 from tests.e2e.h2raw import INFER, RawH2, Victim, grpc_message, infer_message, request_block
 from tests.e2e.harness import EXAMPLES, ServerProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120),
+              # the native transport's limits: grpc.aio's are grpc-core's own
+              pytest.mark.skipif(os.environ.get("SHMSERVE_TEST_GRPC_FRONTEND") == "grpcio",
+                                 reason="tests the native HTTP/2 transport")]
 
 U32 = struct.Struct(">I")
 ATTACK_TIME = 2.0  # seconds of attack, connection after connection
