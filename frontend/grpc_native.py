@@ -33,6 +33,7 @@ import grpc
 from . import h2
 from .grpc_tls import HANDSHAKE_TIMEOUT
 from .h2_keepalive import ConnectionPolicy, KeepaliveSettings
+from .h2_limits import DEFAULT_LIMITS, PROCESS_BUDGET, HeldBudget, Limits
 from .restricted import Restrictions, grpc_refusal
 from .types import BODY_IN_ARENA_MIN
 
@@ -223,8 +224,10 @@ class Call:
 class GrpcConnection(h2.H2Connection):
     """One client connection of the native gRPC server."""
 
+    __slots__ = ("server", "handlers", "restrictions", "arena_paths")
+
     def __init__(self, server: "NativeGrpcServer"):
-        super().__init__()
+        super().__init__(server.limits, server.budget)
         self.server = server
         self.handlers = server.handlers
         self.restrictions = server.restrictions
@@ -232,12 +235,21 @@ class GrpcConnection(h2.H2Connection):
 
     def connection_made(self, transport):
         super().connection_made(transport)
+        if len(self.server.connections) >= self.limits.max_connections:
+            # accepted to say why: a client sees UNAVAILABLE and backs off
+            return self._fail(h2.ENHANCE_YOUR_CALM, "too many connections")
         self.server.connections.add(self)
         if self.server.keepalive is not None:
             self.policy = ConnectionPolicy(self.server.keepalive, self)
 
     def connection_closed(self) -> None:
         self.server.connections.discard(self)
+
+    def header_list_too_large(self, stream, error) -> None:
+        # grpc-core's answer, in its words: RESOURCE_EXHAUSTED, trailers only
+        call = Call(self, stream, None, "", (), None)
+        stream.app = call
+        self.finish(call, 8, str(error))
 
     # -- requests in ------------------------------------------------------------------
 
@@ -380,8 +392,16 @@ class GrpcConnection(h2.H2Connection):
             call.timer.cancel()
         if call.requests is not None:
             call.requests.end()
-        if call.task is not None:
-            call.task.cancel()
+        task = call.task
+        if task is not None and not task.done():
+            task.cancel()
+            # until it has ended it counts against MAX_CONCURRENT_STREAMS (Go's rule
+            # against rapid reset): resets cannot open unbounded work
+            self.linger(1)
+            task.add_done_callback(self._handler_ended)
+
+    def _handler_ended(self, task) -> None:
+        self.linger(-1)
 
     def _take_messages(self, call: Call) -> None:
         body, pos, end = call.body, 0, len(call.body)
@@ -530,11 +550,19 @@ class NativeGrpcServer:
     keepalive: KeepaliveSettings | None = None
     ssl_context = None
 
+    TICK = 1.0  # seconds between the connections' time-limit checks (H2Connection.tick)
+
     def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
                  body_buffer=None, free_blocks=None, arena_paths=(),
                  arena_body_max: int = ARENA_BODY_MAX,
                  keepalive: KeepaliveSettings | None = KeepaliveSettings(),
-                 ssl_context=None, tls_handshake_timeout: float = HANDSHAKE_TIMEOUT):
+                 ssl_context=None, tls_handshake_timeout: float = HANDSHAKE_TIMEOUT,
+                 limits: Limits | None = None, budget: HeldBudget | None = None):
+        # the HTTP/2 limits (frontend/h2_limits.py) and the bytes this process holds
+        # for peers' closed windows, shared by every connection
+        self.limits = limits or DEFAULT_LIMITS
+        self.budget = budget or PROCESS_BUDGET
+        self.ticker: asyncio.Task | None = None
         self.handlers = handlers  # "/service/Method" -> grpc.RpcMethodHandler
         self.restrictions = restrictions or None
         # large unary messages to `arena_paths` are received into blocks that
@@ -560,12 +588,28 @@ class NativeGrpcServer:
                    "ssl_handshake_timeout": self.tls_handshake_timeout}
         self.server = await loop.create_server(lambda: GrpcConnection(self),
                                                sock=self.sock, **tls)
+        self.ticker = loop.create_task(self._tick())
+
+    async def _tick(self) -> None:
+        """The connections' time limits (handshake, header block, idle, stalls)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.TICK)
+            now = loop.time()
+            for conn in list(self.connections):
+                try:
+                    conn.tick(now)
+                except Exception:  # one connection's trouble must not stop the others'
+                    log.exception("HTTP/2 connection tick failed")
+                    conn.abort()
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop listening; GOAWAY to every connection, whose running calls get `grace`
         seconds to finish before they are cancelled and the connections dropped."""
         if self.server is not None:
             self.server.close()
+        if self.ticker is not None:
+            self.ticker.cancel()
         for conn in list(self.connections):
             conn.goaway()
         loop = asyncio.get_running_loop()

@@ -134,16 +134,20 @@ class ConnectionPolicy:
         limit = self.settings.http2_max_ping_strikes
         return limit != 0 and self.strikes > limit
 
-    def ping_acked(self, opaque: bytes) -> None:
-        """The ACK of a PING (ours or not: the client's own are ignored)."""
+    def ping_acked(self, opaque: bytes) -> bool:
+        """The ACK of a PING: True when it answers one of ours (an ACK nobody asked
+        for is the connection's to count as a useless frame)."""
         if opaque == KEEPALIVE_PING and self.watchdog is not None:
             self.watchdog.cancel()
             self.watchdog = None
             self._arm_keepalive()
-        elif opaque == GOAWAY_PING and self.goaway_timer is not None:
+            return True
+        if opaque == GOAWAY_PING and self.goaway_timer is not None:
             self.goaway_timer.cancel()
             self.goaway_timer = None
             self.conn.goaway()  # the final GOAWAY: no stream after the last one
+            return True
+        return False
 
     # -- keepalive ----------------------------------------------------------------------
 

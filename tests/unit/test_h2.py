@@ -11,6 +11,7 @@ import hpack
 import pytest
 
 from frontend import h2
+from frontend.h2_limits import HeldBudget
 from frontend.grpc_native import (GrpcConnection, NativeGrpcServer, parse_timeout,
                                   percent_encode)
 
@@ -18,27 +19,56 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def run(fn):
-    """An async test run on a fresh event loop (no pytest asyncio plugin here)."""
+    """An async test (and its parameters) run on a fresh event loop (no pytest asyncio
+    plugin here)."""
     @functools.wraps(fn)
-    def test():
-        asyncio.run(fn())
+    def test(*args, **kwargs):
+        asyncio.run(fn(*args, **kwargs))
     return test
 
 
 class FakeTransport(asyncio.Transport):
+    """What the connection writes lands in `data`. With `stuck` set, the peer reads
+    nothing: writes count as unsent and past 64 KiB the protocol's pause_writing is
+    called, as a real transport does; drain() lets it all go (resume_writing)."""
+
+    HIGH = 64 << 10
+
     def __init__(self):
         super().__init__()
         self.data = bytearray()
-        self.closed = False
+        self.closed = self.aborted = False
+        self.reading = True
         self.vectored = []  # the items of each writelines call
+        self.protocol = None
+        self.stuck = False
+        self.unsent = 0
 
     def write(self, data):
         self.data += data
+        if self.stuck:
+            self.unsent += len(data)
+            if self.unsent > self.HIGH and not self.protocol.write_paused:
+                self.protocol.pause_writing()
 
     def writelines(self, items):
         self.vectored.append(list(items))
         for item in items:
-            self.data += item
+            self.write(item)
+
+    def get_write_buffer_size(self):
+        return self.unsent
+
+    def drain(self):
+        self.stuck, self.unsent = False, 0
+        if self.protocol.write_paused:
+            self.protocol.resume_writing()
+
+    def pause_reading(self):
+        self.reading = False
+
+    def resume_reading(self):
+        self.reading = True
 
     def is_closing(self):
         return self.closed
@@ -47,7 +77,7 @@ class FakeTransport(asyncio.Transport):
         self.closed = True
 
     def abort(self):
-        self.closed = True
+        self.closed = self.aborted = True
 
     def get_extra_info(self, name, default=None):
         return ("127.0.0.1", 5555) if name == "peername" else default
@@ -56,20 +86,26 @@ class FakeTransport(asyncio.Transport):
 class Peer:
     """A client's end: writes frames into the connection, parses what comes back."""
 
-    def __init__(self, handlers, settings=b"", arena=None, arena_paths=()):
-        server = NativeGrpcServer.__new__(NativeGrpcServer)
-        server.handlers, server.restrictions, server.connections = handlers, None, set()
+    def __init__(self, handlers, settings=b"", arena=None, arena_paths=(), limits=None,
+                 budget=None, server=None, preface=True):
+        server = server or NativeGrpcServer.__new__(NativeGrpcServer)
+        server.handlers, server.restrictions = handlers, None
+        server.connections = getattr(server, "connections", set())
+        server.limits = limits or h2.DEFAULT_LIMITS
+        server.budget = budget or HeldBudget()
         server.body_buffer = arena.body_buffer if arena is not None else None
         server.free_blocks = arena.free_blocks if arena is not None else None
         server.arena_paths = frozenset(arena_paths)
         server.arena_body_max = 1 << 20
         self.conn = GrpcConnection(server)
         self.transport = FakeTransport()
+        self.transport.protocol = self.conn
         self.conn.connection_made(self.transport)
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
         self.frames = []  # (type, flags, stream, payload)
-        self.send(h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, settings))
+        if preface:
+            self.send(h2.PREFACE + h2.frame(h2.SETTINGS, 0, 0, settings))
 
     def send(self, data: bytes) -> None:
         self.conn.data_received(data)
