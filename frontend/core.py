@@ -123,14 +123,14 @@ class SchedulerCore:
     """FrontendCore over the scheduler's channels (see frontend/types.py)."""
 
     def __init__(self, address: str, scheduler: str, segment_prefix: str, arena_bytes: int,
-                 role: str = "frontend"):
+                 role: str = "frontend", arena_high_water: int | None = None):
         self._failed_at_stop: set[int] = set()  # requests answered at shutdown
         self.address = address
         self.role = role  # how this process names itself in log lines
         self.scheduler = scheduler
         self.inbox = Inbox(address, FRONTEND_INBOX)
         self.outbox = Outbox()
-        self.arena = Arena(segment_prefix, chunk_size=arena_bytes)
+        self.arena = Arena(segment_prefix, chunk_size=arena_bytes, high_water=arena_high_water)
         self.segments = SegmentCache()
         self.models: dict[str, dict[int, ModelView]] = {}
         self.pending: dict[int, ResponseStream] = {}
