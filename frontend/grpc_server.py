@@ -97,6 +97,7 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
                                 arena_body_max=getattr(getattr(core, "arena", None),
                                                        "chunk_size", 64 << 20) - 5,
                                 free_blocks=getattr(core, "free_blocks", None),
+                                body_quota=getattr(core, "body_quota", None),
                                 arena_paths=("/inference.GRPCInferenceService/ModelInfer",))
     if frontend != "grpcio":
         raise ValueError(f"unknown gRPC frontend {frontend!r}")
