@@ -131,7 +131,8 @@ class SchedulerCore:
         self.scheduler = scheduler
         self.inbox = Inbox(address, FRONTEND_INBOX)
         self.outbox = Outbox()
-        self.arena = Arena(segment_prefix, chunk_size=arena_bytes, high_water=arena_high_water)
+        self.arena = Arena(segment_prefix, chunk_size=arena_bytes,
+                           high_water=arena_high_water)
         self.bodies = BodyBudget()  # arena blocks held for request bodies
         self.segments = SegmentCache()
         self.models: dict[str, dict[int, ModelView]] = {}

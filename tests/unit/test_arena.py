@@ -195,3 +195,52 @@ def test_an_oversized_first_block_is_no_floor():
         assert _on_disk(a.prefix) == []
     finally:
         a.close()
+
+
+def test_a_gpu_worker_unpins_what_it_gives_back_or_stops_mapping():
+    """A GPU worker pins its own segments and those it maps: a segment given back is
+    unpinned first (pinned pages would outlive it), on either side."""
+    from shm.arena import address_of
+    from shm.tensor import TensorRef, arena_blocks
+    from workers.tensors import Copies, TensorIO, unpinner
+
+    pinned, unpinned = {}, []
+
+    def pin(view):
+        pinned[address_of(view)] = len(view)
+        return address_of(view)
+
+    def unpin(address):
+        del pinned[address]
+        unpinned.append(address)
+
+    prefix = f"shmserve-unittest-{os.getpid()}"
+    outputs = Arena(f"{prefix}-w", chunk_size=1 << 20, high_water=0, on_segment=pin,
+                    on_release=unpinner(unpin))
+    inputs = Arena(f"{prefix}-f", chunk_size=1 << 20, high_water=0)  # a frontend's
+    io = TensorIO(outputs, "ipc://w", pin, unpin)
+    try:
+        one = np.ones(1 << 18, np.float32)  # a chunk
+        refs = io.write([("A", "FP32", one), ("B", "FP32", one)], None, "ipc://fe", Copies())
+        assert len(pinned) == 2  # the floor and a second segment, both pinned
+        io.released("ipc://fe", arena_blocks(refs))
+        assert list(pinned.values()) == [1 << 20] and len(outputs.segments) == 1
+        assert len(unpinned) == 1
+
+        inputs.alloc(1 << 20)  # the frontend's floor, busy
+        seg, off, view = inputs.alloc(1 << 20)
+        io.input(TensorRef("X", "FP32", [1 << 18], segment=seg, offset=off,
+                           nbytes=1 << 20))
+        assert len(pinned) == 2  # mapped, so pinned
+        given_back = address_of(io.segments._segments[seg].view)
+        inputs.free(seg, off)  # given back by its owner
+        seg2, off2, _ = inputs.alloc(1 << 20)
+        io.input(TensorRef("X", "FP32", [1 << 18], segment=seg2, offset=off2,
+                           nbytes=1 << 20))
+        # the new one pinned, the one given back unpinned and unmapped
+        assert unpinned[1:] == [given_back] and seg not in io.segments._segments
+        assert len(pinned) == 2
+    finally:
+        io.close()
+        outputs.close()
+        inputs.close()
