@@ -13,7 +13,9 @@ memory as its bytes arrive, as every body smaller than BODY_IN_ARENA_MIN is, and
 copied into the arena once whole. That is what grpc-core and Triton's HTTP server do
 with every body: memory follows the bytes received, never the size announced, and a
 client sees no error for it (grpc-core's resource quota cancels streams with
-ENHANCE_YOUR_CALM "Buffers full" only once memory itself runs short).
+ENHANCE_YOUR_CALM "Buffers full" only once memory itself runs short). The way round
+costs the frontend about what the arena path does: a 16 MiB gRPC message received in
+16 KiB frames took 13-16 ms either way (in-process, the copy into the arena included).
 """
 
 from __future__ import annotations
