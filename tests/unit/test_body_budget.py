@@ -12,12 +12,13 @@ from tritonclient.grpc import model_config_pb2
 from frontend import h2
 from frontend.body_budget import BodyBudget
 from frontend.core import SchedulerCore
+from frontend.http_server import make_http_app
 from frontend.types import BODY_IN_ARENA_MIN, ModelView
 from shm.arena import Arena
 from tests.unit.test_h2 import ARENA_PATHS, FakeArena, Peer, _arena_handlers, run
 from tests.unit.test_http1 import (ArenaCore, Flood, Streamer, _serve, check_identity,
                                    connect, infer_request)
-from tests.unit.test_http_server import IDENTITY, infer_body
+from tests.unit.test_http_server import IDENTITY, call, infer_body
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20
@@ -121,6 +122,26 @@ def test_http_bodies_past_the_connection_budget_are_received_in_process_memory(
         assert core.bodies.held == 0 and core.arena.used_bytes() == 0
     finally:
         next(serving, None)
+        core.arena.close()
+
+
+@pytest.mark.parametrize("process_limit", [MiB, 1000])
+def test_asgi_bodies_past_the_process_budget_are_received_in_process_memory(process_limit):
+    """uvicorn's path (no connection quota): the process's budget alone."""
+    core = BudgetCore(MiB)
+    core.bodies.limit = process_limit
+    n = BODY_IN_ARENA_MIN // 64 + 1
+    data, body, headers = infer_body(batch=n)
+    config = model_config_pb2.ModelConfig()
+    config.CopyFrom(IDENTITY)
+    config.max_batch_size = n
+    core.models["identity"] = [ModelView("identity", 1, "READY", "", config)]
+    try:
+        check_identity(*call(make_http_app(core), "POST", "/v2/models/identity/infer",
+                             body, headers), data)
+        assert core.arena.capacity == (MiB if process_limit >= len(body) else 0)
+        assert core.bodies.held == 0 and core.arena.used_bytes() == 0
+    finally:
         core.arena.close()
 
 
