@@ -13,7 +13,6 @@ import os
 import re
 import socket
 import struct
-import time
 
 import hpack
 import numpy as np
@@ -115,7 +114,8 @@ def _h2_frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
 def _grpc_announce(srv, length: int, streams: int = 1, first: bytes = b"x"
                    ) -> socket.socket:
     """An HTTP/2 connection with `streams` ModelInfer calls, each announcing a message
-    of `length` bytes and sending only `first` of it."""
+    of `length` bytes and sending only `first` of it; returned once the server has
+    read all that (it answered a PING sent after it: frames are handled in order)."""
     sock = socket.create_connection(("127.0.0.1", srv.grpc_port), timeout=TIMEOUT)
     encoder = hpack.Encoder()
     out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, b"")
@@ -127,8 +127,15 @@ def _grpc_announce(srv, length: int, streams: int = 1, first: bytes = b"x"
                                 ("te", "trailers")])
         out += _h2_frame(1, 4, sid, block)  # HEADERS, END_HEADERS
         out += _h2_frame(0, 0, sid, struct.pack(">BI", 0, length) + first)  # DATA
-    sock.sendall(out)
-    return sock
+    sock.sendall(out + _h2_frame(6, 0, 0, b"barrier!"))  # PING
+    buf = b""
+    while True:
+        while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
+            buf += sock.recv(65536) or pytest.fail("the server closed the connection")
+        n = 9 + int.from_bytes(buf[:3], "big")
+        if buf[3] == 6 and buf[4] & 1:  # PING ACK
+            return sock
+        buf = buf[n:]
 
 
 # -- the attacks --------------------------------------------------------------------------
@@ -146,10 +153,9 @@ def test_announced_sizes_cost_no_memory_and_it_goes_back_after(srv, attack):
     before = memory(srv)
     socks = ATTACKS[attack](srv)
     try:
-        # every announcement has been read once the server answers on the same ports
-        _infer(srv, "http", 16)
-        _infer(srv, "grpc", 16)
-        time.sleep(0.5)  # the reading is done; this lets a pre-touch show, if any
+        if attack == "http":  # every announcement read: a block reserved for each
+            wait_until(lambda: sum(_stat(n)[0] for n in _frontend_segments(srv))
+                       >= ATTACKERS * ANNOUNCED, TIMEOUT, what="the reservations")
         during = memory(srv)
         assert during - before < GROWTH_BOUND, (attack, before >> 20, during >> 20)
         _served(srv)  # other clients are served while the attackers hold on
