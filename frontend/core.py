@@ -18,6 +18,7 @@ import time
 
 from tritonclient.grpc import model_config_pb2
 
+from frontend.body_budget import BodyBudget, BodyQuota
 from frontend.cache_key import cache_key
 from frontend.types import (DecodedRequest, InferResult, ModelView, OutputTensor,
                             not_ready_error)
@@ -123,14 +124,16 @@ class SchedulerCore:
     """FrontendCore over the scheduler's channels (see frontend/types.py)."""
 
     def __init__(self, address: str, scheduler: str, segment_prefix: str, arena_bytes: int,
-                 role: str = "frontend"):
+                 role: str = "frontend", arena_high_water: int | None = None):
         self._failed_at_stop: set[int] = set()  # requests answered at shutdown
         self.address = address
         self.role = role  # how this process names itself in log lines
         self.scheduler = scheduler
         self.inbox = Inbox(address, FRONTEND_INBOX)
         self.outbox = Outbox()
-        self.arena = Arena(segment_prefix, chunk_size=arena_bytes)
+        self.arena = Arena(segment_prefix, chunk_size=arena_bytes,
+                           high_water=arena_high_water)
+        self.bodies = BodyBudget()  # arena blocks held for request bodies
         self.segments = SegmentCache()
         self.models: dict[str, dict[int, ModelView]] = {}
         self.pending: dict[int, ResponseStream] = {}
@@ -192,14 +195,28 @@ class SchedulerCore:
     def model_versions(self, name: str) -> list[ModelView]:
         return [v for _, v in sorted(self.models.get(name, {}).items()) if v.version]
 
-    def body_buffer(self, nbytes: int) -> tuple[memoryview, tuple[str, int]]:
-        """A block of this frontend's arena to receive a request body into."""
+    def body_quota(self) -> BodyQuota:
+        """A connection's share of the arena for its request bodies (body_buffer)."""
+        return self.bodies.quota()
+
+    def body_buffer(self, nbytes: int, quota: BodyQuota | None = None
+                    ) -> tuple[memoryview, tuple[str, int]] | None:
+        """A block of this frontend's arena to receive a request body into, counted
+        against `quota` (the connection's) and this process's budget until it is freed;
+        None when either has no room (the body is then received in process memory)."""
+        bodies = self.bodies
+        if not bodies.admits(quota, nbytes):
+            return None
         segment, offset, view = self.arena.alloc(nbytes)
+        bodies.hold((segment, offset), quota, nbytes)
         return view, (segment, offset)
 
     def free_blocks(self, blocks) -> None:
-        for segment, offset in blocks:
-            self.arena.free(segment, offset)
+        bodies = self.bodies.blocks
+        for block in blocks:
+            self.arena.free(*block)
+            if bodies:
+                self.bodies.release(block)
 
     async def infer(self, request: DecodedRequest, decoupled_refusal: str = "") -> InferResult:
         """One request, one response (the models the unary RPCs serve). A decoupled
@@ -432,8 +449,7 @@ class SchedulerCore:
         self.segments.forget(msg.segment_prefix)
 
     def on_release(self, msg: ReleaseBlocks) -> None:
-        for segment, offset in msg.blocks:
-            self.arena.free(segment, offset)
+        self.free_blocks([(segment, offset) for segment, offset in msg.blocks])
 
     def fail_pending(self) -> None:
         """Answer every request still waiting with an error, so that their HTTP and

@@ -224,7 +224,7 @@ class Call:
 class GrpcConnection(h2.H2Connection):
     """One client connection of the native gRPC server."""
 
-    __slots__ = ("server", "handlers", "restrictions", "arena_paths")
+    __slots__ = ("server", "handlers", "restrictions", "arena_paths", "quota")
 
     def __init__(self, server: "NativeGrpcServer"):
         super().__init__(server.limits, server.budget)
@@ -232,6 +232,9 @@ class GrpcConnection(h2.H2Connection):
         self.handlers = server.handlers
         self.restrictions = server.restrictions
         self.arena_paths = server.arena_paths if server.body_buffer is not None else ()
+        # this connection's share of the arena for messages received into it
+        new_quota = getattr(server, "body_quota", None)
+        self.quota = new_quota() if new_quota is not None else None
 
     def connection_made(self, transport):
         super().connection_made(transport)
@@ -325,11 +328,16 @@ class GrpcConnection(h2.H2Connection):
     def _into_arena(self, call: Call, size: int) -> None:
         """Go on receiving the message in an arena block (what came so far copied)."""
         try:
-            view, block = self.server.body_buffer(size)
+            got = self.server.body_buffer(size, self.quota)
         except Exception:  # no room: the message stays in process memory
             log.warning("no arena block of %d bytes for a gRPC message", size,
                         exc_info=True)
             return
+        if got is None:
+            # past this connection's or the process's budget for arena bodies: the
+            # message grows in process memory as it arrives (asked again as it does)
+            return
+        view, block = got
         body = call.body
         view[:len(body)] = body
         call.block, call.block_view, call.filled = block, view, len(body)
@@ -554,7 +562,7 @@ class NativeGrpcServer:
 
     def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
                  body_buffer=None, free_blocks=None, arena_paths=(),
-                 arena_body_max: int = ARENA_BODY_MAX,
+                 arena_body_max: int = ARENA_BODY_MAX, body_quota=None,
                  keepalive: KeepaliveSettings | None = KeepaliveSettings(),
                  ssl_context=None, tls_handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  limits: Limits | None = None, budget: HeldBudget | None = None):
@@ -566,9 +574,12 @@ class NativeGrpcServer:
         self.handlers = handlers  # "/service/Method" -> grpc.RpcMethodHandler
         self.restrictions = restrictions or None
         # large unary messages to `arena_paths` are received into blocks that
-        # body_buffer(nbytes) -> (view, block) gives and free_blocks(blocks) frees;
-        # the handler takes its block from the call (Call.take_body_block)
+        # body_buffer(nbytes, quota) -> (view, block) gives (None: past the budget)
+        # and free_blocks(blocks) frees, each connection holding the quota that
+        # body_quota() makes; the handler takes its block from the call
+        # (Call.take_body_block)
         self.body_buffer = body_buffer
+        self.body_quota = body_quota
         self.free_blocks = free_blocks
         self.arena_paths = frozenset(arena_paths)
         self.arena_body_max = arena_body_max

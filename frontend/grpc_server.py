@@ -112,6 +112,7 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
                                 arena_body_max=getattr(getattr(core, "arena", None),
                                                        "chunk_size", 64 << 20) - 5,
                                 free_blocks=getattr(core, "free_blocks", None),
+                                body_quota=getattr(core, "body_quota", None),
                                 arena_paths=("/inference.GRPCInferenceService/ModelInfer",),
                                 keepalive=keepalive,
                                 ssl_context=server_context(tls) if tls else None,

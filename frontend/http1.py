@@ -95,6 +95,8 @@ class HttpProtocol(asyncio.Protocol):
     def __init__(self, app, connections: set):
         self.app = app
         self.infer: InferEndpoint = app.infer
+        # this connection's share of the arena for request bodies
+        self.quota = self.infer.body_quota() if self.infer.body_quota else None
         self.restrictions = app.restrictions
         self.max_input = app.max_input
         self.connections = connections
@@ -249,7 +251,11 @@ class HttpProtocol(asyncio.Protocol):
             self.closing = True
             return
         if self.infer.arena_body(length, encoding):
-            req.arena, req.block = self.infer.body_buffer(length)
+            # None past this connection's or the process's budget for arena bodies:
+            # the body is then gathered in process memory as it arrives (on_body)
+            got = self.infer.body_buffer(length, self.quota)
+            if got is not None:
+                req.arena, req.block = got
 
     def on_body(self, chunk: bytes) -> None:
         req = self.current

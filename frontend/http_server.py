@@ -219,8 +219,10 @@ class InferEndpoint:
         self.core = core
         self.header_forward = header_forward  # compiled --http-header-forward-pattern
         self.max_input = max_input_size  # --http-max-input-size, bytes
-        # the core's arena, for bodies received straight into shared memory
+        # the core's arena, for bodies received straight into shared memory, and each
+        # connection's share of it (body_quota(); uvicorn's connections have none)
         self.body_buffer = getattr(core, "body_buffer", None)
+        self.body_quota = getattr(core, "body_quota", None)
 
     def arena_body(self, content_length: int, encoding) -> bool:
         """Whether a body of this length is received straight into the arena."""
@@ -237,9 +239,12 @@ class InferEndpoint:
         # A large body goes straight into the core's shared-memory arena as it arrives:
         # its tensors are then already where the worker reads them (no second copy, and
         # no fresh multi-MiB allocation whose page faults cost more than the copy).
-        block = None
+        block = got = None
         if self.arena_body(content_length, encoding):
-            body, block = self.body_buffer(content_length)
+            # None past the arena's budget for bodies: read into process memory below
+            got = self.body_buffer(content_length)
+        if got is not None:
+            body, block = got
             filled = await _receive_into(receive, body)
             if filled is None:
                 self.core.free_blocks([block])

@@ -64,7 +64,7 @@ def tls_settings(args) -> TlsSettings | None:
 async def serve(args) -> int:
     loop = asyncio.get_running_loop()
     core = SchedulerCore(args.address, args.scheduler, args.segment_prefix, args.arena_bytes,
-                         role=args.role)
+                         role=args.role, arena_high_water=args.arena_high_water)
     core.attach(loop)
 
     def on_term():
@@ -154,6 +154,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scheduler", required=True)
     p.add_argument("--segment-prefix", required=True)
     p.add_argument("--arena-bytes", type=int, default=64 << 20)
+    p.add_argument("--arena-high-water", type=int, default=None,
+                   help="bytes of free arena segments kept for reuse (default: 4 chunks)")
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-address", default="0.0.0.0")

@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "so each runs its burst to the end) or inherit (as started)")
     p.add_argument("--arena-mib", type=int, default=64,
                    help="size of each shared-memory arena chunk, MiB")
+    p.add_argument("--arena-high-water-mib", type=int, default=None,
+                   help="shared memory each process's arena keeps for reuse once freed, "
+                        "MiB (default: 4 chunks); past it, a segment that becomes free "
+                        "goes back to the system (the first chunk always stays)")
     p.add_argument("--startup-timeout-secs", type=float, default=120.0)
     for proto in ("http", "grpc"):
         p.add_argument(f"--{proto}-header-forward-pattern", default="", metavar="REGEX",

@@ -12,7 +12,7 @@ from typing import Callable
 import msgspec
 
 from scheduler.supervisor import Child, describe_exit
-from scheduler.worker_pool import RestartPolicy
+from scheduler.worker_pool import RestartPolicy, arena_high_water
 from shm.arena import remove_segments
 from shm.channel import Outbox, ipc_address
 from shm.messages.frontend import Drain, FrontendReady, FrontendStopped
@@ -158,6 +158,7 @@ class FrontendPool:
             "--index", str(index), "--address", address,
             "--scheduler", self.scheduler_address,
             "--segment-prefix", fe.prefix, "--arena-bytes", str(a.arena_mib << 20),
+            *arena_high_water(a),
             "--http-address", a.http_address, "--http-port", str(a.http_port),
             "--grpc-address", a.grpc_address, "--grpc-port", str(a.grpc_port),
             "--allow-http", str(a.allow_http).lower(), "--allow-grpc", str(a.allow_grpc).lower(),

@@ -56,6 +56,12 @@ def execute_timeout(config_json: bytes, backend_config: dict[str, str]) -> float
         raise RuntimeError(f"execute timeout must be a number of seconds, got {value!r}")
 
 
+def arena_high_water(args) -> list[str]:
+    """The arena flag a frontend or worker gets: --arena-high-water-mib in bytes."""
+    mib = getattr(args, "arena_high_water_mib", None)
+    return [] if mib is None else ["--arena-high-water", str(mib << 20)]
+
+
 class WorkerHandle:
     """A worker process and what the scheduler is waiting to hear from it."""
 
@@ -236,6 +242,7 @@ class WorkerPool:
         worker.child = Child(f"worker {label}", "workers.main", [
             "--name", label, "--address", address, "--scheduler", self.scheduler_address,
             "--segment-prefix", worker.prefix, "--arena-bytes", str(a.arena_mib << 20),
+            *arena_high_water(a),
             "--device", device or "cpu",
             "--log-settings", msgspec.json.encode(a.log_settings).decode(),
         ], on_exit=self._on_exit, executable=executable, env=env)

@@ -2,9 +2,12 @@
 
 An `Arena` belongs to exactly one process: only it allocates, frees, creates and unlinks
 its segments. Other processes map those segments through a `SegmentCache` and touch only
-the blocks handed to them. Segments are created once, pre-faulted, and reused: writing
-into fresh pages costs a page fault per 4 KiB (~1 GB/s here) while a warm copy runs at
-tens of GB/s, so a segment per request would be slower than the network.
+the blocks handed to them. Segments are reused: writing into fresh pages costs a page
+fault per 4 KiB (~1 GB/s here) while a warm copy runs at tens of GB/s, so a segment per
+request would be slower than the network. The first chunk is pre-faulted and kept for
+the life of the process; later segments are created sparse (tmpfs gives a page when it
+is first written), so a block reserved for bytes that never come costs no memory, and
+they go back to the system once wholly free while the arena is past its high-water mark.
 
 We open `/dev/shm/<name>` directly instead of `multiprocessing.shared_memory`, whose
 resource tracker would unlink segments it believes a reader leaked.
@@ -24,6 +27,11 @@ ALIGN = 256  # covers cache lines and the alignment CUDA copies like
 PAGE = mmap.PAGESIZE
 # Linux 5.14+; Python 3.11's mmap module does not name it yet.
 _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+# Frees a shared mapping's pages and their tmpfs backing (a hole punched in the file),
+# for every process that maps it; what is read there afterwards is zeros.
+_MADV_REMOVE = getattr(mmap, "MADV_REMOVE", 9)
+# An arena keeps this many chunks of segments for reuse once they are free (see Arena).
+HIGH_WATER_CHUNKS = 4
 
 
 def _round_up(n: int, to: int) -> int:
@@ -86,6 +94,14 @@ class Segment:
         zero = bytes(1)
         for off in range(0, self.size, PAGE):
             self._map[off:off + 1] = zero
+
+    def punch(self) -> None:
+        """Give every page back to the system (the file keeps its size: a mapping that
+        still reads it sees zeros, never SIGBUS). Only for a segment nobody uses."""
+        try:
+            self._map.madvise(_MADV_REMOVE)
+        except (OSError, ValueError):
+            pass  # not tmpfs, or no MADV_REMOVE: unlinking still frees it once unmapped
 
     def close(self) -> None:
         self.view.release()
@@ -157,32 +173,49 @@ class _FreeList:
 class Arena:
     """Blocks in a growing set of segments named `<prefix>-<n>`, owned by one process.
 
-    A request larger than the chunk size gets a segment of its own size, which stays in
-    the arena for reuse: a server that saw one 64 MiB input will likely see another.
+    The first chunk-sized segment is the warm floor: pre-faulted (with `prefault`) and
+    kept. Every other segment, a chunk or a request larger than the chunk in a segment
+    of its own, is created sparse, its pages allocated as they are first written. Free
+    segments are kept for reuse while the arena's segments add up to at most
+    `high_water` bytes; past that, a segment that becomes wholly free is punched (its
+    pages go back at once, even while readers still map it) and unlinked. Only whole
+    segments are given back: a free range inside a segment in use may be pinned for DMA
+    by a GPU worker, whose pinned pages a punched hole would leave behind.
     """
 
     def __init__(self, prefix: str, chunk_size: int = 64 << 20, prefault: bool = True,
-                 on_segment=None):
+                 on_segment=None, high_water: int | None = None, on_release=None):
         check_name(prefix)
-        # called with each new segment's view (a GPU worker pins it for DMA)
+        # called with each new segment's view (a GPU worker pins it for DMA), and with
+        # the view of each segment given back, before it is unmapped (unpins it)
         self.on_segment = on_segment
+        self.on_release = on_release
         self.prefix = prefix
         self.chunk_size = _round_up(chunk_size, PAGE)
         self.prefault = prefault
+        self.high_water = (HIGH_WATER_CHUNKS * self.chunk_size if high_water is None
+                           else max(0, high_water))
         self.segments: dict[str, Segment] = {}
         self._lists: dict[str, _FreeList] = {}
         self._order: list[str] = []
         self._bases: dict[str, int] = {}
         self._counter = 0
+        self._floor: str | None = None  # the warm first chunk, never given back
+        self.capacity = 0  # bytes of all segments
 
     def _grow(self, nbytes: int) -> str:
         size = max(self.chunk_size, _round_up(nbytes, PAGE))
         name = f"{self.prefix}-{self._counter}"
         self._counter += 1
-        seg = self.segments[name] = Segment.create(name, size, prefault=self.prefault)
+        floor = self._floor is None and size == self.chunk_size
+        seg = self.segments[name] = Segment.create(name, size,
+                                                   prefault=floor and self.prefault)
+        if floor:
+            self._floor = name
         self._lists[name] = _FreeList(size)
         self._bases[name] = address_of(seg.view)
         self._order.append(name)
+        self.capacity += size
         if self.on_segment is not None:
             self.on_segment(seg.view)
         return name
@@ -203,6 +236,22 @@ class Arena:
         lst = self._lists.get(name)
         if lst is not None and offset in lst.used:
             lst.free(offset)
+            if not lst.used and self.capacity > self.high_water and name != self._floor:
+                self._give_back(name)
+
+    def _give_back(self, name: str) -> None:
+        """A wholly free segment goes: its pages now, its name and mapping with them.
+        Readers drop their mappings of it when they next map a new segment
+        (SegmentCache); names are never reused, so a stale mapping is never read."""
+        seg = self.segments.pop(name)
+        del self._lists[name], self._bases[name]
+        self._order.remove(name)
+        self.capacity -= seg.size
+        if self.on_release is not None:
+            self.on_release(seg.view)
+        seg.punch()
+        seg.unlink()
+        seg.close()
 
     def locate(self, buf) -> tuple[str, int] | None:
         """(segment, offset) if `buf` already lies inside one of this arena's segments."""
@@ -217,6 +266,16 @@ class Arena:
     def used_bytes(self) -> int:
         return sum(sum(lst.used.values()) for lst in self._lists.values())
 
+    def resident_bytes(self) -> int:
+        """Bytes of memory the segments hold now (tmpfs counts the pages written)."""
+        total = 0
+        for name in self.segments:
+            try:
+                total += os.stat(os.path.join(SHM_DIR, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+        return total
+
     def close(self) -> None:
         """Unmap and unlink every segment (the owner's job, once, at exit)."""
         for seg in self.segments.values():
@@ -226,15 +285,19 @@ class Arena:
         self._lists.clear()
         self._order.clear()
         self._bases.clear()
+        self.capacity = 0
 
 
 class SegmentCache:
-    """Segments of other processes, mapped once on first use and kept."""
+    """Segments of other processes, mapped once on first use and kept until their owner
+    gives them back (unlinks them): the mappings of segments gone are dropped whenever a
+    new segment is mapped, which is when an owner that gave one back has made another."""
 
-    def __init__(self, on_map=None):
+    def __init__(self, on_map=None, on_unmap=None):
         self._segments: dict[str, Segment] = {}
         self._lock = threading.Lock()  # framework workers read from several threads
         self.on_map = on_map  # called with each newly mapped segment's view
+        self.on_unmap = on_unmap  # and with each one's view before it is unmapped
 
     def view(self, name: str, offset: int, nbytes: int) -> memoryview:
         seg = self._segments.get(name)
@@ -242,6 +305,7 @@ class SegmentCache:
             with self._lock:
                 seg = self._segments.get(name)
                 if seg is None:
+                    self._drop_gone()
                     seg = Segment.attach(name)
                     if self.on_map is not None:
                         self.on_map(seg.view)
@@ -250,10 +314,23 @@ class SegmentCache:
             raise ValueError(f"block [{offset}, {offset + nbytes}) lies outside segment {name}")
         return seg.view[offset:offset + nbytes]
 
+    def _drop_gone(self) -> None:
+        """Unmap the segments whose owners unlinked them (they hold no block anyone
+        reads: an owner gives back only a wholly free segment)."""
+        for name in list(self._segments):
+            if not os.path.exists(os.path.join(SHM_DIR, name)):
+                self._unmap(self._segments.pop(name))
+
+    def _unmap(self, seg: Segment) -> None:
+        if self.on_unmap is not None:
+            self.on_unmap(seg.view)
+        seg.close()
+
     def forget(self, prefix: str) -> None:
         """Drop mappings of a process that is gone (its segments were unlinked)."""
-        for name in [n for n in self._segments if n.startswith(prefix)]:
-            self._segments.pop(name).close()
+        with self._lock:
+            for name in [n for n in self._segments if n.startswith(prefix)]:
+                self._unmap(self._segments.pop(name))
 
     def close(self) -> None:
         for seg in self._segments.values():

@@ -47,7 +47,8 @@ from workers.backends import create_instance
 from workers.python_backend import bls, pb_utils
 from workers.python_backend.bls import BlsClient
 from workers.sequence import SequenceContext
-from workers.tensors import ANSWERED, ANSWERED_FAILED, Copies, TensorIO, targets_of
+from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, TensorIO, targets_of,
+                             unpinner)
 
 log = logging.getLogger("shmserve.worker")
 
@@ -113,7 +114,7 @@ class InstanceThread:
 
 class Worker:
     def __init__(self, name: str, address: str, scheduler: str, segment_prefix: str,
-                 arena_bytes: int, device: str = "cpu"):
+                 arena_bytes: int, device: str = "cpu", high_water: int | None = None):
         self.name = name
         self.address = address
         self.scheduler = scheduler
@@ -127,7 +128,8 @@ class Worker:
             from shm.cuda import pin, unpin
         # Arena chunks are created on first large output, not at start, so a model
         # that only answers with small tensors costs no shared memory.
-        self.arena = Arena(segment_prefix, chunk_size=arena_bytes, on_segment=pin)
+        self.arena = Arena(segment_prefix, chunk_size=arena_bytes, on_segment=pin,
+                           high_water=high_water, on_release=unpinner(unpin))
         self.io = TensorIO(self.arena, address, pin, unpin)
         self.instances = {}
         self.threads: dict[str, InstanceThread] = {}
@@ -471,6 +473,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scheduler", required=True)
     p.add_argument("--segment-prefix", required=True)
     p.add_argument("--arena-bytes", type=int, default=64 << 20)
+    p.add_argument("--arena-high-water", type=int, default=None,
+                   help="bytes of free arena segments kept for reuse (default: 4 chunks)")
     p.add_argument("--device", default="cpu", help='"cpu" or "gpu:N"')
     p.add_argument("--log-settings", default="{}", help="LogSettings as JSON")
     args = p.parse_args(argv)
@@ -486,7 +490,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the scheduler coordinates shutdown
     die_with_parent(signal.SIGTERM)
     worker = Worker(args.name, args.address, args.scheduler, args.segment_prefix,
-                    args.arena_bytes, args.device)
+                    args.arena_bytes, args.device, args.arena_high_water)
     worker.run()
     sys.exit(0)
 

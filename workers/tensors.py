@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 from shm import datatypes
-from shm.arena import Arena, SegmentCache
+from shm.arena import Arena, SegmentCache, address_of
 from shm.errors import ErrorCode, InferError
 from shm.regions import RegionMaps
 from shm.tensor import INLINE_MAX, TensorRef, arena_blocks
@@ -91,7 +91,9 @@ class TensorIO:
     def __init__(self, arena: Arena, owner: str, pin=None, unpin=None):
         self.arena = arena
         self.owner = owner
-        self.segments = SegmentCache(on_map=pin)
+        # a segment pinned when first mapped is unpinned before it is unmapped (its
+        # owner gave it back, or died), or its pinned pages would outlive it
+        self.segments = SegmentCache(on_map=pin, on_unmap=unpinner(unpin))
         self.regions = RegionMaps(pin, unpin)
         self._lock = threading.Lock()  # the arena and `_held`, shared by threads
         # .unsynced: this thread queued a copy into a client's CUDA region on its
@@ -280,6 +282,13 @@ class TensorIO:
     def close(self) -> None:
         self.segments.close()
         self.regions.close()
+
+
+def unpinner(unpin):
+    """on_unmap/on_release for segments that `pin` registered (None: nothing pinned)."""
+    if unpin is None:
+        return None
+    return lambda view: unpin(address_of(view))
 
 
 def targets_of(request) -> dict[str, TensorRef] | None:

@@ -87,3 +87,160 @@ def test_remove_segments_by_prefix(arena):
 def test_names_are_plain(name):
     with pytest.raises(ValueError):
         check_name(name)
+
+
+# -- memory: reserved as bytes arrive, given back past the high-water mark ------------
+
+
+def _allocated(name):
+    """Bytes of memory a segment holds (tmpfs allocates a page when first written)."""
+    return os.stat(f"/dev/shm/{name}").st_blocks * 512
+
+
+def _mapped_rss(name):
+    """Resident bytes of this process's mapping of segment `name` (0 if unmapped)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if not line[:1].isupper():  # a mapping's header line: range, perms, path
+                inside = line.rstrip().split(" ", 5)[-1].strip().startswith(
+                    f"/dev/shm/{name}")
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_only_the_first_chunk_is_prefaulted_and_a_reservation_costs_no_memory(arena):
+    floor, _, _ = arena.alloc(arena.chunk_size)
+    assert _allocated(floor) == arena.chunk_size  # the warm floor
+    seg, off, view = arena.alloc(arena.chunk_size)  # a second chunk, reserved
+    big, _, big_view = arena.alloc(3 * arena.chunk_size)  # a segment of its own
+    assert len({floor, seg, big}) == 3
+    assert _allocated(seg) == 0 and _allocated(big) == 0  # nothing written: nothing held
+    view[:1] = b"x"  # one byte arrives
+    big_view[-1:] = b"y"
+    assert _allocated(seg) == 4096 and _allocated(big) == 4096  # one page each
+
+
+def test_free_segments_are_kept_for_reuse_under_the_high_water_mark():
+    a = Arena(f"shmserve-unittest-{os.getpid()}-keep", chunk_size=1 << 20,
+              high_water=3 << 20)
+    try:
+        blocks = [a.alloc(a.chunk_size) for _ in range(3)]  # 3 MiB: at the mark
+        for seg, off, view in blocks:
+            view[:] = b"w" * len(view)
+            a.free(seg, off)
+        assert len(_on_disk(a.prefix)) == 3 and a.capacity == 3 << 20
+        again = a.alloc(a.chunk_size)  # reused, and still warm
+        assert again[0] == blocks[0][0] and _allocated(blocks[1][0]) == a.chunk_size
+    finally:
+        a.close()
+
+
+def test_past_the_high_water_mark_a_wholly_free_segment_goes_back():
+    a = Arena(f"shmserve-unittest-{os.getpid()}-give", chunk_size=1 << 20,
+              high_water=2 << 20)
+    cache = SegmentCache()
+    try:
+        blocks = [a.alloc(a.chunk_size) for _ in range(4)]
+        blocks.append(a.alloc(3 * a.chunk_size))  # a segment of its own
+        for seg, off, view in blocks:
+            view[:] = b"w" * len(view)
+        assert a.resident_bytes() == 7 << 20
+        # a reader maps the last two and reads them whole: their pages must go even
+        # while it still maps them
+        for seg, off, view in blocks[3:]:
+            assert bytes(cache.view(seg, off, len(view))) == b"w" * len(view)
+        half = a.alloc(a.chunk_size // 2)  # keeps the segment it lies in busy
+        for seg, off, _ in blocks:
+            a.free(seg, off)
+        # 8 MiB of segments against a 2 MiB mark: each segment that becomes wholly
+        # free goes, but the floor and the one still in use (half) stay
+        assert _on_disk(a.prefix) == sorted([blocks[0][0], half[0]])
+        assert a.capacity == 2 << 20
+        assert a.resident_bytes() == 1 << 20  # the floor: `half` was never written
+        gone = [seg for seg, _, _ in blocks[1:]]
+        # the reader's mappings of given-back segments hold no memory any more
+        assert all(_mapped_rss(seg) == 0 for seg in gone)
+        # and the reader drops them when it next maps a segment
+        unmapped = []
+        cache.on_unmap = unmapped.append
+        cache.view(half[0], half[1], 64)
+        assert len(unmapped) == 2 and all(_mapped_rss(seg) == 0 for seg in gone)
+        assert sorted(cache._segments) == [half[0]]
+    finally:
+        cache.close()
+        a.close()
+
+
+def test_the_first_chunk_stays_whatever_the_mark():
+    a = Arena(f"shmserve-unittest-{os.getpid()}-floor", chunk_size=1 << 20, high_water=0)
+    try:
+        seg, off, _ = a.alloc(100)
+        other = a.alloc(a.chunk_size)
+        a.free(seg, off)
+        a.free(other[0], other[1])
+        assert _on_disk(a.prefix) == [seg] and _allocated(seg) == a.chunk_size
+    finally:
+        a.close()
+
+
+def test_an_oversized_first_block_is_no_floor():
+    """A huge first request must not become a pre-faulted segment kept for ever."""
+    a = Arena(f"shmserve-unittest-{os.getpid()}-big", chunk_size=1 << 20, high_water=0)
+    try:
+        seg, off, _ = a.alloc(8 << 20)
+        assert _allocated(seg) == 0
+        a.free(seg, off)
+        assert _on_disk(a.prefix) == []
+    finally:
+        a.close()
+
+
+def test_a_gpu_worker_unpins_what_it_gives_back_or_stops_mapping():
+    """A GPU worker pins its own segments and those it maps: a segment given back is
+    unpinned first (pinned pages would outlive it), on either side."""
+    from shm.arena import address_of
+    from shm.tensor import TensorRef, arena_blocks
+    from workers.tensors import Copies, TensorIO, unpinner
+
+    pinned, unpinned = {}, []
+
+    def pin(view):
+        pinned[address_of(view)] = len(view)
+        return address_of(view)
+
+    def unpin(address):
+        del pinned[address]
+        unpinned.append(address)
+
+    prefix = f"shmserve-unittest-{os.getpid()}"
+    outputs = Arena(f"{prefix}-w", chunk_size=1 << 20, high_water=0, on_segment=pin,
+                    on_release=unpinner(unpin))
+    inputs = Arena(f"{prefix}-f", chunk_size=1 << 20, high_water=0)  # a frontend's
+    io = TensorIO(outputs, "ipc://w", pin, unpin)
+    try:
+        one = np.ones(1 << 18, np.float32)  # a chunk
+        refs = io.write([("A", "FP32", one), ("B", "FP32", one)], None, "ipc://fe", Copies())
+        assert len(pinned) == 2  # the floor and a second segment, both pinned
+        io.released("ipc://fe", arena_blocks(refs))
+        assert list(pinned.values()) == [1 << 20] and len(outputs.segments) == 1
+        assert len(unpinned) == 1
+
+        inputs.alloc(1 << 20)  # the frontend's floor, busy
+        seg, off, view = inputs.alloc(1 << 20)
+        io.input(TensorRef("X", "FP32", [1 << 18], segment=seg, offset=off,
+                           nbytes=1 << 20))
+        assert len(pinned) == 2  # mapped, so pinned
+        given_back = address_of(io.segments._segments[seg].view)
+        inputs.free(seg, off)  # given back by its owner
+        seg2, off2, _ = inputs.alloc(1 << 20)
+        io.input(TensorRef("X", "FP32", [1 << 18], segment=seg2, offset=off2,
+                           nbytes=1 << 20))
+        # the new one pinned, the one given back unpinned and unmapped
+        assert unpinned[1:] == [given_back] and seg not in io.segments._segments
+        assert len(pinned) == 2
+    finally:
+        io.close()
+        outputs.close()
+        inputs.close()

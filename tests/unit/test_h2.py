@@ -369,7 +369,7 @@ class FakeArena:
         self.given = {}  # block -> its buffer
         self.freed = []
 
-    def body_buffer(self, nbytes):
+    def body_buffer(self, nbytes, quota=None):
         block = ("seg", len(self.given))
         self.given[block] = buf = bytearray(nbytes)
         return memoryview(buf), block

@@ -30,7 +30,7 @@ class ArenaCore(FakeCore):
         self.blocks = []
         self.freed = []
 
-    def body_buffer(self, n):
+    def body_buffer(self, n, quota=None):
         block = len(self.blocks)
         self.blocks.append(n)
         return memoryview(bytearray(n)), block

@@ -118,10 +118,12 @@ class FakeSegments:
 
 
 def core_with_stream(rid=1, blocks=(("seg", 64),)):
+    from frontend.body_budget import BodyBudget
     from frontend.core import SchedulerCore
 
     core = SchedulerCore.__new__(SchedulerCore)
     core.arena, core.outbox, core.segments = FakeArena(), FakeOutbox(), FakeSegments()
+    core.bodies = BodyBudget()
     core.address, core.scheduler = "fe", "sched"
     core.pending = {}
     core.idle = asyncio.Event()
