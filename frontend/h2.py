@@ -181,10 +181,9 @@ class H2Connection(H2Output):
                 self.on_frame(word & 0xFF, flags, sid & 0x7FFFFFFF, buf, start, pos)
             else:
                 raise _Enough
-            del buf[:pos]
+            self._consume(pos)
         except _Enough:  # this read's share of work is done: the rest at the next turn
-            del buf[:pos]
-            if len(buf) >= 9:
+            if len(self._consume(pos)) >= 9:
                 self._yield()
         except ConnectionError_ as e:
             self.reading = False
@@ -200,6 +199,16 @@ class H2Connection(H2Output):
             self.data_sent = True  # keepalive hook (grpc-core resets its ping clock)
         if self.out:
             self._write_out()
+
+    def _consume(self, pos: int) -> bytearray:
+        """Drop the first `pos` bytes of the read buffer (handled); the buffer left."""
+        try:
+            del self.buf[:pos]
+        except BufferError:
+            # a view handed to a hook outlived its call (a logged traceback keeps its
+            # frames): that buffer stays the view's, the connection goes on in a copy
+            self.buf = bytearray(memoryview(self.buf)[pos:])
+        return self.buf
 
     def _handshake(self, buf: bytearray) -> int:
         """Check the client preface and that SETTINGS comes first (RFC 9113 3.4): the

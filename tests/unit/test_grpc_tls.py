@@ -35,7 +35,7 @@ class ArenaCore(FakeCore):
         super().__init__()
         self.blocks = []
 
-    def body_buffer(self, nbytes):
+    def body_buffer(self, nbytes, quota=None):
         self.blocks.append(nbytes)
         return memoryview(bytearray(nbytes)), ("block", len(self.blocks))
 

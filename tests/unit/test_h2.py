@@ -466,3 +466,25 @@ async def test_a_large_reply_goes_out_as_views_of_the_message_not_a_joined_copy(
     assert any(isinstance(i, memoryview) and len(i) == 16384 for i in items)
     assert p.body(3) == struct.pack(">BI", 0, 200000) + b"x" * 200000
     assert p.of(3, h2.HEADERS)[-1][3]["grpc-status"] == "0"
+
+
+@run
+async def test_a_view_of_the_read_buffer_kept_past_its_call_breaks_nothing():
+    # a hook's view of a DATA frame (e.g. held by a logged traceback's frames) must
+    # not make the next read fail on resizing the buffer it points into
+    p = Peer(_echo_handlers())
+    kept = []
+    original = p.conn.stream_data
+
+    def keep(stream, data):
+        kept.append(data)  # outlives the call
+        original(stream, data)
+
+    p.conn.stream_data = keep
+    p.request(1, "/s/Echo", b"first")
+    await p.settle()
+    p.request(3, "/s/Echo", b"second")
+    await p.settle()
+    assert p.body(1) == b"\x00\x00\x00\x00\x05first"
+    assert p.body(3) == b"\x00\x00\x00\x00\x06second"
+    assert not p.transport.closed
