@@ -20,7 +20,7 @@ from frontend.core import SchedulerCore
 from frontend.grpc_tls import TlsSettings
 from frontend.h2_keepalive import KeepaliveSettings
 from frontend.sockets import reuseport_socket
-from shm.lifecycle import die_with_parent, keep_freed_heap, run_loop
+from shm.lifecycle import die_with_parent, keep_freed_heap, run_loop, watch_parent
 from shm.log import configure_logging
 from shm.messages.frontend import FrontendReady, FrontendStopped
 from shm.messages.settings import LogSettings
@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     args.role = f"frontend[{args.index}]"
     configure_logging(args.role, msgspec.json.decode(args.log_settings, type=LogSettings))
     die_with_parent(signal.SIGTERM)
+    watch_parent(args.segment_prefix, args.address)
     keep_freed_heap()  # large bodies and responses reuse pages, not fault them in again
     sys.exit(run_loop(serve(args)))
 

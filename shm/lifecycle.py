@@ -6,6 +6,8 @@ import ctypes
 import os
 import shutil
 import signal
+import threading
+import time
 
 _PR_SET_PDEATHSIG = 1
 _parent = 0  # the pid of the scheduler that started this process
@@ -91,6 +93,26 @@ def parent_gone() -> bool:
     except (OSError, IndexError):
         return True
     return state in (b"Z", b"X")
+
+
+def watch_parent(segment_prefix: str, address: str = "", period: float = 1.0) -> None:
+    """End this process once the scheduler that started it has been gone for two
+    looks in a row (`period` apart), whatever its main thread is doing.
+
+    PDEATHSIG only asks: a frontend handles that SIGTERM on its event loop, so a loop
+    held by one request (a long parse) never heard it, and the orphan kept the server's
+    ports and segments for minutes after the server was killed. A thread gets the GIL
+    from such a loop at the interpreter's switch interval; the second look leaves the
+    loop's own orphan handling its chance first."""
+    def watch():
+        missed = 0
+        while True:
+            time.sleep(period)
+            missed = missed + 1 if parent_gone() else 0
+            if missed >= 2:
+                exit_orphaned(segment_prefix, address)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def exit_orphaned(segment_prefix: str, address: str = "") -> None:

@@ -32,7 +32,7 @@ import msgspec
 from shm.arena import Arena
 from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError
-from shm.lifecycle import die_with_parent, exit_orphaned, parent_gone
+from shm.lifecycle import die_with_parent, exit_orphaned, parent_gone, watch_parent
 from shm.log import apply_log_settings, configure_logging
 from shm.messages.frontend import CancelRequest
 from shm.messages.regions import RegionGone
@@ -489,6 +489,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the scheduler coordinates shutdown
     die_with_parent(signal.SIGTERM)
+    watch_parent(args.segment_prefix, args.address)  # a model's call may hold the thread
     worker = Worker(args.name, args.address, args.scheduler, args.segment_prefix,
                     args.arena_bytes, args.device, args.arena_high_water)
     worker.run()
