@@ -95,11 +95,7 @@ def decode_infer_request(data) -> DecodedRequest:
             raise _bad("failed to parse the ModelInferRequest message") from None
         request = request_from_message(msg, msg.raw_input_contents)
     else:
-        head, raws = split_raw_input_contents(data)
-        try:
-            msg = ModelInferRequest.FromString(head)
-        except Exception:
-            raise _bad("failed to parse the ModelInferRequest message") from None
+        msg, raws = parse_infer_request(data)
         request = request_from_message(msg, raws)
     if key is not None:
         _remember(key, msg, request)
@@ -115,6 +111,9 @@ def decode_infer_request(data) -> DecodedRequest:
 _REQUESTS: dict[bytes, tuple] = {}
 _FIELD_KEYS = frozenset((0x0A, 0x12, 0x1A, 0x22, 0x2A, 0x32))  # fields 1-6, length-delimited
 _ID_KEY = 0x1A
+# a longer key (names, shapes, parameters) is not remembered: 4096 keys of a few
+# MiB each would hold GiBs for a client that varies them
+_TEMPLATE_KEY_MAX = 16 * 1024
 
 
 def _from_template(data: bytes):
@@ -122,13 +121,15 @@ def _from_template(data: bytes):
     (None, key) when it could be remembered once decoded; (None, None) otherwise."""
     pos, end = 0, len(data)
     head = None
+    fields = 0
     try:
         # protobuf writes fields in number order: 1-6, then every raw_input_contents
         while pos < end:
             key = data[pos]
             if key == _RAW_INPUT_KEY:
                 break
-            if key not in _FIELD_KEYS:
+            fields += 1
+            if key not in _FIELD_KEYS or fields > WALK_FIELDS_MAX:
                 return None, None
             size, start = _varint(data, pos + 1)
             nxt = start + size
@@ -137,7 +138,7 @@ def _from_template(data: bytes):
                 rid_span = (start, nxt)
                 id_end = nxt
             pos = nxt
-        if pos > end:
+        if pos > end or pos > _TEMPLATE_KEY_MAX:
             return None, None
         if head is None:
             key, rid = bytes(data[:pos]), ""
@@ -192,29 +193,76 @@ def request_id_of(data) -> str:
     """The `id` of a serialized ModelInferRequest, "" when it cannot be read (errors
     report it so that stream clients know which request failed)."""
     try:
-        head, _ = split_raw_input_contents(data)
-        return ModelInferRequest.FromString(head).id
+        return parse_infer_request(data)[0].id
     except Exception:
         return ""
 
 
-def split_raw_input_contents(data) -> tuple[bytes, list[memoryview]]:
-    """Split a serialized ModelInferRequest into its other fields (bytes, to parse) and
-    memoryviews over each raw_input_contents entry, in order.
+# The walker below reads at most this many top-level fields in Python; a message with
+# more (a legitimate request has a handful per input) is left to protobuf, whose C
+# parser is ~10x faster per field. So a message of millions of tiny fields costs
+# protobuf's time, linear in its bytes, never a Python loop turn per two bytes.
+WALK_FIELDS_MAX = 1024
 
-    Walks the top-level fields only (a handful per request). `data`: bytes or a
-    memoryview, as decode_infer_request takes it."""
+
+def parse_infer_request(data):
+    """A serialized ModelInferRequest -> (message without its raw_input_contents,
+    the raw_input_contents as memoryviews of `data` or bytes); InferError when
+    protobuf would refuse the message, exactly then.
+
+    The raw contents are split off by `split_raw_input_contents` so that protobuf
+    never copies them; where the walker is unsure (a wire type other than 0, 1, 2 or
+    5, field number 0, a truncated or overlong field, too many fields) protobuf
+    parses the whole message and decides."""
+    split = split_raw_input_contents(data)
+    if split is None:
+        msg = _parse(data)
+        return msg, msg.raw_input_contents
+    head, raws = split
+    return _parse(head), raws
+
+
+def _parse(data):
+    try:
+        return ModelInferRequest.FromString(data)
+    except Exception:
+        raise _bad("failed to parse the ModelInferRequest message") from None
+
+
+def split_raw_input_contents(data):
+    """Split a serialized ModelInferRequest into its other fields (bytes, to parse) and
+    memoryviews over each raw_input_contents entry, in order; None when the message is
+    not plainly made of fields protobuf reads (then protobuf must decide).
+
+    Walks the top-level fields only (a handful per request), at most WALK_FIELDS_MAX
+    of them. `data`: bytes or a memoryview, as decode_infer_request takes it. Where it
+    answers, protobuf's parse of the whole message and of the returned head agree:
+    every field it steps over is one protobuf reads the same way (number >= 1, wire
+    type 0, 1, 2 or 5, inside the message), and raw_input_contents is a bytes field."""
     if not isinstance(data, (bytes, memoryview)):
         data = bytes(data)
-    view = memoryview(data)
     raws: list[memoryview] = []
     head: list[memoryview] = []
-    pos, end, kept = 0, len(data), 0
+    pos, end, kept, fields = 0, len(data), 0, 0
+    view = None
     try:
         while pos < end:
+            fields += 1
+            if fields > WALK_FIELDS_MAX:
+                return None
             start = pos
-            key, pos = _varint(data, pos)
+            key = data[pos]
+            if key < 0x80:
+                pos += 1
+            else:  # field numbers 16-2047; a longer key is protobuf's to read
+                b = data[pos + 1]
+                if b >= 0x80 or not b:
+                    return None
+                key = (key & 0x7F) | (b << 7)
+                pos += 2
             wire = key & 7
+            if key < 8:  # field number 0: protobuf refuses the message
+                return None
             if wire == 2:
                 size, pos = _varint(data, pos)
                 nxt = pos + size
@@ -224,52 +272,25 @@ def split_raw_input_contents(data) -> tuple[bytes, list[memoryview]]:
                 nxt = pos + 8
             elif wire == 5:
                 nxt = pos + 4
-            elif wire == 3:  # a group (unknown here): protobuf skips it, and so do we
-                nxt = _skip_group(data, pos, key >> 3)
-            else:
-                raise IndexError
+            else:  # groups (3, 4) and the invalid wire types 6 and 7
+                return None
             if nxt > end:
-                raise IndexError
+                return None
             if key == _RAW_INPUT_KEY:
+                if view is None:
+                    view = memoryview(data)
                 if start > kept:
                     head.append(view[kept:start])
                 raws.append(view[pos:nxt])
                 kept = nxt
             pos = nxt
-    except IndexError:
-        raise _bad("failed to parse the ModelInferRequest message") from None
+    except IndexError:  # a key or varint cut off by the end, or a varint over 10 bytes
+        return None
     if not raws:
         return data, raws
     if kept < end:
         head.append(view[kept:end])
     return b"".join(head), raws
-
-
-def _skip_group(data: bytes, pos: int, field: int, depth: int = 0) -> int:
-    """The position after the end-group tag that closes group `field` opened just
-    before `pos`; IndexError when it never closes (or nests absurdly deep)."""
-    if depth > 64:
-        raise IndexError
-    end = len(data)
-    while pos < end:
-        key, pos = _varint(data, pos)
-        wire = key & 7
-        if wire == 0:
-            _, pos = _varint(data, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 2:
-            size, pos = _varint(data, pos)
-            pos += size
-        elif wire == 5:
-            pos += 4
-        elif wire == 3:
-            pos = _skip_group(data, pos, key >> 3, depth + 1)
-        elif wire == 4 and key >> 3 == field:
-            return pos
-        else:
-            raise IndexError
-    raise IndexError
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
