@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import gzip
 import inspect
 import logging
 import struct
@@ -30,7 +29,7 @@ from collections import deque
 
 import grpc
 
-from . import h2
+from . import h2, inflate
 from .restricted import Restrictions, grpc_refusal
 from .types import BODY_IN_ARENA_MIN
 
@@ -126,7 +125,34 @@ class RequestStream:
         item = self.items.popleft()
         if isinstance(item, Abort):
             raise item
+        if type(item) is Inflating:
+            return await item.message()
         return item
+
+
+class Inflating:
+    """A compressed request message, inflated when the handler's task takes it: a
+    step at a time (frontend/inflate.py), capped at the largest message the server
+    receives, as grpc-go and grpc-java cap it (grpc-core caps only the compressed
+    size: a few KiB of gzip could make GiBs)."""
+
+    __slots__ = ("conn", "call", "data")
+
+    def __init__(self, conn: "GrpcConnection", call: Call, data):
+        self.conn, self.call, self.data = conn, call, data
+
+    async def message(self):
+        call, limit = self.call, self.conn.server.max_message
+        data, self.data = self.data, None
+        try:
+            data = await inflate.inflate_async(data, call.encoding.decode(), limit,
+                                               http=False)
+        except inflate.TooLarge:
+            raise Abort(8, "grpc: received message after decompression larger than "
+                           "max %d" % limit) from None
+        except zlib.error as e:
+            raise Abort(13, f"Failed to decompress the message: {e}") from None
+        return self.conn._deserialize(call, data)
 
 
 class Call:
@@ -400,15 +426,13 @@ class GrpcConnection(h2.H2Connection):
 
     def _message(self, call: Call, flag: int, data: bytes):
         if flag:
-            try:
-                if call.encoding == b"gzip":
-                    data = gzip.decompress(data)
-                elif call.encoding == b"deflate":
-                    data = zlib.decompress(data)
-                else:
-                    raise Abort(13, "Compressed message without grpc-encoding")
-            except (OSError, zlib.error, EOFError) as e:
-                raise Abort(13, f"Failed to decompress the message: {e}") from None
+            if call.encoding not in (b"gzip", b"deflate"):
+                raise Abort(13, "Compressed message without grpc-encoding")
+            # inflated by the task that runs the handler, a step at a time
+            return Inflating(self, call, data)
+        return self._deserialize(call, data)
+
+    def _deserialize(self, call: Call, data):
         deser = call.handler.request_deserializer
         if deser is not None:
             try:
@@ -431,6 +455,8 @@ class GrpcConnection(h2.H2Connection):
 
     async def _run_unary(self, call: Call, behavior, request) -> None:
         try:
+            if type(request) is Inflating:
+                request = await request.message()
             response = await behavior(request, call)
             ser = call.handler.response_serializer
             if ser is not None:
@@ -444,6 +470,8 @@ class GrpcConnection(h2.H2Connection):
 
     async def _run_streaming(self, call: Call, behavior, request) -> None:
         try:
+            if type(request) is Inflating:
+                request = await request.message()
             result = behavior(request, call)
             if inspect.isasyncgen(result):
                 async for message in result:
@@ -521,9 +549,12 @@ class NativeGrpcServer:
     """A listening socket and its connections; the grpc.aio.Server calls main.py uses
     (start, stop, bound_port)."""
 
+    max_message = MAX_MESSAGE_BYTES  # the largest message, once decompressed
+
     def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
                  body_buffer=None, free_blocks=None, arena_paths=(),
-                 arena_body_max: int = ARENA_BODY_MAX):
+                 arena_body_max: int = ARENA_BODY_MAX,
+                 max_message: int = MAX_MESSAGE_BYTES):
         self.handlers = handlers  # "/service/Method" -> grpc.RpcMethodHandler
         self.restrictions = restrictions or None
         # large unary messages to `arena_paths` are received into blocks that
@@ -533,6 +564,7 @@ class NativeGrpcServer:
         self.free_blocks = free_blocks
         self.arena_paths = frozenset(arena_paths)
         self.arena_body_max = arena_body_max
+        self.max_message = max_message
         self.sock = sock
         self.bound_port = sock.getsockname()[1]
         self.connections: set[GrpcConnection] = set()

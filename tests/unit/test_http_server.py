@@ -100,6 +100,11 @@ class FakeCore:
 
 def call(app, method, path, body=b"", headers=()):
     """Drive the ASGI app once; returns (status, {header: value}, body)."""
+    return asyncio.run(acall(app, method, path, body, headers))
+
+
+async def acall(app, method, path, body=b"", headers=()):
+    """call(), on the running loop."""
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
         "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
@@ -123,7 +128,7 @@ def call(app, method, path, body=b"", headers=()):
     async def send(message):
         sent.append(message)
 
-    asyncio.run(app(scope, receive, send))
+    await app(scope, receive, send)
     start = sent[0]
     out = b"".join(m.get("body", b"") for m in sent[1:])
     head = {k.decode(): v.decode() for k, v in start["headers"]}
@@ -310,6 +315,33 @@ def test_infer_gzip_request_and_response(app):
     # Triton 2.51: 501 Not Implemented, with the encodings it takes
     assert status == 501 and head["accept-encoding"] == "gzip, deflate"
     assert json.loads(out) == {"error": "Unsupported compression type"}
+
+
+def test_a_gzip_bomb_is_capped_and_inflates_in_steps(core):
+    """48 MiB of zeros in 47 KiB of gzip, under a 32 MiB --http-max-input-size: a 400
+    once 32 MiB are out, inflated a step at a time so that a request sent meanwhile
+    on the same loop is answered first."""
+    app = make_http_app(core, max_input_size=32 << 20)
+    bomb = gzip.compress(bytes(48 << 20), 9)
+    done = []
+
+    async def both():
+        async def one(name, *args):
+            result = await acall(app, *args)
+            done.append(name)
+            return result
+        return await asyncio.gather(
+            one("bomb", "POST", "/v2/models/identity/infer", bomb,
+                [("Content-Encoding", "gzip")]),
+            one("live", "GET", "/v2/health/live"))
+
+    start = time.process_time()
+    bombed, live = asyncio.run(both())
+    assert error(bombed) == (400, "Decompressed data size exceeds the maximum allowed "
+                                  f"value of {32 << 20} bytes. Use --http-max-input-size "
+                                  "to increase the limit.")
+    assert live[0] == 200 and done == ["live", "bomb"]
+    assert time.process_time() - start < 5.0  # generous: ~0.15 s of inflate here
 
 
 def test_infer_raw_binary_request(app, core):
