@@ -34,6 +34,8 @@ from .types import (CORRELATION_ID_MAX, CORRELATION_ID_TOO_LONG, DecodedInput,
 # 0.18 (0.44). So msgspec parses (straight from the body's memoryview) and orjson
 # writes; each falls back to the other, then to the standard library.
 # RecursionError: a document nested deeper than the decoder's stack is malformed input
+# (msgspec's and json's limits are ~1000 levels); every route that parses JSON
+# catches JSON_ERRORS, so that such a body is a 400, not a 500
 _JSON_ERRORS: tuple = (ValueError, RecursionError)
 try:
     import msgspec
@@ -57,6 +59,7 @@ if msgspec is None and orjson is None:  # pragma: no cover
 
     def json_dumps(obj) -> bytes:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+JSON_ERRORS = _JSON_ERRORS
 
 HEADER_LENGTH = "inference-header-content-length"  # lower case, as ASGI gives headers
 _INVALID = ErrorCode.INVALID_ARG

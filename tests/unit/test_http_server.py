@@ -496,3 +496,68 @@ def test_tritonclient_http_end_to_end(served):
 def test_codec_module_uses_a_fast_json(app):
     # msgspec is installed with the project; the json fallback is only for its absence
     assert http_codec.json_dumps({"a": [1]}) == b'{"a":[1]}'
+
+
+# ------------------------------------------------------------------ deep JSON
+
+
+class EveryCallCore(FakeCore):
+    """FakeCore with the control calls every route makes, answering plainly."""
+
+    async def shm_call(self, *args, **kwargs):
+        return []
+
+    async def log_settings(self, update=None):
+        from shm.messages.settings import LogSettings
+        return LogSettings()
+
+    async def trace_settings(self, model="", update=None):
+        return {}
+
+    async def repository_index(self, ready=False):
+        return []
+
+    async def repository_load(self, name, config=None, files=None):
+        return None
+
+    async def repository_unload(self, name, unload_dependents=False):
+        return None
+
+
+def _deep(depth: int, kind: str) -> str:
+    return '{"a":' * depth + "1" + "}" * depth if kind == "object" else \
+        "[" * depth + "]" * depth
+
+
+# the routes that read a JSON body (every other POST route ignores its body)
+JSON_ROUTES = {"/infer", "/generate", "/generate_stream", "/infer_stream", "/register",
+               "/v2/logging", "/trace/setting", "/v2/repository/index", "/load",
+               "/unload"}
+
+
+@pytest.mark.parametrize("depth", [1100, 100_000])
+@pytest.mark.parametrize("kind", ["object", "array"])
+def test_json_nested_past_the_parser_is_a_400_on_every_route(depth, kind):
+    """JSON nested deeper than the parser's stack (~1000 levels) raised RecursionError,
+    which repository load, shm register and the settings and generate routes answered
+    with a 500 (or not at all). Every route: never a 5xx; those that read JSON, a 400
+    with {"error": ...}. (Triton's rapidjson parses any depth and ignores what it does
+    not know: it answers 200 for a load whose body is one deep unknown member.)"""
+    app = make_http_app(EveryCallCore())
+    deep = _deep(depth, kind)
+    bodies = [deep, '{"parameters": %s}' % deep, '{"inputs": %s}' % deep]
+    json_routes = 0
+    for route in app.routes:
+        path = (route.path.replace("{model_name}", "identity").replace("{version}", "1")
+                .replace("{name}", "region"))
+        if "POST" not in (route.methods or ()):
+            continue
+        for body in bodies:
+            status, head, out = call(app, "POST", path, body.encode(),
+                                     [("content-type", "application/json")])
+            assert status < 500, (route.path, status, out[:200])
+            if any(route.path.endswith(r) for r in JSON_ROUTES):
+                assert status == 400, (route.path, status, out[:200])
+                assert error((status, head, out))[1]
+        json_routes += any(route.path.endswith(r) for r in JSON_ROUTES)
+    assert json_routes >= 15  # the model routes twice (with and without a version)

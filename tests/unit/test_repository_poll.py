@@ -94,6 +94,10 @@ def test_config_override_parses_json_and_checks_the_name():
         parse_override("{not json", "m")
     with pytest.raises(ConfigError, match="Invalid config override"):
         parse_override('{"input": [{"data_type": "TYPE_BOGUS"}]}', "m")
+    # nested past json's stack: RecursionError escaped the load (issue 25)
+    for deep in ('{"a":' * 100_000 + "1" + "}" * 100_000, "[" * 100_000 + "]" * 100_000):
+        with pytest.raises(ConfigError, match="Invalid config override"):
+            parse_override(deep, "m")
 
 
 def test_poll_failure_is_tritons_words():
