@@ -179,10 +179,30 @@ class HttpProtocol(asyncio.Protocol):
                 log.debug("malformed HTTP request: %s", exc)
                 self.error = _plain(400, b"Invalid HTTP request received.")
             self.closing = True
+            cur = self.current
+            if not self.in_headers and cur is not None and not cur.body_done:
+                self._drop(cur)  # its body broke off: it can never be answered
         if self.closing:
             self._pause_reading()
             if not self.pipeline:
                 self._close()
+
+    def _drop(self, req: _Request) -> None:
+        """`req` will get no more body (a malformed chunk, a deadline): it leaves the
+        pipeline, its handler sees the client gone, and the connection's error (a
+        400, uvicorn's answer to a parser error) is written after the requests before
+        it are answered; or nothing, if its own response had begun."""
+        req.gone = True
+        req.wake()
+        if req.watching and req.task is not None:
+            req.task.cancel()
+        if req.block is not None:
+            self.infer.core.free_blocks([req.block])
+            req.block = req.arena = None
+        if req.chunked is not None or (req.done and not req.body_done):
+            self.error = None  # its response went out (or began): no second one
+        if req in self.pipeline:
+            self.pipeline.remove(req)
 
     # ------------------------------------------------------------ parser callbacks
 
