@@ -1,8 +1,8 @@
 """The bounded end-to-end fuzz run (issue 11, part 6): a few thousand seeded malformed
 requests (tests/data/fuzz_cases.py: malformed JSON, lying Inference-Header-Content-
 Length and binary_data_size, huge, negative and mismatched shapes, bad datatypes, lying
-BYTES length prefixes, truncated and slow bodies, random bytes, over HTTP, gRPC and the
-gRPC stream) against a real server. No process dies, every answer is one its case
+BYTES length prefixes, truncated, slow and malformed chunked bodies, random bytes, over
+HTTP, gRPC and the gRPC stream) against a real server. No process dies, every answer is one its case
 allows (a 4xx or a gRPC client-error code; a hang-up only where the body never came
 whole; a success only where the mutation may have left the request valid: never a 5xx,
 gRPC INTERNAL or UNKNOWN, nor a timeout), a valid request after each chunk of cases
