@@ -31,6 +31,7 @@ ModelInferRequest = service_pb2.ModelInferRequest
 ModelInferResponse = service_pb2.ModelInferResponse
 
 _INVALID = ErrorCode.INVALID_ARG
+_UNPARSED = "failed to parse the ModelInferRequest message"
 # Below this size a request goes through protobuf whole: the copies it makes cost less
 # than splitting the message in Python (measured: equal near 64 KiB; 5 vs 9 us at 16 KiB).
 SPLIT_THRESHOLD = 64 * 1024
@@ -92,7 +93,7 @@ def decode_infer_request(data) -> DecodedRequest:
         try:
             msg = ModelInferRequest.FromString(data)
         except Exception:
-            raise _bad("failed to parse the ModelInferRequest message") from None
+            raise _bad(_UNPARSED) from None
         request = request_from_message(msg, msg.raw_input_contents)
     else:
         msg, raws = parse_infer_request(data)
@@ -211,9 +212,9 @@ def parse_infer_request(data):
     protobuf would refuse the message, exactly then.
 
     The raw contents are split off by `split_raw_input_contents` so that protobuf
-    never copies them; where the walker is unsure (a wire type other than 0, 1, 2 or
-    5, field number 0, a truncated or overlong field, too many fields) protobuf
-    parses the whole message and decides."""
+    never copies them; where the walker is unsure (a group, a key of 3 bytes or more,
+    more than WALK_FIELDS_MAX fields) protobuf parses the whole message and decides
+    (a copy of it first, when it is a memoryview: protobuf's own)."""
     split = split_raw_input_contents(data)
     if split is None:
         msg = _parse(data)
@@ -226,13 +227,15 @@ def _parse(data):
     try:
         return ModelInferRequest.FromString(data)
     except Exception:
-        raise _bad("failed to parse the ModelInferRequest message") from None
+        raise _bad(_UNPARSED) from None
 
 
 def split_raw_input_contents(data):
     """Split a serialized ModelInferRequest into its other fields (bytes, to parse) and
-    memoryviews over each raw_input_contents entry, in order; None when the message is
-    not plainly made of fields protobuf reads (then protobuf must decide).
+    memoryviews over each raw_input_contents entry, in order; None when protobuf must
+    decide; InferError when protobuf would refuse the message, whatever its other
+    fields (field number 0, an end-group tag or wire type 6 or 7 at the top, a varint
+    over 10 bytes, a field cut off by the end).
 
     Walks the top-level fields only (a handful per request), at most WALK_FIELDS_MAX
     of them. `data`: bytes or a memoryview, as decode_infer_request takes it. Where it
@@ -241,15 +244,49 @@ def split_raw_input_contents(data):
     type 0, 1, 2 or 5, inside the message), and raw_input_contents is a bytes field."""
     if not isinstance(data, (bytes, memoryview)):
         data = bytes(data)
-    raws: list[memoryview] = []
+    spans: list[tuple[int, int, int]] = []
+    status = _walk(data, spans)
+    if status is _DEFER:
+        return None
+    if status is not _WHOLE:
+        raise _bad(_UNPARSED)
+    if not spans:
+        return data, []
+    view = memoryview(data)
     head: list[memoryview] = []
-    pos, end, kept, fields = 0, len(data), 0, 0
-    view = None
+    raws: list[memoryview] = []
+    kept = 0
+    for start, value, nxt in spans:
+        if start > kept:
+            head.append(view[kept:start])
+        raws.append(view[value:nxt])
+        kept = nxt
+    if kept < len(data):
+        head.append(view[kept:])
+    return b"".join(head), raws
+
+
+def malformed_prefix(data) -> bool:
+    """Whether a message beginning with `data` is one protobuf refuses, whatever
+    follows: a compressed message's inflation stops as soon as it is (a GiB of gzipped
+    zeros is refused at its first byte, not once inflated)."""
+    return _walk(data, None) is _REFUSED
+
+
+# _walk's answers: the message walked to its end; protobuf must decide; protobuf
+# refuses it; the data ends inside a field (refused, or undecided for a prefix)
+_WHOLE, _DEFER, _REFUSED, _CUT = "whole", "defer", "refused", "cut"
+
+
+def _walk(data, spans: list | None) -> str:
+    """Walk `data`'s top-level fields, appending (field start, value start, end) of
+    each raw_input_contents entry to `spans`; one of the answers above."""
+    pos, end, fields = 0, len(data), 0
     try:
         while pos < end:
             fields += 1
             if fields > WALK_FIELDS_MAX:
-                return None
+                return _DEFER
             start = pos
             key = data[pos]
             if key < 0x80:
@@ -257,12 +294,12 @@ def split_raw_input_contents(data):
             else:  # field numbers 16-2047; a longer key is protobuf's to read
                 b = data[pos + 1]
                 if b >= 0x80 or not b:
-                    return None
+                    return _DEFER
                 key = (key & 0x7F) | (b << 7)
                 pos += 2
             wire = key & 7
-            if key < 8:  # field number 0: protobuf refuses the message
-                return None
+            if key < 8 or wire == 4 or wire > 5:
+                return _REFUSED  # field number 0, an end without a group, 6 and 7
             if wire == 2:
                 size, pos = _varint(data, pos)
                 nxt = pos + size
@@ -272,25 +309,23 @@ def split_raw_input_contents(data):
                 nxt = pos + 8
             elif wire == 5:
                 nxt = pos + 4
-            else:  # groups (3, 4) and the invalid wire types 6 and 7
-                return None
+            else:  # a group: protobuf skips it, nested as deep as it allows
+                return _DEFER
             if nxt > end:
-                return None
-            if key == _RAW_INPUT_KEY:
-                if view is None:
-                    view = memoryview(data)
-                if start > kept:
-                    head.append(view[kept:start])
-                raws.append(view[pos:nxt])
-                kept = nxt
+                return _CUT
+            if key == _RAW_INPUT_KEY and spans is not None:
+                spans.append((start, pos, nxt))
             pos = nxt
-    except IndexError:  # a key or varint cut off by the end, or a varint over 10 bytes
-        return None
-    if not raws:
-        return data, raws
-    if kept < end:
-        head.append(view[kept:end])
-    return b"".join(head), raws
+    except _Overlong:
+        return _REFUSED
+    except IndexError:
+        return _CUT
+    return _WHOLE
+
+
+class _Overlong(IndexError):
+    """A varint of more than 10 bytes (an IndexError: callers that only walk treat it
+    as any field they cannot read)."""
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -306,7 +341,7 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             return value, pos + 1
         shift += 7
         if shift > 63:
-            raise IndexError
+            raise _Overlong
 
 
 def request_from_message(msg, raws) -> DecodedRequest:

@@ -142,11 +142,13 @@ class Inflating:
         self.conn, self.call, self.data = conn, call, data
 
     async def message(self):
-        call, limit = self.call, self.conn.server.max_message
+        call, server = self.call, self.conn.server
+        limit = server.max_message
         data, self.data = self.data, None
         try:
             data = await inflate.inflate_async(data, call.encoding.decode(), limit,
-                                               http=False)
+                                               http=False,
+                                               check=server.message_checks.get(call.path))
         except inflate.TooLarge:
             raise Abort(8, "grpc: received message after decompression larger than "
                            "max %d" % limit) from None
@@ -550,11 +552,14 @@ class NativeGrpcServer:
     (start, stop, bound_port)."""
 
     max_message = MAX_MESSAGE_BYTES  # the largest message, once decompressed
+    # path -> check(prefix): whether a message beginning so is malformed whatever
+    # follows (a compressed one stops inflating then)
+    message_checks: dict = {}
 
     def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
                  body_buffer=None, free_blocks=None, arena_paths=(),
                  arena_body_max: int = ARENA_BODY_MAX,
-                 max_message: int = MAX_MESSAGE_BYTES):
+                 max_message: int = MAX_MESSAGE_BYTES, message_checks: dict | None = None):
         self.handlers = handlers  # "/service/Method" -> grpc.RpcMethodHandler
         self.restrictions = restrictions or None
         # large unary messages to `arena_paths` are received into blocks that
@@ -565,6 +570,7 @@ class NativeGrpcServer:
         self.arena_paths = frozenset(arena_paths)
         self.arena_body_max = arena_body_max
         self.max_message = max_message
+        self.message_checks = message_checks or {}
         self.sock = sock
         self.bound_port = sock.getsockname()[1]
         self.connections: set[GrpcConnection] = set()

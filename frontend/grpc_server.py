@@ -97,7 +97,10 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
                                 arena_body_max=getattr(getattr(core, "arena", None),
                                                        "chunk_size", 64 << 20) - 5,
                                 free_blocks=getattr(core, "free_blocks", None),
-                                arena_paths=("/inference.GRPCInferenceService/ModelInfer",))
+                                arena_paths=("/inference.GRPCInferenceService/ModelInfer",),
+                                message_checks={
+                                    f"/{SERVICE}/{method}": grpc_codec.malformed_prefix
+                                    for method in ("ModelInfer", "ModelStreamInfer")})
     if frontend != "grpcio":
         raise ValueError(f"unknown gRPC frontend {frontend!r}")
     # no interceptor at all when nothing is restricted: it would cost every RPC

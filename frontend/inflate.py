@@ -104,9 +104,14 @@ def inflate(data, encoding: str, limit: int, http: bool) -> memoryview:
     return inf.result()
 
 
-async def inflate_async(data, encoding: str, limit: int, http: bool) -> memoryview:
-    """STEP bytes at a time, the event loop serving others in between."""
+async def inflate_async(data, encoding: str, limit: int, http: bool,
+                        check=None) -> memoryview:
+    """STEP bytes at a time, the event loop serving others in between. `check(out)`,
+    after each step: True when what came out so far is bad however it goes on (then
+    that is the result: its reader refuses it without the rest being inflated)."""
     inf = Inflater(data, encoding, limit, http)
     while not inf.step():
+        if check is not None and check(inf.out):
+            break
         await asyncio.sleep(0)
     return inf.result()

@@ -177,8 +177,29 @@ def test_a_message_of_tiny_fields_costs_no_python_loop_per_field(wire):
         decode_infer_request(wire)
     except InferError as e:
         assert e.code == ErrorCode.INVALID_ARG
-    assert grpc_codec.split_raw_input_contents(wire) is None  # protobuf decided
+    if wire[0]:
+        assert grpc_codec.split_raw_input_contents(wire) is None  # protobuf decided
+    else:  # refused by the walker at the first field, with no copy for protobuf
+        with pytest.raises(InferError):
+            grpc_codec.split_raw_input_contents(memoryview(wire))
+        assert grpc_codec.malformed_prefix(wire[:100])
     assert time.process_time() - start < 2.0
+
+
+@pytest.mark.parametrize("prefix,malformed", [
+    (b"\x00", True), (b"\x0a\x01m\x00", True), (b"\x0c", True), (b"\x0e", True),
+    (b"\x08" + b"\xff" * 10, True),     # a varint over 10 bytes, whatever follows
+    (b"\x0a\x05ab", False),             # cut off: more may follow
+    (b"\x08\xff", False), (b"\x0a", False), (b"", False),
+    (b"\x3b", False),                    # a group: protobuf's to judge
+])
+def test_a_prefix_is_malformed_only_when_nothing_after_it_could_mend_it(prefix,
+                                                                      malformed):
+    assert grpc_codec.malformed_prefix(prefix) is malformed
+    if malformed:  # and protobuf agrees, for any continuation
+        for tail in (b"", b"\x0a\x01m", bytes(20)):
+            with pytest.raises(Exception):
+                service_pb2.ModelInferRequest.FromString(prefix + tail)
 
 
 def test_the_walker_reads_a_bounded_number_of_fields():

@@ -12,7 +12,8 @@ import zlib
 import grpc
 import pytest
 
-from frontend import h2, inflate
+from frontend import grpc_codec, h2, inflate
+from shm.errors import InferError
 from tests.unit.test_h2 import Peer, _echo_handlers, run
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,7 +37,16 @@ def _handlers():
         async for r in requests:
             await context.write(bytes(r).upper())
 
+    async def infer(request, context):  # ModelInfer's parse, without a model
+        try:
+            grpc_codec.parse_infer_request(request)
+        except InferError as e:  # says how much of the message was inflated
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{e.message} ({len(request)} bytes)")
+        return b"%d" % len(request)
+
     handlers["/s/Chat"] = grpc.stream_stream_rpc_method_handler(chat)
+    handlers["/s/Infer"] = grpc.unary_unary_rpc_method_handler(infer)
     return handlers
 
 
@@ -118,6 +128,26 @@ async def test_a_bomb_costs_the_cap_and_holds_no_other_call_up():
     # a bound on CPU, generous: 32 MiB of inflate is ~0.15 s here; the whole 48 MiB
     # (or a GiB-sized bomb's claim) would be more
     assert time.process_time() - start < 5.0
+
+
+@run
+async def test_a_message_malformed_from_its_first_bytes_stops_inflating_there():
+    """Gzipped zeros (the attack probe sent 1 MiB of them: 1 GiB) under the 2 GiB
+    limit: a ModelInferRequest beginning with field number 0 is refused whatever
+    follows, so the inflation stops after its first step and the request is refused
+    then; a valid beginning goes on inflating (up to the limit)."""
+    p = peer(2**31 - 1)
+    p.conn.server.message_checks = {"/s/Infer": grpc_codec.malformed_prefix}
+    compressed(p, 1, "/s/Infer", gzip.compress(bytes(64 << 20), 9))
+    valid = b"\x0a\x01m" + b"\x3a\x80\x80\x80\x02" + bytes(4 << 20)  # 4 MiB raw input
+    compressed(p, 3, "/s/Infer", gzip.compress(valid + b"\x00"))  # field 0 at the end
+    compressed(p, 5, "/s/Infer", gzip.compress(valid))
+    await answered(p, 1, 3, 5)
+    assert status(p, 1) == ("3", "failed to parse the ModelInferRequest message "
+                                 f"({inflate.STEP} bytes)")
+    assert status(p, 3) == ("3", "failed to parse the ModelInferRequest message "
+                                 f"({len(valid) + 1} bytes)")
+    assert status(p, 5)[0] == "0" and p.body(5)[5:] == b"%d" % len(valid)
 
 
 @run

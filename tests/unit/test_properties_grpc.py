@@ -460,6 +460,9 @@ def test_the_raw_contents_walker_answers_as_protobuf():
     def prop(data):
         want = _protobuf_answer(data)
         assert _walker_answer(data) == want
+        # a prefix the walker calls malformed is one no continuation mends
+        if any(grpc_codec.malformed_prefix(data[:k]) for k in range(len(data) + 1)):
+            assert want == "refused"
         seen.add(InferError(ErrorCode.INVALID_ARG, "refused") if want == "refused"
                  else None)
         # and the large-message path of the decoder says the same
