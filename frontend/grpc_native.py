@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import gzip
 import inspect
 import logging
 import struct
@@ -30,7 +29,7 @@ from collections import deque
 
 import grpc
 
-from . import h2
+from . import h2, inflate
 from .grpc_tls import HANDSHAKE_TIMEOUT
 from .h2_keepalive import ConnectionPolicy, KeepaliveSettings
 from .h2_limits import DEFAULT_LIMITS, PROCESS_BUDGET, HeldBudget, Limits
@@ -129,7 +128,36 @@ class RequestStream:
         item = self.items.popleft()
         if isinstance(item, Abort):
             raise item
+        if type(item) is Inflating:
+            return await item.message()
         return item
+
+
+class Inflating:
+    """A compressed request message, inflated when the handler's task takes it: a
+    step at a time (frontend/inflate.py), capped at the largest message the server
+    receives, as grpc-go and grpc-java cap it (grpc-core caps only the compressed
+    size: a few KiB of gzip could make GiBs)."""
+
+    __slots__ = ("conn", "call", "data")
+
+    def __init__(self, conn: "GrpcConnection", call: Call, data):
+        self.conn, self.call, self.data = conn, call, data
+
+    async def message(self):
+        call, server = self.call, self.conn.server
+        limit = server.max_message
+        data, self.data = self.data, None
+        try:
+            data = await inflate.inflate_async(data, call.encoding.decode(), limit,
+                                               http=False,
+                                               check=server.message_checks.get(call.path))
+        except inflate.TooLarge:
+            raise Abort(8, "grpc: received message after decompression larger than "
+                           "max %d" % limit) from None
+        except zlib.error as e:
+            raise Abort(13, f"Failed to decompress the message: {e}") from None
+        return self.conn._deserialize(call, data)
 
 
 class Call:
@@ -432,15 +460,13 @@ class GrpcConnection(h2.H2Connection):
 
     def _message(self, call: Call, flag: int, data: bytes):
         if flag:
-            try:
-                if call.encoding == b"gzip":
-                    data = gzip.decompress(data)
-                elif call.encoding == b"deflate":
-                    data = zlib.decompress(data)
-                else:
-                    raise Abort(13, "Compressed message without grpc-encoding")
-            except (OSError, zlib.error, EOFError) as e:
-                raise Abort(13, f"Failed to decompress the message: {e}") from None
+            if call.encoding not in (b"gzip", b"deflate"):
+                raise Abort(13, "Compressed message without grpc-encoding")
+            # inflated by the task that runs the handler, a step at a time
+            return Inflating(self, call, data)
+        return self._deserialize(call, data)
+
+    def _deserialize(self, call: Call, data):
         deser = call.handler.request_deserializer
         if deser is not None:
             try:
@@ -463,6 +489,8 @@ class GrpcConnection(h2.H2Connection):
 
     async def _run_unary(self, call: Call, behavior, request) -> None:
         try:
+            if type(request) is Inflating:
+                request = await request.message()
             response = await behavior(request, call)
             ser = call.handler.response_serializer
             if ser is not None:
@@ -476,6 +504,8 @@ class GrpcConnection(h2.H2Connection):
 
     async def _run_streaming(self, call: Call, behavior, request) -> None:
         try:
+            if type(request) is Inflating:
+                request = await request.message()
             result = behavior(request, call)
             if inspect.isasyncgen(result):
                 async for message in result:
@@ -560,9 +590,15 @@ class NativeGrpcServer:
 
     TICK = 1.0  # seconds between the connections' time-limit checks (H2Connection.tick)
 
+    max_message = MAX_MESSAGE_BYTES  # the largest message, once decompressed
+    # path -> check(prefix): whether a message beginning so is malformed whatever
+    # follows (a compressed one stops inflating then)
+    message_checks: dict = {}
+
     def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
                  body_buffer=None, free_blocks=None, arena_paths=(),
                  arena_body_max: int = ARENA_BODY_MAX, body_quota=None,
+                 max_message: int = MAX_MESSAGE_BYTES, message_checks: dict | None = None,
                  keepalive: KeepaliveSettings | None = KeepaliveSettings(),
                  ssl_context=None, tls_handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  limits: Limits | None = None, budget: HeldBudget | None = None):
@@ -583,6 +619,8 @@ class NativeGrpcServer:
         self.free_blocks = free_blocks
         self.arena_paths = frozenset(arena_paths)
         self.arena_body_max = arena_body_max
+        self.max_message = max_message
+        self.message_checks = message_checks or {}
         self.sock = sock
         self.bound_port = sock.getsockname()[1]
         self.connections: set[GrpcConnection] = set()

@@ -114,6 +114,9 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
                                 free_blocks=getattr(core, "free_blocks", None),
                                 body_quota=getattr(core, "body_quota", None),
                                 arena_paths=("/inference.GRPCInferenceService/ModelInfer",),
+                                message_checks={
+                                    f"/{SERVICE}/{method}": grpc_codec.malformed_prefix
+                                    for method in ("ModelInfer", "ModelStreamInfer")},
                                 keepalive=keepalive,
                                 ssl_context=server_context(tls) if tls else None,
                                 tls_handshake_timeout=tls_handshake_timeout)

@@ -14,6 +14,15 @@ bodies, `Expect: 100-continue` (answered when the body is first wanted), a malfo
 request is a 400 and the connection closes. Past what uvicorn does: the request line
 and headers are capped (431), and reading stops while the transport's write buffer is
 full (pause_writing) or too many requests wait in the pipeline.
+
+Deadlines, as nginx sets them (a slow sender holds a connection, not the server): a
+request's line and headers must arrive within `header_timeout` of their first byte
+(a new connection's first request, of the connection; nginx's client_header_timeout),
+a body must not stop for `body_timeout` between two reads (client_body_timeout): past
+either, a 408 and a close. A keep-alive connection waiting for a request is closed
+after `idle_timeout`. One sweep looks at every connection a few times per timeout, so
+a request pays no timer. Past `max_connections` open connections, a new one takes the
+place of the longest idle keep-alive one, or is refused with a 503 and closed.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from urllib.parse import unquote
 import httptools
 
 from . import http_codec
+from .http1_limits import (BODY_TIMEOUT, HEADER_TIMEOUT, IDLE, IDLE_TIMEOUT, LINGER,
+                           MAX_CONNECTIONS, TIMED_OUT, default_max_connections, sweep)
 from .http_server import InferEndpoint, infer_headers, infer_target
 from .restricted import input_size_message, path_refusal
 
@@ -35,9 +46,6 @@ log = logging.getLogger(__name__)
 MAX_HEADER_BYTES = 64 * 1024  # request line and headers together
 MAX_PIPELINE = 16  # requests read ahead of the one being answered
 BODY_HIGH_WATER = 64 * 1024  # bytes an ASGI request buffers before reading pauses
-# a keep-alive connection with no request for this long is closed (what the uvicorn
-# transport was configured with, `timeout_keep_alive`)
-IDLE_TIMEOUT = 300.0
 
 _STATUS_LINE = {s.value: b"HTTP/1.1 %d %s\r\n" % (s.value, s.phrase.encode())
                 for s in HTTPStatus}
@@ -92,8 +100,11 @@ class HttpProtocol(asyncio.Protocol):
     """One HTTP/1.1 connection. `app`: http_server's _HttpApp (its `infer` endpoint,
     `restrictions` and `max_input` serve the fast path)."""
 
-    def __init__(self, app, connections: set):
+    def __init__(self, app, connections: set, max_connections: int = MAX_CONNECTIONS,
+                 lingering: set | None = None):
         self.app = app
+        self.max_connections = max_connections
+        self.closed_lingering = lingering if lingering is not None else set()
         self.infer: InferEndpoint = app.infer
         # this connection's share of the arena for request bodies
         self.quota = self.infer.body_quota() if self.infer.body_quota else None
@@ -115,27 +126,87 @@ class HttpProtocol(asyncio.Protocol):
         self.error: bytes | None = None  # a protocol error's answer, after the pipeline
         self.addresses = None
         self.last_active = 0.0  # loop time of the last read or finished response
+        # when the request line of the request being read began (of the connection,
+        # before its first request)
+        self.head_started = 0.0
+        self.served = False  # a request began on this connection
+        self.lingering: asyncio.TimerHandle | None = None  # see _close
 
     # ------------------------------------------------------------ asyncio callbacks
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.last_active = self.head_started = self.loop.time()
+        if len(self.connections) >= self.max_connections and not self._make_room():
+            self.closing = True  # reads nothing; connection_lost finds nothing to do
+            self.error = _plain(503, b"Service Unavailable")
+            self._close()
+            return
         self.connections.add(self)
-        self.last_active = self.loop.time()
 
-    def idle_since(self) -> float | None:
-        """When this connection last read or answered, if it waits for a request now
-        (nothing being read or answered); None while it is busy."""
+    def _make_room(self) -> bool:
+        """At the connection limit: close the keep-alive connection idle the longest,
+        if any, for the one just accepted (nginx reuses those; one that has not sent
+        its first request yet may be on its way, and has the header deadline)."""
+        oldest, since = None, None
+        for conn in self.connections:
+            if conn.served and conn._waiting() and (since is None
+                                                    or conn.last_active < since):
+                oldest, since = conn, conn.last_active
+        if oldest is None:
+            return False
+        oldest.shutdown()
+        return True
+
+    def _waiting(self) -> bool:
+        """Nothing is being read or answered: the connection waits for a request."""
         if self.pipeline or self.in_headers or self.closing:
-            return None
+            return False
         current = self.current
-        if current is not None and not current.done:
+        return current is None or (current.done and current.body_done)
+
+    def overdue(self, now: float, idle: float, header: float, body: float):
+        """TIMED_OUT when a request's line and headers, or its body, stopped coming
+        past their deadline; IDLE when no request came within the idle timeout (the
+        header timeout for a connection's first); else None. Time the server makes a
+        request wait (reading paused, a 100-continue not sent yet, requests before it
+        still being answered) is not counted against it."""
+        if self.closing:
             return None
-        return self.last_active
+        if self.in_headers:
+            if not self.pipeline and now - self.head_started > header:
+                return TIMED_OUT
+            return None
+        cur = self.current
+        if cur is not None and not cur.body_done:
+            if self.read_paused or (cur.expect and not cur.done) or (
+                    self.pipeline and self.pipeline[0] is not cur):
+                return None
+            return TIMED_OUT if now - self.last_active > body else None
+        if not self._waiting():
+            return None
+        if not self.served:
+            idle = min(idle, header)
+        return IDLE if now - self.last_active > idle else None
+
+    def time_out(self) -> None:
+        """A request's line, headers or body stopped coming: a 408, and the connection
+        closes (after the requests before it are answered)."""
+        self.closing = True
+        self.error = _plain(408, b"Request Timeout")
+        cur = self.current
+        if not self.in_headers and cur is not None and not cur.body_done:
+            self._drop(cur)
+        self._pause_reading()
+        if not self.pipeline:
+            self._close()
 
     def connection_lost(self, exc) -> None:
         self.connections.discard(self)
         self.closing = True
+        if self.lingering is not None:
+            self.lingering.cancel()
+            self.closed_lingering.discard(self)
         requests = set(self.pipeline)
         if self.current is not None:
             requests.add(self.current)
@@ -181,15 +252,36 @@ class HttpProtocol(asyncio.Protocol):
                 log.debug("malformed HTTP request: %s", exc)
                 self.error = _plain(400, b"Invalid HTTP request received.")
             self.closing = True
+            cur = self.current
+            if not self.in_headers and cur is not None and not cur.body_done:
+                self._drop(cur)  # its body broke off: it can never be answered
         if self.closing:
             self._pause_reading()
             if not self.pipeline:
                 self._close()
 
+    def _drop(self, req: _Request) -> None:
+        """`req` will get no more body (a malformed chunk, a deadline): it leaves the
+        pipeline, its handler sees the client gone, and the connection's error (a
+        400, uvicorn's answer to a parser error) is written after the requests before
+        it are answered; or nothing, if its own response had begun."""
+        req.gone = True
+        req.wake()
+        if req.watching and req.task is not None:
+            req.task.cancel()
+        if req.block is not None:
+            self.infer.core.free_blocks([req.block])
+            req.block = req.arena = None
+        if req.chunked is not None or (req.done and not req.body_done):
+            self.error = None  # its response went out (or began): no second one
+        if req in self.pipeline:
+            self.pipeline.remove(req)
+
     # ------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
-        self.in_headers = True
+        self.in_headers = self.served = True
+        self.head_started = self.last_active  # the read that brought its first byte
         self.url = b""
         self.headers = []
         self.header_bytes = 0
@@ -305,6 +397,7 @@ class HttpProtocol(asyncio.Protocol):
         elif req.body_done:
             self._run_infer(req)
         elif req.expect:
+            req.expect = False  # sent: the body's deadline runs from here
             self.transport.write(_CONTINUE)
 
     def _finish(self, req: _Request) -> None:
@@ -312,6 +405,8 @@ class HttpProtocol(asyncio.Protocol):
         req.done = True
         req.wake()
         self.last_active = self.loop.time()
+        if self.in_headers:  # the next request's head waited on this one, not the client
+            self.head_started = self.last_active
         if self.pipeline and self.pipeline[0] is req:
             self.pipeline.popleft()
         if not req.keep_alive:
@@ -327,11 +422,28 @@ class HttpProtocol(asyncio.Protocol):
             self._flow()
 
     def _close(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            if self.error is not None:
-                self.transport.write(self.error)
-                self.error = None
-            self.transport.close()
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        error, self.error = self.error, None
+        if error is None or not t.can_write_eof():
+            if error is not None:
+                t.write(error)
+            t.close()
+            return
+        # A protocol error's answer (400, 408, 503): closing with the client's bytes
+        # unread would reset the connection, and the reset can destroy the answer
+        # before the client reads it. So: the answer, our side shut (FIN), and what
+        # the client still sends read and dropped until it closes (eof_received), for
+        # LINGER seconds at most (nginx's lingering close)
+        t.write(error)
+        t.write_eof()
+        self.lingering = self.loop.call_later(LINGER, t.abort)
+        self.connections.discard(self)  # done with: no longer counts against the limit
+        self.closed_lingering.add(self)
+        if self.read_paused:
+            self.read_paused = False
+            t.resume_reading()
 
     def _pause_reading(self) -> None:
         if not self.read_paused and self.transport is not None \
@@ -532,40 +644,31 @@ class HttpProtocol(asyncio.Protocol):
         self.transport.write(b"".join(parts))
 
 
-async def serve(app, sock, idle_timeout: float = IDLE_TIMEOUT) -> "Server":
-    """Serve `app` (http_server's _HttpApp) on the listening socket `sock`; a
-    keep-alive connection idle for `idle_timeout` seconds is closed."""
+async def serve(app, sock, idle_timeout: float = IDLE_TIMEOUT,
+                header_timeout: float = HEADER_TIMEOUT, body_timeout: float = BODY_TIMEOUT,
+                max_connections: int | None = None) -> "Server":
+    """Serve `app` (http_server's _HttpApp) on the listening socket `sock`, with the
+    deadlines and connection limit the module's docstring describes (seconds;
+    `max_connections` None: default_max_connections())."""
     connections: set[HttpProtocol] = set()
+    lingering: set[HttpProtocol] = set()
+    limit = default_max_connections() if max_connections is None else max_connections
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: HttpProtocol(app, connections), sock=sock,
-                                      backlog=2048)
-    return Server(server, connections, loop.create_task(_close_idle(connections,
-                                                                    idle_timeout)))
-
-
-async def _close_idle(connections: set, timeout: float) -> None:
-    """Close the connections that waited `timeout` seconds for a request (looked at
-    every quarter of it, so one may stay up to 1.25 times as long). A sweep, not a
-    timer per connection: a request then costs one clock read, not a timer's arming
-    and cancelling."""
-    loop = asyncio.get_running_loop()
-    period = min(max(timeout / 4, 0.01), 30.0)
-    while True:
-        await asyncio.sleep(period)
-        now = loop.time()
-        for conn in list(connections):
-            since = conn.idle_since()
-            if since is not None and now - since >= timeout:
-                conn.shutdown()
+    server = await loop.create_server(
+        lambda: HttpProtocol(app, connections, limit, lingering), sock=sock, backlog=2048)
+    return Server(server, connections, loop.create_task(
+        sweep(connections, idle_timeout, header_timeout, body_timeout)), lingering)
 
 
 class Server:
     """The listening server and its open connections."""
 
-    def __init__(self, server, connections: set, sweeper: asyncio.Task | None = None):
+    def __init__(self, server, connections: set, sweeper: asyncio.Task | None = None,
+                 lingering: set | None = None):
         self.server = server
         self.connections = connections
         self.sweeper = sweeper
+        self.lingering = lingering if lingering is not None else set()  # see _close
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting, close idle connections, give busy ones `timeout` seconds."""
@@ -577,7 +680,7 @@ class Server:
         deadline = asyncio.get_running_loop().time() + timeout
         while self.connections and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
-        for conn in list(self.connections):
+        for conn in list(self.connections) + list(self.lingering):
             if conn.transport is not None:
                 conn.transport.abort()
         await asyncio.sleep(0.05)  # the aborted connections' tasks see it and end

@@ -12,6 +12,7 @@ Error texts follow Triton's http_server.cc (they are what tritonclient users see
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import struct
@@ -22,6 +23,7 @@ import numpy as np
 from shm.datatypes import NUMPY, element_size, is_known
 from shm.errors import ErrorCode, InferError
 
+from . import inflate
 from .classification import classify
 from .types import (CORRELATION_ID_MAX, CORRELATION_ID_TOO_LONG, DecodedInput,
                     DecodedRequest, InferResult, RequestedOutput)
@@ -32,6 +34,8 @@ from .types import (CORRELATION_ID_MAX, CORRELATION_ID_TOO_LONG, DecodedInput,
 # 0.18 (0.44). So msgspec parses (straight from the body's memoryview) and orjson
 # writes; each falls back to the other, then to the standard library.
 # RecursionError: a document nested deeper than the decoder's stack is malformed input
+# (msgspec's and json's limits are ~1000 levels); every route that parses JSON
+# catches JSON_ERRORS, so that such a body is a 400, not a 500
 _JSON_ERRORS: tuple = (ValueError, RecursionError)
 try:
     import msgspec
@@ -55,6 +59,7 @@ if msgspec is None and orjson is None:  # pragma: no cover
 
     def json_dumps(obj) -> bytes:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+JSON_ERRORS = _JSON_ERRORS
 
 HEADER_LENGTH = "inference-header-content-length"  # lower case, as ASGI gives headers
 _INVALID = ErrorCode.INVALID_ARG
@@ -104,35 +109,47 @@ def parse_header_length(value: str | None, body_length: int) -> int | None:
     return length
 
 
-def decompress(body: bytes, encoding: str | None, limit: int | None = None) -> bytes:
-    """Undo a request's `Content-Encoding` (gzip or deflate, i.e. zlib, as Triton).
-    With `limit`, output past `limit` bytes is refused as Triton refuses it under
-    --http-max-input-size, without inflating more than `limit` + 1 bytes."""
+def decompress(body: bytes, encoding: str | None, limit: int | None = None):
+    """Undo a request's `Content-Encoding` (gzip or deflate, i.e. zlib, as Triton),
+    all at once (`decompress_async` is the server's, a step at a time). Output past
+    `limit` bytes is refused as Triton refuses it under --http-max-input-size,
+    without inflating more than `limit` + 1 bytes."""
     if not encoding or encoding == "identity":
         return body
+    inf = _inflater(body, encoding, limit)
+    try:
+        while not inf.step():
+            pass
+    except (zlib.error, inflate.TooLarge) as e:
+        raise _inflate_error(e, encoding, limit) from None
+    return inf.result()
+
+
+async def decompress_async(body, encoding: str | None, limit: int):
+    """decompress(), inflating inflate.STEP bytes at a time with the event loop serving
+    other requests in between: a gzip bomb holds no one up while it is capped."""
+    if not encoding or encoding == "identity":
+        return body
+    inf = _inflater(body, encoding, limit)
+    try:
+        while not inf.step():
+            await asyncio.sleep(0)
+    except (zlib.error, inflate.TooLarge) as e:
+        raise _inflate_error(e, encoding, limit) from None
+    return inf.result()
+
+
+def _inflater(body, encoding: str, limit: int | None) -> inflate.Inflater:
     if encoding not in ("gzip", "deflate"):
         raise InferError(ErrorCode.UNSUPPORTED, "Unsupported compression type")
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    cap = -1 if limit is None else limit + 1
-    parts, total, data = [], 0, bytes(body)
-    try:
-        while True:  # one pass per gzip member
-            d = zlib.decompressobj(wbits)
-            out = d.decompress(data, 0 if cap < 0 else cap - total)
-            parts.append(out)
-            total += len(out)
-            if limit is not None and total > limit:
-                raise _bad("Decompressed data size exceeds the maximum allowed value of "
-                           f"{limit} bytes. Use --http-max-input-size to increase the "
-                           "limit.")
-            if not d.eof:
-                raise zlib.error("incomplete or truncated stream")
-            data = d.unused_data
-            if encoding != "gzip" or not data:
-                break
-    except zlib.error as e:
-        raise _bad(f"failed to decompress the request body ({encoding}): {e}")
-    return b"".join(parts)
+    return inflate.Inflater(body, encoding, (1 << 62) if limit is None else limit, True)
+
+
+def _inflate_error(e: Exception, encoding: str, limit: int | None) -> InferError:
+    if isinstance(e, inflate.TooLarge):
+        return _bad("Decompressed data size exceeds the maximum allowed value of "
+                    f"{limit} bytes. Use --http-max-input-size to increase the limit.")
+    return _bad(f"failed to decompress the request body ({encoding}): {e}")
 
 
 def decode_infer_request(body, header_length: int | None, model_name: str,

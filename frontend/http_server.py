@@ -296,7 +296,7 @@ class InferEndpoint:
         try:
             version = check_version(version)
             if encoding:
-                body = http_codec.decompress(body, encoding, self.max_input)
+                body = await http_codec.decompress_async(body, encoding, self.max_input)
             length = http_codec.parse_header_length(header_length, len(body))
             if length == 0:
                 view = self.core.get_model(name, version)

@@ -103,7 +103,7 @@ def generate_request(body: bytes, config, model_name: str, version: str) -> Deco
     """A generate request JSON -> DecodedRequest (every output, as JSON)."""
     try:
         obj = json.loads(body) if body else {}
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # nested past json's stack: malformed
         raise InferError(ErrorCode.INVALID_ARG,
                          f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(obj, dict):

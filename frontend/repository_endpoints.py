@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
 from .grpc_codec import grpc_status
-from .http_codec import encode_error, json_dumps, json_loads
+from .http_codec import JSON_ERRORS, encode_error, json_dumps, json_loads
 from .types import FrontendCore
 
 FILE_PREFIX = "file:"
@@ -60,7 +60,7 @@ def _body(raw: bytes) -> dict:
         return {}
     try:
         body = json_loads(raw)
-    except ValueError as e:
+    except JSON_ERRORS as e:
         raise InferError(ErrorCode.INVALID_ARG,
                          f"failed to parse the request JSON buffer: {e}") from None
     return body if type(body) is dict else {}

@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
 from .grpc_codec import grpc_status
-from .http_codec import encode_error, json_dumps, json_loads
+from .http_codec import JSON_ERRORS, encode_error, json_dumps, json_loads
 from .types import FrontendCore
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def parse_settings_body(body: bytes, what: str) -> dict:
         return {}
     try:
         request = json_loads(body)
-    except ValueError as e:  # msgspec.DecodeError is a ValueError
+    except JSON_ERRORS as e:
         raise InferError(ErrorCode.INVALID_ARG,
                          f"failed to parse the {what} request JSON buffer: {e}") from None
     if type(request) is not dict:

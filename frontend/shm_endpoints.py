@@ -30,7 +30,7 @@ from shm.errors import HTTP_STATUS, ErrorCode, InferError
 from shm.messages.regions import CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM
 
 from .grpc_codec import grpc_status
-from .http_codec import encode_error, json_dumps, json_loads
+from .http_codec import JSON_ERRORS, encode_error, json_dumps, json_loads
 from .types import FrontendCore
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def parse_register_body(kind: str, body: bytes) -> dict:
     cuda:   {"raw_handle": {"b64": str}, "device_id": uint, "byte_size": uint}"""
     try:
         request = json_loads(body)
-    except ValueError as e:  # msgspec.DecodeError is a ValueError
+    except JSON_ERRORS as e:
         raise _bad(f"failed to parse the request JSON buffer: {e}")
     if type(request) is not dict:
         raise _bad("failed to parse the request JSON buffer: expected a JSON object")

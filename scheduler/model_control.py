@@ -42,6 +42,20 @@ def poll_failure(name: str) -> InferError:
                       f"failed to load '{name}', failed to poll from model repository")
 
 
+def directory_name(name: str) -> bool:
+    """Whether `name` can be a model's directory: one path component, no NUL, not "."
+    or "..", at most NAME_MAX bytes. A load names the model's directory with it (in a
+    repository, or in the private folder a load's files are written to), so any other
+    name would point elsewhere: '../x' or an absolute path wrote the files outside."""
+    return (bool(name) and name not in (".", "..") and "/" not in name
+            and "\0" not in name and len(name.encode("utf-8", "surrogatepass")) <= 255)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """`path`, resolved (links followed), lies in `folder` (resolved)."""
+    return path.resolve().is_relative_to(folder.resolve())
+
+
 def file_path(key: str) -> str:
     """`file:<version>/<name>` -> the relative path it names; one that would leave the
     model's directory is refused."""
@@ -153,6 +167,11 @@ class ModelControl:
                           entry.op, entry.name, getattr(exc, "message", exc))
 
     async def _load(self, name: str, config: str | None, files: dict[str, bytes]) -> None:
+        if not directory_name(name):
+            # Triton answers a name it finds no directory for so (it writes a load's
+            # files under a folder of its own, not the name, and loads them)
+            log.error("Poll failed for model directory '%s': not a directory name", name)
+            raise poll_failure(name)
         async with self._lock(name):
             source, fp, temp = self._source(name, config, files)
             if fp == self.manager.fingerprints.get(name) and self._loaded(name):
@@ -213,10 +232,15 @@ class ModelControl:
             model_dir = Path(temp) / name
             digest = hashlib.sha256(config.encode())
             try:
+                # the name and each file path were checked; the resolved paths are too
+                if model_dir.resolve().parent != Path(temp).resolve():
+                    raise ValueError(f"model directory '{name}' is not in {temp}")
                 model_dir.mkdir()
                 for key in sorted(files):
                     rel = file_path(key)
                     path = model_dir / rel
+                    if not _inside(path, model_dir):
+                        raise ValueError(f"invalid model file path '{rel}'")
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_bytes(files[key])
                     digest.update(rel.encode() + b"\0" + hashlib.sha256(files[key]).digest())

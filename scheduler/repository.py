@@ -143,7 +143,8 @@ def parse_override(text: str, name: str) -> ModelConfig:
     the model's and must equal it, as a config.pbtxt's must."""
     try:
         config = json_format.Parse(text, ModelConfig())
-    except (json_format.ParseError, ValueError) as e:
+    except (json_format.ParseError, ValueError, RecursionError) as e:
+        # RecursionError: JSON nested past json's stack (~1000 levels)
         raise ConfigError(f"Invalid config override: {e}") from None
     if not config.name:
         config.name = name

@@ -56,6 +56,7 @@ CLASSES = {
     "grpc_datatype_bad": 5,
     "grpc_bytes_prefix_bad": 5,
     "grpc_stream": 3,
+    "chunked_malformed": 3,
 }
 
 # gRPC codes that say "your request is wrong" (Triton maps its client errors to these)
@@ -467,6 +468,49 @@ def _truncated_body(rng):
         frozenset({"4xx"}), "send"
 
 
+# a chunk's framing broken one way or another: each is a request httptools refuses
+# mid-body (issue 25: such bodies got no answer and their connections hung)
+_CHUNK_LIES = {
+    "size not hex": lambda n, rng: b"%s\r\n" % rng.choice(
+        [b"zz", b"-%x" % n, b"0x%x" % n, b"%x %x" % (n, n), b"", b"+%x" % n, b"%x\x00" % n]),
+    "size past 2^64": lambda n, rng: b"%s\r\n" % rng.choice(
+        [b"1" + b"0" * 16, b"f" * 17, b"%x" % (2**64 + n), b"0" * 30 + b"1" + b"0" * 16]),
+    "extension with a bare CR or LF": lambda n, rng: b"%x;%s\r\n" % (n, rng.choice(
+        [b"a\nb", b"a\rb", b"\n", b"x=\"\r\""])),
+    "size line ends in a bare LF": lambda n, rng: b"%x\n" % n,
+}
+
+
+def _chunked_malformed(rng):
+    note, data = _valid_http(rng)
+    head, body = _split_request(data)
+    head = head.replace(b"Content-Length: %d" % len(body), b"Transfer-Encoding: chunked")
+    n = rng.randint(1, 4)
+    cuts = sorted(rng.sample(range(1, len(body)), min(n - 1, len(body) - 1)))
+    parts = [body[a:b] for a, b in zip([0] + cuts, cuts + [len(body)])]
+    chunks = [[b"%x\r\n" % len(p), p, b"\r\n"] for p in parts] + [[b"0\r\n", b"", b"\r\n"]]
+    k = rng.randrange(len(parts))  # the chunk that lies
+    kind = rng.choice(list(_CHUNK_LIES) + ["no CRLF after the data", "bad trailer",
+                                           "huge chunk that never comes"])
+    mode = "send"
+    if kind in _CHUNK_LIES:
+        chunks[k][0] = _CHUNK_LIES[kind](len(parts[k]), rng)
+    elif kind == "no CRLF after the data":
+        chunks[k][2] = rng.choice([b"", b"XY", b"\n", b"\r"])
+    elif kind == "bad trailer":
+        chunks[-1][2] = rng.choice([b"no colon\r\n\r\n", b" x: folded\r\n\r\n",
+                                    b"x y: z\r\n\r\n"])
+    else:  # the size is fine, the body never arrives: the client gives up (EOF)
+        chunks[k][0] = b"%x\r\n" % rng.choice([2**60, 2**64 - 1, 1 << 40])
+        chunks = chunks[:k + 1]
+        mode = "halfclose"
+    # a server may close at the broken chunk before the rest of the bytes arrive:
+    # then the kernel resets the connection, which may reach the client first
+    return f"{note}: chunked, chunk {k} of {len(parts)}: {kind}", \
+        head + b"".join(b"".join(c) for c in chunks), \
+        frozenset({"4xx", "closed", "reset"}), mode
+
+
 def _slow_body(rng):
     if rng.random() < 0.5:
         note, data = _valid_http(rng)
@@ -687,8 +731,9 @@ def case(seed: int, i: int) -> Case:
     if cls in _HTTP_GENERATORS:
         note, data, allowed = _HTTP_GENERATORS[cls](rng)
         return Case(i, cls, "http", note, data, allowed)
-    if cls in ("truncated_body", "random_bytes"):
-        gen = _truncated_body if cls == "truncated_body" else _random_bytes
+    if cls in ("truncated_body", "random_bytes", "chunked_malformed"):
+        gen = {"truncated_body": _truncated_body, "random_bytes": _random_bytes,
+               "chunked_malformed": _chunked_malformed}[cls]
         note, data, allowed, mode = gen(rng)
         return Case(i, cls, "http", note, data, allowed, mode)
     if cls == "slow_body":

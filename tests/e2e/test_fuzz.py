@@ -1,12 +1,12 @@
 """The bounded end-to-end fuzz run (issue 11, part 6): a few thousand seeded malformed
 requests (tests/data/fuzz_cases.py: malformed JSON, lying Inference-Header-Content-
 Length and binary_data_size, huge, negative and mismatched shapes, bad datatypes, lying
-BYTES length prefixes, truncated and slow bodies, random bytes, over HTTP, gRPC and the
-gRPC stream) against a real server. No process dies, every answer is one its case
-allows (a 4xx or a gRPC client-error code; a hang-up only where the body never came
-whole; a success only where the mutation may have left the request valid: never a 5xx,
-gRPC INTERNAL or UNKNOWN, nor a timeout), a valid request after each chunk of cases
-succeeds, and the stopped server leaves no shared memory behind.
+BYTES length prefixes, truncated, slow and malformed chunked bodies, random bytes, over
+HTTP, gRPC and the gRPC stream) against a real server. No process dies, every answer
+is one its case allows (a 4xx or a gRPC client-error code; a hang-up only where the
+body never came whole; a success only where the mutation may have left the request
+valid: never a 5xx, gRPC INTERNAL or UNKNOWN, nor a timeout), a valid request after
+each chunk of cases succeeds, and the stopped server leaves no shared memory behind.
 
 `scripts/fuzz` runs the same corpus against any server; tests/data/fuzz_triton_2.51.json
 holds its cases and outcomes per class for the real Triton 2.51 beside shmserve's."""

@@ -106,10 +106,12 @@ def explicit(repo, tmp_path_factory):
     """Explicit mode, `scaled` loaded at start, two frontends (each must learn of every
     load and unload)."""
     markers = tmp_path_factory.mktemp("markers")
+    temp = tmp_path_factory.mktemp("tmp")  # where its state and a load's files go
     srv = ServerProcess(repo, "--model-control-mode=explicit", "--load-model", "scaled",
                         frontends=2, log_dir=tmp_path_factory.mktemp("logs"),
-                        env={"SHMSERVE_TEST_MARKER_DIR": str(markers)})
-    srv.markers = markers
+                        env={"SHMSERVE_TEST_MARKER_DIR": str(markers),
+                             "TMPDIR": str(temp)})
+    srv.markers, srv.temp = markers, temp
     yield from srv.serve()
 
 
@@ -259,6 +261,36 @@ def test_file_override_loads_a_model_from_the_request_alone(explicit, protocol):
     c.unload_model(name)
     assert not c.is_model_ready(name)
     assert not private.exists()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_load_named_out_of_its_folder_is_refused_and_writes_nothing(explicit, protocol,
+                                                                     tmp_path):
+    """Rule (issue 25): a load's name named the folder its files were written to, so
+    '../x' or an absolute path over gRPC wrote them outside the private folder. A name
+    that is not a directory name is Triton's poll failure now, on both protocols, and
+    nothing is written anywhere. (Over HTTP a name with a slash is no route: 404, as
+    Triton. Triton writes a load's files under a folder of its own whatever the name,
+    and loads them; we refuse the name.)"""
+    c = client(explicit, protocol)
+    tag = f"escaped_{protocol}"
+    names = [f"../{tag}1", f"../../{tag}2", f"../../../{tag}3", str(tmp_path / f"{tag}4"),
+             "..", f"nul\0{tag}5"]
+    for name in names:
+        err = error_of(c.load_model, name, config=scaled_config("x", 1),
+                       files={"file:1/model.py": MODEL_PY})
+        if protocol == "http" and "/" in name:
+            assert err.status() == "404", (name, err)
+            continue
+        assert code_of(protocol, err) == ("500" if protocol == "http" else "INTERNAL")
+        shown = name.replace("\0", "%00") if protocol == "http" else name
+        assert err.message() in (f"failed to load '{name}', failed to poll from model "
+                                 "repository", f"failed to load '{shown}', failed to "
+                                 "poll from model repository"), (name, err)
+    for root in (explicit.temp, tmp_path, explicit.temp.parent):
+        leaked = [str(p) for p in root.rglob(f"*{tag}*")]
+        assert leaked == [], leaked
+    assert infer(explicit, protocol) == 2.0  # and the server serves on
 
 
 def _pending(server, model: str) -> float:

@@ -100,6 +100,11 @@ class FakeCore:
 
 def call(app, method, path, body=b"", headers=()):
     """Drive the ASGI app once; returns (status, {header: value}, body)."""
+    return asyncio.run(acall(app, method, path, body, headers))
+
+
+async def acall(app, method, path, body=b"", headers=()):
+    """call(), on the running loop."""
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
         "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
@@ -123,7 +128,7 @@ def call(app, method, path, body=b"", headers=()):
     async def send(message):
         sent.append(message)
 
-    asyncio.run(app(scope, receive, send))
+    await app(scope, receive, send)
     start = sent[0]
     out = b"".join(m.get("body", b"") for m in sent[1:])
     head = {k.decode(): v.decode() for k, v in start["headers"]}
@@ -312,6 +317,33 @@ def test_infer_gzip_request_and_response(app):
     assert json.loads(out) == {"error": "Unsupported compression type"}
 
 
+def test_a_gzip_bomb_is_capped_and_inflates_in_steps(core):
+    """48 MiB of zeros in 47 KiB of gzip, under a 32 MiB --http-max-input-size: a 400
+    once 32 MiB are out, inflated a step at a time so that a request sent meanwhile
+    on the same loop is answered first."""
+    app = make_http_app(core, max_input_size=32 << 20)
+    bomb = gzip.compress(bytes(48 << 20), 9)
+    done = []
+
+    async def both():
+        async def one(name, *args):
+            result = await acall(app, *args)
+            done.append(name)
+            return result
+        return await asyncio.gather(
+            one("bomb", "POST", "/v2/models/identity/infer", bomb,
+                [("Content-Encoding", "gzip")]),
+            one("live", "GET", "/v2/health/live"))
+
+    start = time.process_time()
+    bombed, live = asyncio.run(both())
+    assert error(bombed) == (400, "Decompressed data size exceeds the maximum allowed "
+                                  f"value of {32 << 20} bytes. Use --http-max-input-size "
+                                  "to increase the limit.")
+    assert live[0] == 200 and done == ["live", "bomb"]
+    assert time.process_time() - start < 5.0  # generous: ~0.15 s of inflate here
+
+
 def test_infer_raw_binary_request(app, core):
     core.models["raw"] = [ModelView("raw", 1, "READY", "", text_format.Parse(
         'name: "raw" max_batch_size: 2 input [{name: "INPUT0" data_type: TYPE_INT32 '
@@ -464,3 +496,68 @@ def test_tritonclient_http_end_to_end(served):
 def test_codec_module_uses_a_fast_json(app):
     # msgspec is installed with the project; the json fallback is only for its absence
     assert http_codec.json_dumps({"a": [1]}) == b'{"a":[1]}'
+
+
+# ------------------------------------------------------------------ deep JSON
+
+
+class EveryCallCore(FakeCore):
+    """FakeCore with the control calls every route makes, answering plainly."""
+
+    async def shm_call(self, *args, **kwargs):
+        return []
+
+    async def log_settings(self, update=None):
+        from shm.messages.settings import LogSettings
+        return LogSettings()
+
+    async def trace_settings(self, model="", update=None):
+        return {}
+
+    async def repository_index(self, ready=False):
+        return []
+
+    async def repository_load(self, name, config=None, files=None):
+        return None
+
+    async def repository_unload(self, name, unload_dependents=False):
+        return None
+
+
+def _deep(depth: int, kind: str) -> str:
+    return '{"a":' * depth + "1" + "}" * depth if kind == "object" else \
+        "[" * depth + "]" * depth
+
+
+# the routes that read a JSON body (every other POST route ignores its body)
+JSON_ROUTES = {"/infer", "/generate", "/generate_stream", "/infer_stream", "/register",
+               "/v2/logging", "/trace/setting", "/v2/repository/index", "/load",
+               "/unload"}
+
+
+@pytest.mark.parametrize("depth", [1100, 100_000])
+@pytest.mark.parametrize("kind", ["object", "array"])
+def test_json_nested_past_the_parser_is_a_400_on_every_route(depth, kind):
+    """JSON nested deeper than the parser's stack (~1000 levels) raised RecursionError,
+    which repository load, shm register and the settings and generate routes answered
+    with a 500 (or not at all). Every route: never a 5xx; those that read JSON, a 400
+    with {"error": ...}. (Triton's rapidjson parses any depth and ignores what it does
+    not know: it answers 200 for a load whose body is one deep unknown member.)"""
+    app = make_http_app(EveryCallCore())
+    deep = _deep(depth, kind)
+    bodies = [deep, '{"parameters": %s}' % deep, '{"inputs": %s}' % deep]
+    json_routes = 0
+    for route in app.routes:
+        path = (route.path.replace("{model_name}", "identity").replace("{version}", "1")
+                .replace("{name}", "region"))
+        if "POST" not in (route.methods or ()):
+            continue
+        for body in bodies:
+            status, head, out = call(app, "POST", path, body.encode(),
+                                     [("content-type", "application/json")])
+            assert status < 500, (route.path, status, out[:200])
+            if any(route.path.endswith(r) for r in JSON_ROUTES):
+                assert status == 400, (route.path, status, out[:200])
+                assert error((status, head, out))[1]
+        json_routes += any(route.path.endswith(r) for r in JSON_ROUTES)
+    assert json_routes >= 15  # the model routes twice (with and without a version)

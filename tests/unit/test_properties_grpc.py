@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from hypothesis import given, note, settings
+from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tritonclient.grpc import _utils as grpc_utils
@@ -56,11 +56,7 @@ def serve(data: bytes, config):
 def split_path(data: bytes):
     """The large-message path, whatever the size: split, then parse the rest."""
     def run():
-        head, raws = grpc_codec.split_raw_input_contents(data)
-        try:
-            msg = service_pb2.ModelInferRequest.FromString(head)
-        except Exception:
-            raise InferError(ErrorCode.INVALID_ARG, "failed to parse") from None
+        msg, raws = grpc_codec.parse_infer_request(data)
         return grpc_codec.request_from_message(msg, raws)
     return refused(run)
 
@@ -365,3 +361,114 @@ def test_tritonclient_messages_round_trip(tensors, outputs, request_id, version,
         want["timeout"] = timeout
     assert req.parameters == want
     assert summary(split_path(data)) == summary(protobuf_path(data))
+
+
+# ------------------------------------------------------- the walker against protobuf
+
+FIELD_NUMBERS = [1, 2, 3, 4, 5, 6, 7, 7, 8, 15, 16, 100, 2047, 2048, 2**29 - 1]
+
+
+def _varint(n: int) -> bytes:
+    return grpc_codec._varint_bytes(n)
+
+
+@st.composite
+def wire_field(draw, valid: bool, depth: int = 0):
+    """One field on the wire. `valid`: one protobuf reads (numbers from 1, wire types
+    0, 1, 2, 5 and closed groups, true lengths); else right or subtly wrong: field
+    number 0, any of the 8 wire types, varints overlong or cut, lengths that lie."""
+    number = draw(st.sampled_from(FIELD_NUMBERS if valid else [0] + FIELD_NUMBERS))
+    wire = draw(st.sampled_from([0, 1, 2, 3, 5] if valid else range(8)))
+    key = _varint(number << 3 | wire)
+    if len(key) < 5 and draw(st.integers(0, 15)) == 0:  # overlong (protobuf: up to 5)
+        key = bytes(b | 0x80 for b in key) + b"\x00"
+    if wire == 0:
+        value = _varint(draw(st.integers(0, 2**64 - 1)))
+        if not valid and draw(st.integers(0, 15)) == 0:
+            value = b"\xff" * draw(st.integers(9, 11)) + b"\x01"
+        return key + value
+    if wire == 1:
+        return key + draw(st.binary(min_size=8, max_size=8))
+    if wire == 5:
+        return key + draw(st.binary(min_size=4, max_size=4))
+    if wire == 2:
+        payload = draw(st.one_of(
+            st.binary(max_size=12),
+            st.builds(b"".join, st.lists(wire_field(valid, depth + 1), max_size=3))
+            if depth < 2 else st.binary(max_size=4)))
+        lie = 0 if valid else draw(st.sampled_from([0, 0, 0, 0, 1, -1, 2**31]))
+        return key + _varint(max(len(payload) + lie, 0)) + payload
+    if wire == 3 and depth < 3:  # a group, closed by its own end tag (or not)
+        inner = draw(st.lists(wire_field(valid, depth + 1), max_size=3))
+        if draw(st.booleans()):  # raw contents inside a group are not raw contents
+            inner.insert(draw(st.integers(0, len(inner))), b"\x3a\x01x")
+        end = number if valid or draw(st.integers(0, 5)) else draw(
+            st.sampled_from(FIELD_NUMBERS))
+        return key + b"".join(inner) + _varint(end << 3 | 4)
+    if wire == 3:
+        return key + _varint(number << 3 | 4) if valid else key
+    return key  # an end-group tag, or wire types 6 and 7: nothing follows
+
+
+@st.composite
+def wire_message(draw):
+    """A message of fields that protobuf reads, or of fields each of which may not
+    be; raw_input_contents among them; sometimes cut short."""
+    valid = draw(st.booleans())
+    fields = draw(st.lists(wire_field(valid), max_size=8))
+    raws = draw(st.lists(st.binary(max_size=20), max_size=3))
+    for raw in raws:  # raw_input_contents, anywhere among the others
+        fields.insert(draw(st.integers(0, len(fields))), b"\x3a" + _varint(len(raw)) + raw)
+    data = b"".join(fields)
+    if data and draw(st.integers(0, 5)) == 0:  # cut short
+        data = data[:draw(st.integers(0, len(data) - 1))]
+    return data
+
+
+def _protobuf_answer(data: bytes):
+    try:
+        msg = service_pb2.ModelInferRequest.FromString(data)
+    except Exception:
+        return "refused"
+    raws = list(msg.raw_input_contents)
+    msg.ClearField("raw_input_contents")
+    return raws, msg.SerializeToString(deterministic=True)
+
+
+def _walker_answer(data: bytes):
+    try:
+        msg, raws = grpc_codec.parse_infer_request(data)
+    except InferError as e:
+        assert e.code == ErrorCode.INVALID_ARG
+        return "refused"
+    raws = [bytes(r) for r in raws]
+    msg = service_pb2.ModelInferRequest.FromString(msg.SerializeToString())
+    msg.ClearField("raw_input_contents")  # present when protobuf parsed the whole
+    return raws, msg.SerializeToString(deterministic=True)
+
+
+def test_the_raw_contents_walker_answers_as_protobuf():
+    """parse_infer_request (the walker, then protobuf on what is left, or on all of
+    it where the walker is unsure) accepts exactly what protobuf accepts, with the
+    same raw_input_contents and the same other fields (unknown ones included)."""
+    seen = Seen()
+
+    @settings(max_examples=2 * settings.default.max_examples)
+    @given(st.one_of(wire_message(), st.binary(max_size=64)))
+    @example(b";:\x01x<")  # raw contents inside a group 7: not raw contents
+    @example(bytes(8))  # field number 0
+    def prop(data):
+        want = _protobuf_answer(data)
+        assert _walker_answer(data) == want
+        # a prefix the walker calls malformed is one no continuation mends
+        if any(grpc_codec.malformed_prefix(data[:k]) for k in range(len(data) + 1)):
+            assert want == "refused"
+        seen.add(InferError(ErrorCode.INVALID_ARG, "refused") if want == "refused"
+                 else None)
+        # and the large-message path of the decoder says the same
+        big = data + (b"\x3a" + _varint(grpc_codec.SPLIT_THRESHOLD)
+                      + bytes(grpc_codec.SPLIT_THRESHOLD))
+        assert (_walker_answer(big) == "refused") == (_protobuf_answer(big) == "refused")
+
+    prop()
+    assert seen.accepted and not seen.missing(["refused"])

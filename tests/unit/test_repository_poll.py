@@ -3,15 +3,17 @@ fingerprint it compares, and the load API's file paths and config override."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from types import SimpleNamespace
 
 import pytest
 
 from scheduler.config import ConfigError
-from scheduler.model_control import file_path, poll_failure
+from scheduler.model_control import ModelControl, directory_name, file_path, poll_failure
 from scheduler.poller import changes
 from scheduler.repository import fingerprint, parse_override
-from shm.errors import ErrorCode
+from shm.errors import ErrorCode, InferError
 
 
 def test_changes_finds_added_removed_and_changed_models():
@@ -94,6 +96,10 @@ def test_config_override_parses_json_and_checks_the_name():
         parse_override("{not json", "m")
     with pytest.raises(ConfigError, match="Invalid config override"):
         parse_override('{"input": [{"data_type": "TYPE_BOGUS"}]}', "m")
+    # nested past json's stack: RecursionError escaped the load (issue 25)
+    for deep in ('{"a":' * 100_000 + "1" + "}" * 100_000, "[" * 100_000 + "]" * 100_000):
+        with pytest.raises(ConfigError, match="Invalid config override"):
+            parse_override(deep, "m")
 
 
 def test_poll_failure_is_tritons_words():
@@ -118,3 +124,56 @@ def test_http_load_parameters_decode_base64_files_and_refuse_non_strings():
     with pytest.raises(Exception) as e:
         http_load_arguments({"config": "{}", "file:1/model.py": "!!!"})
     assert e.value.code == ErrorCode.INVALID_ARG
+
+
+BAD_NAMES = ["../escaped", "../../escaped", "a/b", "..", ".", "", "nul\0name", "x" * 256]
+
+
+@pytest.mark.parametrize("name", ["m", "ok name", "über", "a\\b", ".hidden", "x" * 255])
+def test_model_names_that_are_directory_names(name):
+    assert directory_name(name)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES + ["/abs/escaped"])
+def test_model_names_that_are_not_directory_names(name):
+    assert not directory_name(name)
+
+
+def _control(tmp_path) -> ModelControl:
+    state = tmp_path / "state"
+    state.mkdir()
+    args = SimpleNamespace(model_control_mode="explicit", state_dir=str(state),
+                           repository_poll_secs=0)
+    return ModelControl(manager=None, args=args)
+
+
+def _written(tmp_path) -> list[str]:
+    return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("name", BAD_NAMES + ["ABS"])
+def test_a_load_whose_name_leaves_its_folder_writes_nothing(tmp_path, name):
+    """Rule (issue 25): the name of a load with files named the directory they were
+    written to, unchecked: '../x' or an absolute path wrote them outside the private
+    folder. Such a name is Triton's poll failure, and nothing is written."""
+    control = _control(tmp_path)
+    if name == "ABS":
+        name = str(tmp_path / "escaped")
+    before = _written(tmp_path)
+    config = '{"backend": "python"}'
+    with pytest.raises(InferError) as e:
+        asyncio.run(control.load(name, config, {"file:1/model.py": b"pass"}))
+    assert e.value.code == ErrorCode.INTERNAL
+    assert e.value.message == poll_failure(name).message
+    assert _written(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["../escaped", "../../escaped", "/abs/escaped", ".."])
+def test_the_files_folder_is_checked_once_resolved_too(tmp_path, name):
+    """Below the name check, the model folder's resolved path must be the private
+    folder's child (a second line, for a name the first one let through)."""
+    control = _control(tmp_path)
+    before = _written(tmp_path)
+    with pytest.raises(InferError):
+        control._source(name, "{}", {"file:1/model.py": b"pass"})
+    assert _written(tmp_path) == before
