@@ -56,10 +56,6 @@ log = logging.getLogger(__name__)
 
 MAX_STREAMS = Limits.max_streams
 MAX_HEADER_BLOCK = Limits.max_header_block
-# a WINDOW_UPDATE that lets nothing out is a glitch only when smaller than this: clients
-# give windows back in halves of them, whether or not anything waits
-TINY_INCREMENT = 1024
-
 # why a connection stopped reading (H2Connection.paused)
 PAUSE_BURST = 1  # one read's work is done: the rest waits for the loop's next turn
 PAUSE_BACKLOG = 2  # the peer does not read what we send
@@ -538,16 +534,12 @@ class H2Connection(H2Output):
                 raise ConnectionError_(FLOW_CONTROL_ERROR, "window overflow")
             if self.blocked:
                 self._pump_blocked()
-            elif increment < TINY_INCREMENT:
-                self._glitch("tiny WINDOW_UPDATEs")
             return
         st = self.streams.get(sid)
         if st is None:
             if sid > self.last_stream:
                 raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
-            if increment < TINY_INCREMENT:  # a client's update for a finished stream
-                self._glitch("tiny WINDOW_UPDATEs")  # is common, and never tiny
-            return
+            return  # a client's update for a stream that just finished: common
         if not increment:
             return self._peer_reset(st, PROTOCOL_ERROR)
         st.send_window += increment
@@ -556,8 +548,6 @@ class H2Connection(H2Output):
         if st.pending or st.trailers is not None:
             self._pump(st)
             self._schedule_flush()
-        elif increment < TINY_INCREMENT:
-            self._glitch("tiny WINDOW_UPDATEs")
 
     def _on_ping(self, flags: int, sid: int, buf, start: int, end: int) -> None:
         if sid:
