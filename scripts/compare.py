@@ -396,19 +396,25 @@ def place(server_cpus: str | None, client_cpus: str | None) -> set[int] | None:
     return servers
 
 
+def fill_command(cmd: str, repo: str, http: int, grpc: int, metrics: int) -> str:
+    """A server command with its {repo}, {http}, {grpc} and {metrics} filled in."""
+    for key, value in (("repo", os.path.abspath(repo)), ("http", http), ("grpc", grpc),
+                       ("metrics", metrics)):
+        cmd = cmd.replace("{%s}" % key, str(value))
+    return cmd
+
+
 def parse_servers(args) -> list[ServerSpec]:
-    if args.server:
-        return [ServerSpec(n, cmd, int(h), int(g)) for n, h, g, cmd in args.server]
+    if args.server:  # metrics on HTTP + 2, as parse_ports has it
+        return [ServerSpec(n, fill_command(cmd, args.repo, int(h), int(g), int(h) + 2),
+                           int(h), int(g)) for n, h, g, cmd in args.server]
     out = []
     for name, cmd, template, ports in (
             ("triton", args.triton, TRITON_CMD, args.triton_ports),
             ("shmserve", args.shmserve, SHMSERVE_CMD, args.shmserve_ports)):
         http, grpc, metrics = parse_ports(ports)
         # a given command may name the same placeholders as the defaults
-        cmd = template if cmd is None else cmd
-        for key, value in (("repo", os.path.abspath(args.repo)), ("http", http), ("grpc", grpc),
-                           ("metrics", metrics)):
-            cmd = cmd.replace("{%s}" % key, str(value))
+        cmd = fill_command(template if cmd is None else cmd, args.repo, http, grpc, metrics)
         out.append(ServerSpec(name, cmd, http, grpc))
     return [s for s in out if s.name not in args.skip]
 
