@@ -123,6 +123,8 @@ def all_models_ready(models: dict[str, dict[int, ModelView]]) -> bool:
 class SchedulerCore:
     """FrontendCore over the scheduler's channels (see frontend/types.py)."""
 
+    _trim: asyncio.TimerHandle | None = None  # the arena's next give-back
+
     def __init__(self, address: str, scheduler: str, segment_prefix: str, arena_bytes: int,
                  role: str = "frontend", arena_high_water: int | None = None):
         self._failed_at_stop: set[int] = set()  # requests answered at shutdown
@@ -217,6 +219,20 @@ class SchedulerCore:
             self.arena.free(*block)
             if bodies:
                 self.bodies.release(block)
+        if self._trim is None and self.arena.next_trim() is not None:
+            self._trim_later()
+
+    def _trim_later(self) -> None:
+        """Give the arena's idle segments back once their time is up (Arena.trim)."""
+        self._trim = None
+        self.arena.trim()
+        wait = self.arena.next_trim()
+        if wait is not None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a unit test): the next free looks again
+                return
+            self._trim = loop.call_later(wait + 0.05, self._trim_later)
 
     async def infer(self, request: DecodedRequest, decoupled_refusal: str = "") -> InferResult:
         """One request, one response (the models the unary RPCs serve). A decoupled
@@ -472,6 +488,8 @@ class SchedulerCore:
         if held and not self.pending:  # every request ended: its input blocks are free
             log.warning("%s: %d bytes of arena blocks still in use at exit", self.role,
                         held)
+        if self._trim is not None:
+            self._trim.cancel()
         self.segments.close()
         self.arena.close()
         self.inbox.close()

@@ -19,6 +19,7 @@ import bisect
 import mmap
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -30,8 +31,13 @@ _MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 # Frees a shared mapping's pages and their tmpfs backing (a hole punched in the file),
 # for every process that maps it; what is read there afterwards is zeros.
 _MADV_REMOVE = getattr(mmap, "MADV_REMOVE", 9)
-# An arena keeps this many chunks of segments for reuse once they are free (see Arena).
+# An arena's segments add up to at most this many chunks once free ones are given back
+# (see Arena); below it a free segment is kept IDLE_GIVE_BACK seconds for reuse.
 HIGH_WATER_CHUNKS = 4
+# a segment past the floor that stays wholly free this long goes back to the system, as
+# allocators let freed pages decay: a steady stream of large requests keeps reusing its
+# segments, while what a burst or an attacker made them grow is gone seconds after
+IDLE_GIVE_BACK = 2.0
 
 
 def _round_up(n: int, to: int) -> int:
@@ -175,16 +181,18 @@ class Arena:
 
     The first chunk-sized segment is the warm floor: pre-faulted (with `prefault`) and
     kept. Every other segment, a chunk or a request larger than the chunk in a segment
-    of its own, is created sparse, its pages allocated as they are first written. Free
-    segments are kept for reuse while the arena's segments add up to at most
-    `high_water` bytes; past that, a segment that becomes wholly free is punched (its
-    pages go back at once, even while readers still map it) and unlinked. Only whole
-    segments are given back: a free range inside a segment in use may be pinned for DMA
-    by a GPU worker, whose pinned pages a punched hole would leave behind.
+    of its own, is created sparse, its pages allocated as they are first written. A
+    segment that becomes wholly free is kept for reuse for `idle_give_back` seconds
+    (the owner calls trim() when next_trim() says) while the arena's segments add up to
+    at most `high_water` bytes, and given back at once past that: punched (its pages go
+    back at once, even while readers still map it) and unlinked. Only whole segments
+    are given back: a free range inside a segment in use may be pinned for DMA by a GPU
+    worker, whose pinned pages a punched hole would leave behind.
     """
 
     def __init__(self, prefix: str, chunk_size: int = 64 << 20, prefault: bool = True,
-                 on_segment=None, high_water: int | None = None, on_release=None):
+                 on_segment=None, high_water: int | None = None, on_release=None,
+                 idle_give_back: float = IDLE_GIVE_BACK):
         check_name(prefix)
         # called with each new segment's view (a GPU worker pins it for DMA), and with
         # the view of each segment given back, before it is unmapped (unpins it)
@@ -202,6 +210,9 @@ class Arena:
         self._counter = 0
         self._floor: str | None = None  # the warm first chunk, never given back
         self.capacity = 0  # bytes of all segments
+        self.idle_give_back = idle_give_back
+        # wholly free segments past the floor: since when (monotonic); trim() gives back
+        self.idle: dict[str, float] = {}
 
     def _grow(self, nbytes: int) -> str:
         size = max(self.chunk_size, _round_up(nbytes, PAGE))
@@ -226,6 +237,8 @@ class Arena:
         for name in self._order:
             off = self._lists[name].alloc(need)
             if off is not None:
+                if self.idle:
+                    self.idle.pop(name, None)
                 return name, off, self.segments[name].view[off:off + nbytes]
         name = self._grow(need)
         off = self._lists[name].alloc(need)
@@ -236,14 +249,34 @@ class Arena:
         lst = self._lists.get(name)
         if lst is not None and offset in lst.used:
             lst.free(offset)
-            if not lst.used and self.capacity > self.high_water and name != self._floor:
+            if not lst.used and name != self._floor:
+                if self.capacity > self.high_water:
+                    self._give_back(name)
+                else:
+                    self.idle[name] = time.monotonic()
+
+    def next_trim(self) -> float | None:
+        """Seconds until trim() has a segment to give back; None when none is idle."""
+        if not self.idle:
+            return None
+        return max(0.0, min(self.idle.values()) + self.idle_give_back - time.monotonic())
+
+    def trim(self) -> int:
+        """Give back the segments wholly free for `idle_give_back` seconds; bytes."""
+        cutoff = time.monotonic() - self.idle_give_back
+        gone = 0
+        for name, since in list(self.idle.items()):
+            if since <= cutoff:
+                gone += self.segments[name].size
                 self._give_back(name)
+        return gone
 
     def _give_back(self, name: str) -> None:
         """A wholly free segment goes: its pages now, its name and mapping with them.
         Readers drop their mappings of it when they next map a new segment
         (SegmentCache); names are never reused, so a stale mapping is never read."""
         seg = self.segments.pop(name)
+        self.idle.pop(name, None)
         del self._lists[name], self._bases[name]
         self._order.remove(name)
         self.capacity -= seg.size
@@ -285,6 +318,7 @@ class Arena:
         self._lists.clear()
         self._order.clear()
         self._bases.clear()
+        self.idle.clear()
         self.capacity = 0
 
 

@@ -165,9 +165,20 @@ class Worker:
         self.outbox.send(self.scheduler, WorkerReady(self.name, self.address, os.getpid()))
         handlers, deferred, lock = self.handlers, self.deferred, self.receiving
         try:
+            io, idle = self.io, self.arena.idle
             while True:
                 with lock:  # a model receiving for itself (pump) may hold it a moment
-                    msg = deferred.popleft() if deferred else self.inbox.recv()
+                    if deferred:
+                        msg = deferred.popleft()
+                    else:
+                        # wake to give idle arena segments back (Arena.trim), else
+                        # sleep until a message comes
+                        wait = io.next_trim() if idle else None
+                        msg = self.inbox.recv() if wait is None else \
+                            self.inbox.recv(int(wait * 1000) + 50)
+                if msg is None:
+                    io.trim()
+                    continue
                 handlers[type(msg)](msg)
         except _Stop:
             pass

@@ -274,6 +274,16 @@ class TensorIO:
                 if held is not None:
                     held.discard((segment, offset))
 
+    def next_trim(self) -> float | None:
+        """Seconds until the arena has an idle segment to give back (Arena.next_trim)."""
+        with self._lock:
+            return self.arena.next_trim()
+
+    def trim(self) -> None:
+        """Give the arena's idle segments back (Arena.trim), between allocations."""
+        with self._lock:
+            self.arena.trim()
+
     def forget_reader(self, reader: str) -> None:
         with self._lock:
             for segment, offset in self._held.pop(reader, ()):

@@ -137,6 +137,35 @@ def test_free_segments_are_kept_for_reuse_under_the_high_water_mark():
         a.close()
 
 
+def test_a_free_segment_under_the_mark_goes_back_once_idle_long_enough():
+    # what a burst (or an attacker) grew the arena by goes back seconds later, and a
+    # segment reused meanwhile stays; the clock is the arena's idle_give_back
+    a = Arena(f"shmserve-unittest-{os.getpid()}-idle", chunk_size=1 << 20,
+              high_water=8 << 20, idle_give_back=3600.0)
+    try:
+        floor = a.alloc(a.chunk_size)
+        burst = [a.alloc(a.chunk_size) for _ in range(3)]
+        for seg, off, view in burst:
+            view[:] = b"w" * len(view)
+            a.free(seg, off)
+        a.free(floor[0], floor[1])
+        assert a.next_trim() > 3000  # idle, not yet due
+        assert a.trim() == 0 and len(_on_disk(a.prefix)) == 4
+        again = a.alloc(100)  # first fit: the floor, which is never idle
+        assert again[0] == floor[0] and floor[0] not in a.idle
+        reused = a.alloc(a.chunk_size)  # a burst segment, taken off the idle list
+        assert reused[0] == burst[0][0] and reused[0] not in a.idle
+        a.idle_give_back = 0.0  # their time is up
+        assert a.next_trim() == 0.0
+        assert a.trim() == 2 * a.chunk_size
+        assert _on_disk(a.prefix) == sorted([floor[0], reused[0]])
+        assert a.next_trim() is None
+        a.free(reused[0], reused[1])
+        assert a.trim() == a.chunk_size and _on_disk(a.prefix) == [floor[0]]
+    finally:
+        a.close()
+
+
 def test_past_the_high_water_mark_a_wholly_free_segment_goes_back():
     a = Arena(f"shmserve-unittest-{os.getpid()}-give", chunk_size=1 << 20,
               high_water=2 << 20)

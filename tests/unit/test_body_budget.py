@@ -80,6 +80,8 @@ class BudgetCore(ArenaCore):
     body_quota = SchedulerCore.body_quota
     body_buffer = SchedulerCore.body_buffer
     free_blocks = SchedulerCore.free_blocks
+    _trim_later = SchedulerCore._trim_later  # free_blocks gives idle segments back
+    _trim = None
 
     def __init__(self, connection_limit):
         super().__init__()
