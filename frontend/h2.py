@@ -34,6 +34,8 @@ import asyncio
 import logging
 import struct
 
+from shm.lifecycle import release_freed_heap
+
 from .h2_frames import *  # noqa: F401,F403  (the vocabulary, h2.DATA and the rest)
 from .h2_frames import (ACK, CONTINUATION, COMPRESSION_ERROR, DATA, DEFAULT_WINDOW,
                         ENABLE_PUSH, END_HEADERS, END_STREAM, ENHANCE_YOUR_CALM,
@@ -56,6 +58,9 @@ log = logging.getLogger(__name__)
 
 MAX_STREAMS = Limits.max_streams
 MAX_HEADER_BLOCK = Limits.max_header_block
+# a connection that held this many reply bytes for its peer's windows at some point
+# has the heap trimmed when it ends (release_freed_heap)
+HEAP_TRIM_HELD = 16 << 20
 # why a connection stopped reading (H2Connection.paused)
 PAUSE_BURST = 1  # one read's work is done: the rest waits for the loop's next turn
 PAUSE_BACKLOG = 2  # the peer does not read what we send
@@ -243,6 +248,10 @@ class H2Connection(H2Output):
             self.stream_reset(st)
         self.budget.held -= self.held  # whatever is left: nothing outlives the connection
         self.held = 0
+        if self.held_peak >= HEAP_TRIM_HELD and self.loop is not None:
+            # the replies it held were freed into the heap, which keeps up to 256 MiB
+            # for reuse (keep_freed_heap): a window-starving peer's share goes back now
+            self.loop.call_soon(release_freed_heap)
         for w in self.resume_waiters:
             if not w.done():
                 w.set_result(None)

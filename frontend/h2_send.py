@@ -32,7 +32,7 @@ class H2Output(asyncio.Protocol):
     # 3.11's shared-key fast path: +6% instructions per request when it did)
     __slots__ = ("budget", "send_window", "peer_initial_window", "peer_max_frame",
                  "blocked", "held", "out", "flush_scheduled", "write_paused",
-                 "resume_waiters", "reset_sent", "data_sent")
+                 "resume_waiters", "reset_sent", "data_sent", "held_peak")
 
     def __init__(self, budget: HeldBudget):
         self.budget = budget
@@ -41,6 +41,7 @@ class H2Output(asyncio.Protocol):
         self.peer_max_frame = 16384
         self.blocked: dict[int, Stream] = {}  # streams with data waiting for window
         self.held = 0  # bytes in all streams' pending: waiting for window
+        self.held_peak = 0  # the most it ever was
         self.out: list = []
         self.flush_scheduled = False
         self.write_paused = False
@@ -187,6 +188,8 @@ class H2Output(asyncio.Protocol):
     def _hold(self, n: int) -> None:
         self.held += n
         self.budget.held += n
+        if self.held > self.held_peak:
+            self.held_peak = self.held
 
     def _drop_pending(self, st: Stream) -> None:
         if st.pending_bytes:

@@ -13,9 +13,11 @@ counted once: scripts/attack_memory.py). One row per attack:
     scripts/attack_probe --server mine 8000 8001 pid:1234 # attach, sample 1234's tree
     scripts/attack_probe --server old 0 0 "CMD {repo} {http} {grpc} {metrics}"  # start
 
-Each case: the attack runs for --duration seconds (probes of one kind of request, for
-half of it), the memory is read --after seconds after the attacker left ("+after":
-what was not given back), then the probe waits (at most --settle seconds) for the
+Before the first case (and after a restart) each server answers one 1 MiB request
+per protocol, so that what it allocates once on its first large tensor is not charged
+to an attack. Each case: the attack runs for --duration seconds (probes of one kind of
+request, for half of it), the memory is read --after seconds after the attacker left
+("+after": what was not given back), then the probe waits (at most --settle seconds) for the
 server to answer both protocols within 100 ms and its memory to stop moving. A server
 that died or did not settle is restarted if the probe started it; an attached one
 ends its block. Every socket operation has a deadline, so the probe cannot hang.
@@ -92,6 +94,31 @@ def capabilities(host: str, http: int) -> dict:
     explicit = status != 0 and "not allowed" not in text.lower()
     shm = _http_ok(f"http://{host}:{http}/v2/systemsharedmemory/status")
     return {"explicit": explicit, "client_shm": shm}
+
+
+def warm_up(host: str, http: int, grpc: int, model: str, timeout: float = 30.0) -> str:
+    """One 1 MiB request over each protocol before anything is measured, so that what a
+    server allocates once, on its first large tensor (shmserve's warm arena chunks,
+    Triton's shared-memory pools), is not charged to the first attack that sends
+    large data. '' when both were answered, else what went wrong."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    x = np.ones((1, 262144), np.float32)
+    problems = []
+    for mod, url in ((httpclient, f"{host}:{http}"), (grpcclient, f"{host}:{grpc}")):
+        try:
+            kwargs = ({"network_timeout": timeout, "connection_timeout": timeout}
+                      if mod is httpclient else {})
+            client = mod.InferenceServerClient(url, **kwargs)
+            inp = mod.InferInput("INPUT0", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            call = {"client_timeout": timeout} if mod is grpcclient else {}
+            client.infer(model, [inp], **call)
+            client.close()
+        except Exception as exc:  # the probe goes on: the rows say what happened
+            problems.append(f"{mod.__name__.split('.')[-1]}: {exc}")
+    return "; ".join(problems)
 
 
 class Server:
@@ -421,6 +448,9 @@ def run_server(server: Server, selected, args, rows: list[dict]) -> None:
     (so an interruption keeps what was measured)."""
     server.start()
     caps = capabilities("127.0.0.1", server.http)
+    warm = warm_up("127.0.0.1", server.http, server.grpc, args.model)
+    if warm:
+        print(f"# {server.name}: the 1 MiB warm-up failed: {warm}", flush=True)
     root = server.root
     print(f"# {server.name}: pid {root or '?'}, explicit model control "
           f"{'yes' if caps['explicit'] else 'NO'}, client shm "
@@ -465,6 +495,7 @@ def run_server(server: Server, selected, args, rows: list[dict]) -> None:
                     row["fate"] += f"; restart failed ({exc}): the rest skipped"
                     print(table([row], server.name).splitlines()[-1], flush=True)
                     break
+                warm_up("127.0.0.1", server.http, server.grpc, args.model)
                 sampler.root = server.root
                 sampler.prefixes = server.shm_prefixes()
                 settle(server, victim, sampler, max(args.settle, 30.0))

@@ -74,6 +74,16 @@ def keep_freed_heap(keep: int = KEEP_HEAP_BYTES) -> bool:
         mallopt(_M_TRIM_THRESHOLD, keep))
 
 
+def release_freed_heap() -> None:
+    """Hand the free pages of the heap back to the kernel now (glibc's malloc_trim),
+    whatever keep_freed_heap() keeps: for after a connection made the heap grow far
+    past what normal traffic reuses (a peer that never opened its windows)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def parent_gone() -> bool:
     """True once the scheduler that started this process has died or is dying: a
     signal now means "orphaned", not "the scheduler asks us to stop".

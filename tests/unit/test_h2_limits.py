@@ -481,3 +481,26 @@ async def test_small_window_updates_as_grpc_clients_send_them_are_no_glitch():
     assert not p.transport.closed
     assert not [f for f in p.read() if f[0] == h2.GOAWAY]
     assert p.body(199) == b"\x00\x00\x00\x00\x0a" + b"x" * 10
+
+
+@run
+async def test_the_heap_is_trimmed_after_a_connection_that_held_much_for_its_peer(
+        monkeypatch):
+    # the replies a window-starving peer made us hold were freed into a heap that keeps
+    # up to 256 MiB for reuse: when such a connection ends, that share goes back
+    trims = []
+    monkeypatch.setattr(h2, "release_freed_heap", lambda: trims.append(1))
+    monkeypatch.setattr(h2, "HEAP_TRIM_HELD", 30_000)
+    zero = struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 0)
+    small, starving = (Peer(_big_handlers(), zero) for _ in range(2))
+    small.request(1, "/s/Big", b"10000")
+    starving.request(1, "/s/Big", b"20000")
+    starving.request(3, "/s/Big", b"20000")
+    await small.settle()
+    assert small.conn.held_peak < 30_000 <= starving.conn.held_peak
+    small.conn.connection_lost(None)
+    await small.settle()
+    assert not trims  # what normal traffic holds stays for reuse
+    starving.conn.connection_lost(None)
+    await starving.settle()
+    assert trims == [1]
