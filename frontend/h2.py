@@ -461,7 +461,13 @@ class H2Connection(H2Output):
             self.stream_ended(st)
             self._maybe_forget(st)
         elif what is REFUSE:
-            self._refuse(sid, REFUSED_STREAM, not self.going_away)
+            self._refuse(sid, REFUSED_STREAM, False)
+            if not self.going_away:  # no stream slot, or too much held for its windows
+                held = self.held and self._holding()
+                self._calm_unless(self.resets,
+                                  self.limits.held_refusal_cost if held else 1,
+                                  "streams refused" + (" while windows stay shut"
+                                                       if held else ""))
         elif what is not IGNORE:  # a stream error's code
             if st is not None and sid in self.streams:
                 self._peer_reset(st, what)

@@ -44,6 +44,12 @@ Flow control and output
   the connection's new streams get REFUSED_STREAM (costing reset tokens); a connection
   that stays past its bound with no window opened for `held_stall` 30 s gets GOAWAY
   ENHANCE_YOUR_CALM. What it held goes when the connection ends.
+- `held_refusal_cost` 10: a stream refused because its connection holds that much
+  costs 10 reset tokens, not 1. A peer that keeps its windows shut and goes on opening
+  streams (the zero-window attack) sends each request's body before it learns of the
+  refusal: at 1 MiB a request the frontend read 1 GiB in the 1000 refusals before the
+  bucket ran dry, about a second of one CPU. A client that is only slow to read gets
+  transparent retries of REFUSED_STREAM and the 30 s stall rule.
 - `read_pause_high` 1 MiB: when the transport holds more unsent output than this (the
   answers of PINGs, SETTINGS, RST_STREAMs a peer does not read), the connection stops
   reading until the transport drains to its low-water mark; with no progress for
@@ -94,6 +100,7 @@ class Limits:
     conn_held_max = 64 << 20
     process_held_max = 512 << 20
     held_stall = 30.0
+    held_refusal_cost = 10
     read_pause_high = 1 << 20
     output_stall = 30.0
     glitch_burst = 10000

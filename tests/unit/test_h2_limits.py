@@ -504,3 +504,22 @@ async def test_the_heap_is_trimmed_after_a_connection_that_held_much_for_its_pee
     starving.conn.connection_lost(None)
     await starving.settle()
     assert trims == [1]
+
+
+@run
+async def test_streams_refused_for_shut_windows_cost_more_reset_tokens():
+    # the peer sends each request's body before it learns of the refusal: one that
+    # keeps its windows shut and opening streams is ended after a tenth of the resets
+    limits = Limits(conn_held_max=20_000, reset_burst=100, reset_rate=0.001,
+                    held_refusal_cost=10)
+    p = Peer(_big_handlers(), struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 0),
+             limits=limits)
+    p.request(1, "/s/Big", b"20000")
+    await p.settle()
+    sid, refused = 3, 0
+    while not p.transport.closed:
+        p.request(sid, "/s/Big", b"20000")
+        refused += 1
+        sid += 2
+    assert goaway_code(p) == h2.ENHANCE_YOUR_CALM
+    assert 9 <= refused <= 11  # 100 tokens at 10 a refusal (1 each: 100)
