@@ -99,6 +99,9 @@ class FakeArena:
     def free(self, segment, offset):
         self.freed.append((segment, offset))
 
+    def next_trim(self):
+        return None  # nothing to give back
+
 
 class FakeOutbox:
     def __init__(self):
