@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, Protocol
 
-from scheduler.rate_limiter import InstanceSlot, RateLimiter
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.stats import ModelStats
 from shm.errors import ErrorCode
 from shm.messages.frontend import InferRequest
@@ -88,9 +88,9 @@ def create_scheduler(name: str, version: int, config, rate_limiter: RateLimiter,
                      environ: dict | None = None, respond: Respond | None = None
                      ) -> Scheduler:
     """The scheduler Triton would give this model config."""
-    from scheduler.dynamic_scheduler import DynamicBatchScheduler
+    from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
     if config.HasField("sequence_batching"):
-        from scheduler.sequence_scheduler import SequenceBatchScheduler
+        from scheduler.scheduling.sequence_scheduler import SequenceBatchScheduler
         return SequenceBatchScheduler(name, version, config, rate_limiter, send_batch,
                                       fail, histograms=histograms, environ=environ,
                                       respond=respond)

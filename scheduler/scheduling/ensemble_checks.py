@@ -2,7 +2,7 @@
 name, after Triton's ValidateEnsembleConfig (core `ensemble_utils.cc`), with its
 messages: inputs and outputs that exist, consistent types and shapes, batch sizes, and
 the lines of decoupled steps, which decide whether the ensemble is decoupled. The
-config-only checks (data flow, unused tensors) are in scheduler/config.py.
+config-only checks (data flow, unused tensors) are in scheduler/repository/config.py.
 """
 
 from __future__ import annotations
