@@ -2,7 +2,7 @@
 the frontends about them.
 
 Loading a version places its instances in workers (the WorkerPool), gives it a scheduler
-(scheduling.interface.create_scheduler) and registers its instances with the shared
+(scheduling.factory.create_scheduler) and registers its instances with the shared
 RateLimiter. Every load of a version gets a new generation, carried in its instance
 keys, so a reload can run new instances beside the old ones until it switches.
 
@@ -31,8 +31,8 @@ from scheduler.scheduling import ensemble
 from scheduler.metrics import option_on
 from scheduler.repository.models import ModelReadyState, ModelTable, ModelVersion
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter, group_resources
-from scheduler.scheduling.interface import (Fail, Respond, Scheduler, SendBatch,
-                                            create_scheduler)
+from scheduler.scheduling.factory import create_scheduler
+from scheduler.scheduling.interface import Fail, Respond, Scheduler, SendBatch
 from scheduler.processes.worker_pool import WorkerPool
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import ModelStateUpdate

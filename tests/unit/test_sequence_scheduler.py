@@ -6,7 +6,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
-from scheduler.scheduling.interface import create_scheduler
+from scheduler.scheduling.factory import create_scheduler
 from scheduler.scheduling.sequence_scheduler import SequenceBatchScheduler
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
