@@ -123,7 +123,7 @@ def _decoupled_flow(config: ModelConfig, steps: dict[str, ModelConfig],
     while pending:
         ready = [s for s in pending if all(t in labels for t in s.input_map.values())]
         if not ready:
-            break  # the rest never runs (config.py reports the broken data flow)
+            break  # the rest never runs (repository/config.py reports the broken data flow)
         for step in ready:
             pending.remove(step)
             found = {labels[t] for t in step.input_map.values()}
