@@ -1,1 +1,6 @@
-"""The scheduler process: CLI, supervision, model repository, batchers and statistics."""
+"""The scheduler process. At the top: its entry point (main.py), command line (cli.py),
+loop (server.py) and what the loop owns (statistics, metrics, cache, trace, client
+regions, BLS admission, log settings, the timer). In folders, one per job:
+scheduling/ (model schedulers, batchers, rate limiter), repository/ (configs, models on
+disk, load and unload), processes/ (root, supervision, frontend and worker pools) and
+bench/ (the load generator, a client the server never imports)."""

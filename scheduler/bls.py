@@ -10,7 +10,7 @@ behind the very execution that waits for it (Triton deadlocks there), so it fail
 
 from __future__ import annotations
 
-from scheduler.models import ModelReadyState
+from scheduler.repository.models import ModelReadyState
 from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest

@@ -11,7 +11,7 @@ import ssl
 from scheduler.cache import parse_cache_config
 from scheduler.log_settings import LOG_FORMATS, from_args
 from scheduler.metrics import parse_metrics_config
-from scheduler.rate_limiter import parse_resource
+from scheduler.scheduling.rate_limiter import parse_resource
 from scheduler.trace import parse_trace_config
 
 

@@ -1,4 +1,5 @@
-"""`shmserve`: the root process (scheduler/root.py), and the scheduler process it starts.
+"""`shmserve`: the root process (scheduler/processes/root.py), and the scheduler
+process it starts.
 
 The same command serves both: the root checks the command line (so a bad flag fails
 at once, with the usage message) and starts `python -m scheduler.main` again with
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, lambda signum, _frame: stopped.append(signum))
 
     from scheduler.cli import apply_process_policy, parse_args, warn_ignored
-    from scheduler.root import STOP_SIGNALS, Root, supervised
+    from scheduler.processes.root import STOP_SIGNALS, Root, supervised
     from shm.lifecycle import die_with_parent, run_loop
     from shm.log import configure_logging
 

@@ -23,17 +23,17 @@ import orjson
 
 from scheduler import bls, log_settings
 from scheduler.cache import ResponseCache
-from scheduler.frontend_pool import FrontendHandle, FrontendPool, PortInUse
+from scheduler.processes.frontend_pool import FrontendHandle, FrontendPool, PortInUse
 from scheduler.metrics import Metrics, MetricsServer
-from scheduler.model_control import ModelControl
-from scheduler.model_manager import ModelRepositoryManager
-from scheduler.models import ModelReadyState
-from scheduler.rate_limiter import InstanceSlot, RateLimiter
+from scheduler.repository.control import ModelControl
+from scheduler.repository.manager import ModelRepositoryManager
+from scheduler.repository.models import ModelReadyState
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.regions import Region, RegionRegistry
-from scheduler.schedulers import Scheduler
+from scheduler.scheduling.interface import Scheduler
 from scheduler.timer import PreciseTimer
 from scheduler.trace import TraceManager, request_timestamps
-from scheduler.worker_pool import WorkerPool
+from scheduler.processes.worker_pool import WorkerPool
 from shm import cuda
 from shm.arena import remove_segments
 from shm.channel import Inbox, Outbox, ipc_address
@@ -60,8 +60,8 @@ class Server:
         self.args = args
         self.loop = asyncio.get_running_loop()
         # Everything this server puts in /dev/shm starts with this prefix; the root
-        # process (scheduler/root.py) chooses it, and the socket directory, so that it
-        # can clean up after a scheduler that was killed.
+        # process (scheduler/processes/root.py) chooses it, and the socket directory, so
+        # that it can clean up after a scheduler that was killed.
         self.shm_prefix = getattr(args, "shm_prefix", "") or \
             f"shmserve-{os.getpid():x}{secrets.token_hex(2)}-"
         self.run_dir = getattr(args, "run_dir", "") or tempfile.mkdtemp(prefix="shmserve-")

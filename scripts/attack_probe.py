@@ -149,7 +149,7 @@ class Server:
         if self.attach_pid:
             return self.attach_pid
         try:
-            import bench  # scheduler.bench: finds the process listening on a port
+            import bench  # scheduler.bench.main: finds the process listening on a port
             return bench.find_server(self.http)
         except Exception:  # noqa: BLE001 -- no PID: memory is not sampled
             return None

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """`scripts/bench` and `import bench` from scripts/: the load generator now lives in
-scheduler/bench.py, so that installing the package gives it as `shmserve-bench`.
+scheduler/bench/main.py, so that installing the package gives it as `shmserve-bench`.
 
 Imported, this name becomes that very module (scripts/compare.py and the tests read its
 internals); run, it runs its main.
@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scheduler import bench as _bench  # noqa: E402
+from scheduler.bench import main as _bench  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(_bench.main())

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # one implementation of the process tree and CPU by role, shared with scripts/bench
-from scheduler.bench_procs import cpu_by_role, process_tree  # noqa: E402,F401
+from scheduler.bench.procs import cpu_by_role, process_tree  # noqa: E402,F401
 
 CONFIG = """
 name: "mlp"

@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import msgspec  # noqa: E402
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
-from scheduler.dynamic_scheduler import DynamicBatchScheduler  # noqa: E402
-from scheduler.rate_limiter import InstanceSlot, RateLimiter  # noqa: E402
+from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler  # noqa: E402
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter  # noqa: E402
 from shm.channel import _frame, _union  # noqa: E402
 from shm.messages.frontend import InferRequest  # noqa: E402
 from shm.messages.scheduler import SCHEDULER_INBOX  # noqa: E402

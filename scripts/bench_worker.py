@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import msgspec  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scheduler.config import config_to_json, load_config, normalize, validate  # noqa: E402
+from scheduler.repository.config import config_to_json, load_config, normalize, validate  # noqa: E402
 from shm.channel import _HEADER  # noqa: E402
 from shm.messages.frontend import InferRequest  # noqa: E402
 from shm.messages.results import InferResponse  # noqa: E402

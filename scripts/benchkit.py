@@ -29,7 +29,7 @@ import compare  # noqa: E402
 from bench_mlp import wait_ready  # noqa: E402
 
 # the CPU by role of scripts/bench, one implementation for every benchmark
-from scheduler.bench_procs import cpu_by_role, process_tree, roles  # noqa: E402
+from scheduler.bench.procs import cpu_by_role, process_tree, roles  # noqa: E402
 
 # the real Triton's launcher (REPO HTTP GRPC METRICS ...): compare's, $TRITON_CMD on the
 # GPU machine, else the anchor ../shared/anchor/setup.sh makes

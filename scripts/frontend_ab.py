@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_cclient import GRPC_PATH, parse_h2load, parse_wrk, write_inputs  # noqa: E402
-from scheduler.bench_procs import cpu_seconds  # noqa: E402
+from scheduler.bench.procs import cpu_seconds  # noqa: E402
 from tests.e2e.harness import ServerProcess  # noqa: E402
 
 REPO = ROOT / "examples" / "model_repository"

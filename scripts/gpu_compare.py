@@ -42,14 +42,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
-import bench  # noqa: E402  (scheduler/bench.py)
+import bench  # noqa: E402  (scheduler/bench/main.py)
 import bench_cclient  # noqa: E402
 import benchkit  # noqa: E402
 import compare  # noqa: E402
 import gpu_models as models  # noqa: E402
 import gpu_report as report  # noqa: E402
 import gpu_setup as setup  # noqa: E402
-from scheduler.bench_procs import group_roles  # noqa: E402
+from scheduler.bench.procs import group_roles  # noqa: E402
 
 @dataclass
 class Phase:

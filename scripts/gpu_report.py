@@ -132,7 +132,7 @@ def format_cclient(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# the summary shmserve logs per model at exit (scheduler/dynamic_scheduler.py)
+# the summary shmserve logs per model at exit (scheduler/scheduling/dynamic_scheduler.py)
 _SUMMARY = re.compile(r"model '([^']+)' version (\d+): (\d+) rows in (\d+) batches; "
                       r"batch sizes \{([^}]*)\}; bytes copied host=(\d+) h2d=(\d+) "
                       r"d2h=(\d+) d2d=(\d+)")

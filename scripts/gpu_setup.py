@@ -16,10 +16,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import bench  # scheduler/bench.py, through scripts/bench.py
+import bench  # scheduler/bench/main.py, through scripts/bench.py
 import compare
 import gpu_models as models
-from scheduler.bench_procs import cpu_seconds, describe, process_tree
+from scheduler.bench.procs import cpu_seconds, describe, process_tree
 
 SERVER_FLAGS = ("--http-address 127.0.0.1 --grpc-address 127.0.0.1 "
                 "--metrics-address 127.0.0.1 --exit-on-error false --strict-readiness false")
@@ -51,7 +51,7 @@ def check_gpu(device: int) -> tuple[dict, list[str]]:
     if cuda.device_count() < 1:
         problems.append("the CUDA driver (libcuda.so.1) shows shmserve no device")
     try:
-        from scheduler import bench_cuda
+        from scheduler.bench import cuda as bench_cuda
         info["cuda_regions"] = bench_cuda.name()
     except RuntimeError as exc:
         problems.append(str(exc))

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 
-from scheduler.bench_procs import cpu_seconds  # noqa: E402
+from scheduler.bench.procs import cpu_seconds  # noqa: E402
 
 MODES = ("uvicorn", "raw", "raw-task")
 REPLY_JSON = (b'{"model_name":"identity_fp32","model_version":"1","outputs":[{"name":'

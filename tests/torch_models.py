@@ -119,7 +119,7 @@ def save_model(model_dir, module, inputs: Sequence[Tensor], outputs: Sequence[Te
 
 def config_json(model_dir) -> dict:
     """The normalized config as JSON, as the scheduler sends it to a worker."""
-    from scheduler.config import config_to_json, load_config, normalize, validate
+    from scheduler.repository.config import config_to_json, load_config, normalize, validate
 
     model_dir = Path(model_dir)
     config = normalize(load_config(model_dir), model_files=["model.pt"])

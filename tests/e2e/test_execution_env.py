@@ -5,7 +5,7 @@ environment unpacked once into a cache, with $$TRITON_MODEL_DIRECTORY expanded.
 The environments are venvs built here. The server's own dependencies (numpy, msgspec,
 ...) reach them through a .pth file naming this interpreter's site-packages (a
 `--system-site-packages` venv would see the base Python's, not this venv's); shmserve's
-own packages come from the server (scheduler/exec_env.py), which the test checks by
+own packages come from the server (scheduler/processes/exec_env.py), which the test checks by
 importing `workers` from the model.
 """
 

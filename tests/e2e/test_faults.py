@@ -289,7 +289,7 @@ def test_kill9_frontend_under_load(tmp_path, protocol):
 def test_scheduler_that_keeps_dying_is_given_up(tmp_path):
     """The root restarts a killed scheduler a bounded number of times in a minute,
     then exits non-zero (no endless restart loop), leaving nothing behind."""
-    from scheduler.root import MAX_RESTARTS
+    from scheduler.processes.root import MAX_RESTARTS
     srv, _ = _start(tmp_path)
     try:
         for n in range(MAX_RESTARTS + 1):

@@ -476,7 +476,7 @@ def test_region_faulting_a_worker_is_quarantined(tmp_path):
     unregistered (quarantined), the instance comes back, and the restart is not held
     against it: more faults than the restart policy allows (5 a minute) do not disable
     the model for everyone. The protocol does not matter here: gRPC only."""
-    from scheduler.worker_pool import MAX_RESTARTS
+    from scheduler.processes.worker_pool import MAX_RESTARTS
     from tests.e2e.harness import ROOT
     protocol = "grpc"
     markers = tmp_path / "markers"

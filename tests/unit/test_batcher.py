@@ -1,8 +1,8 @@
-"""One test per batching rule of scheduler.batcher, driven by a fake clock (ns)."""
+"""One test per batching rule of scheduler.scheduling.batcher, driven by a fake clock (ns)."""
 
 import pytest
 
-from scheduler.batcher import DefaultBatcher, DynamicBatcher
+from scheduler.scheduling.batcher import DefaultBatcher, DynamicBatcher
 
 US = 1_000  # ns
 DELAY = 100 * US

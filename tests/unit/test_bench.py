@@ -387,7 +387,7 @@ def test_stream_sends_every_input_and_checks_every_output():
     assert s.check(_Result(good))
     bad = dict(good, Y=np.array([b"a", b"b"], dtype=object))
     assert not s.check(_Result(bad))
-    from scheduler import bench_client
+    from scheduler.bench import client as bench_client
     kw = bench_client._infer_kwargs(s)
     assert [i.name() for i in kw["inputs"]] == ["A", "B"]
     assert [o.name() for o in kw["outputs"]] == ["X", "Y"]
@@ -493,7 +493,10 @@ def test_wake_cost_measures_a_round_trip():
 
 # --- inputs from the model's metadata ----------------------------------------------------
 
-from scheduler import bench_inputs, bench_open, bench_procs, bench_report  # noqa: E402
+from scheduler.bench import inputs as bench_inputs  # noqa: E402
+from scheduler.bench import open_loop as bench_open  # noqa: E402
+from scheduler.bench import procs as bench_procs  # noqa: E402
+from scheduler.bench import report as bench_report  # noqa: E402
 
 ADD_SUB_META = {"name": "add_sub", "inputs": [
     {"name": "INPUT0", "datatype": "FP32", "shape": [16]},

@@ -1,4 +1,4 @@
-"""The bench's CUDA regions through cupy (scheduler/bench_cuda.py), against a fake cupy
+"""The bench's CUDA regions through cupy (scheduler/bench/cuda.py), against a fake cupy
 whose device memory is host bytes: what goes in comes out, the handle travels in
 base64 as tritonclient's does, and the choice between cupy and tritonclient's module."""
 
@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from scheduler import bench_cuda
+from scheduler.bench import cuda as bench_cuda
 
 
 class _Device:

@@ -13,8 +13,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from scheduler import bls as admission
-from scheduler.dynamic_scheduler import DynamicBatchScheduler
-from scheduler.rate_limiter import InstanceSlot, RateLimiter
+from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from shm.arena import Arena
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CancelRequest, InferRequest

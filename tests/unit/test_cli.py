@@ -196,7 +196,7 @@ def test_process_policy(start, flag, after):
 def frontend_settings(args):
     """What a frontend makes of the flags the frontend pool hands it."""
     from frontend.main import keepalive_settings, parse_args as frontend_args, tls_settings
-    from scheduler.frontend_pool import grpc_transport_args
+    from scheduler.processes.frontend_pool import grpc_transport_args
     fe = frontend_args(["--index", "0", "--address", "a", "--scheduler", "s",
                         "--segment-prefix", "p", *grpc_transport_args(args)])
     return keepalive_settings(fe), tls_settings(fe)

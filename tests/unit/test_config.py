@@ -1,4 +1,4 @@
-"""Tests for scheduler.config: parsing, Triton's defaults, validation and the JSON form."""
+"""Tests for scheduler.repository.config: parsing, Triton's defaults, validation and the JSON form."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
-from scheduler.config import (
+from scheduler.repository.config import (
     ConfigError,
     config_to_json,
     load_config,

@@ -1,6 +1,6 @@
-"""The model-control journal a restarted scheduler replays (scheduler/control_journal.py)."""
+"""The model-control journal a restarted scheduler replays (scheduler/repository/journal.py)."""
 
-from scheduler.control_journal import FILE_NAME, Journal, read_files
+from scheduler.repository.journal import FILE_NAME, Journal, read_files
 
 
 def test_latest_call_per_model_in_call_order(tmp_path):

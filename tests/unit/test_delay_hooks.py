@@ -4,8 +4,8 @@ them. Each test names the rule of Triton's core it checks."""
 
 from tritonclient.grpc import model_config_pb2
 
-from scheduler.delay_hooks import SchedulerHold
-from scheduler.dynamic_scheduler import make_batcher
+from scheduler.scheduling.delay_hooks import SchedulerHold
+from scheduler.scheduling.dynamic_scheduler import make_batcher
 
 
 def test_values_are_read_as_atoi_reads_them():

@@ -5,8 +5,8 @@ and the statistics each case leaves. Each test names the Triton rule it checks."
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from scheduler.dynamic_scheduler import DynamicBatchScheduler
-from scheduler.rate_limiter import InstanceSlot, RateLimiter, group_resources
+from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter, group_resources
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.worker import BatchDone

@@ -5,8 +5,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from scheduler.config import ConfigError, normalize, validate
-from scheduler.ensemble import EnsembleError, EnsembleScheduler, check_steps
+from scheduler.repository.config import ConfigError, normalize, validate
+from scheduler.scheduling.ensemble import EnsembleError, EnsembleScheduler, check_steps
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest, RequestedOutput
 from shm.messages.results import InferResponse

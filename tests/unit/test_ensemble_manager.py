@@ -6,10 +6,10 @@ import asyncio
 from pathlib import Path
 
 from scheduler.cli import parse_args
-from scheduler.ensemble import EnsembleScheduler
-from scheduler.model_manager import ModelRepositoryManager
-from scheduler.models import ModelReadyState
-from scheduler.rate_limiter import RateLimiter
+from scheduler.scheduling.ensemble import EnsembleScheduler
+from scheduler.repository.manager import ModelRepositoryManager
+from scheduler.repository.models import ModelReadyState
+from scheduler.scheduling.rate_limiter import RateLimiter
 from shm.messages.worker import InstanceLoaded
 
 # without the onnx_identity the e2e tests build: ens_mixed cannot load

@@ -1,4 +1,4 @@
-"""EXECUTION_ENV_PATH resolution (scheduler/exec_env.py): the parameter's expansion,
+"""EXECUTION_ENV_PATH resolution (scheduler/processes/exec_env.py): the parameter's expansion,
 directories and tarballs, the unpack cache, the errors a load reports, and the worker's
 environment. No server; the end-to-end check is tests/e2e/test_execution_env.py."""
 
@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from scheduler import exec_env
+from scheduler.processes import exec_env
 
 
 def config(value=None):
@@ -114,7 +114,7 @@ def test_worker_environment_activates_the_env(tmp_path):
     env = fake_env(tmp_path / "env")
     pkgs = exec_env.package_links(str(tmp_path / "run"))
     assert sorted(os.listdir(pkgs)) == sorted(exec_env.PACKAGES)
-    assert os.path.isfile(os.path.join(pkgs, "scheduler", "exec_env.py"))
+    assert os.path.isfile(os.path.join(pkgs, "scheduler", "processes", "exec_env.py"))
     base = {"PATH": "/usr/bin", "PYTHONPATH": "/elsewhere", "PYTHONHOME": "/x"}
     out = exec_env.child_environ(str(env), pkgs, base)
     assert out["PATH"] == f"{env}/bin:/usr/bin"

@@ -1,9 +1,9 @@
-"""Where a python instance's execute timeout comes from (scheduler/worker_pool.py)."""
+"""Where a python instance's execute timeout comes from (scheduler/processes/worker_pool.py)."""
 
 import orjson
 import pytest
 
-from scheduler.worker_pool import execute_timeout
+from scheduler.processes.worker_pool import execute_timeout
 
 
 def _config(value=None) -> bytes:

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from scheduler.config import config_to_json, load_config, normalize, validate  # noqa: E402
+from scheduler.repository.config import config_to_json, load_config, normalize, validate  # noqa: E402
 from shm.messages.frontend import InferRequest  # noqa: E402
 from shm.messages.worker import LoadInstance  # noqa: E402
 from shm.tensor import TensorRef  # noqa: E402

@@ -19,7 +19,7 @@ import gpu_compare as gc  # noqa: E402
 import gpu_models as models  # noqa: E402
 import gpu_report as report  # noqa: E402
 
-from scheduler.config import config_to_json, load_config, normalize, validate  # noqa: E402
+from scheduler.repository.config import config_to_json, load_config, normalize, validate  # noqa: E402
 
 
 def _config(path) -> dict:

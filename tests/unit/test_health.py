@@ -12,7 +12,7 @@ import pytest
 from frontend import grpc_health
 from frontend.core import all_models_ready
 from frontend.types import ModelView
-from scheduler.frontend_pool import PortInUse, claim_port
+from scheduler.processes.frontend_pool import PortInUse, claim_port
 
 pytestmark = pytest.mark.timeout(60)
 

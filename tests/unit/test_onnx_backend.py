@@ -16,7 +16,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 pytest.importorskip("onnx")
 
-from scheduler.config import config_to_json, normalize, parse_config, validate  # noqa: E402
+from scheduler.repository.config import config_to_json, normalize, parse_config, validate  # noqa: E402
 from shm.errors import ErrorCode, InferError  # noqa: E402
 from tests import onnx_models as om  # noqa: E402
 from workers import onnx_backend as ob  # noqa: E402

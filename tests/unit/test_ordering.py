@@ -7,9 +7,9 @@ releases them from its head only."""
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from scheduler.dynamic_scheduler import DynamicBatchScheduler
-from scheduler.ordering import ResponseOrder
-from scheduler.rate_limiter import InstanceSlot, RateLimiter
+from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
+from scheduler.scheduling.ordering import ResponseOrder
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from shm.errors import ErrorCode
 from shm.messages.frontend import InferRequest
 from shm.messages.results import InferResponse

@@ -1,6 +1,6 @@
 """Property-based tests (Hypothesis) of the model configuration loader
-(scheduler/config.py: load_config, parse_config, normalize, validate, config_to_json;
-scheduler/repository.py: parse_override), run in the order a load runs them.
+(scheduler/repository/config.py: load_config, parse_config, normalize, validate, config_to_json;
+scheduler/repository/disk.py: parse_override), run in the order a load runs them.
 
 Arbitrary text, and the repository's own configs (tests/ and examples/) with fields
 dropped, duplicated or changed (bad dims, negative max_batch_size, unknown datatypes,
@@ -21,8 +21,8 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig, ModelInstanceGroup
 
-from scheduler import config as cfg
-from scheduler.repository import parse_override
+from scheduler.repository import config as cfg
+from scheduler.repository.disk import parse_override
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(p for top in ("tests", "examples")

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("onnx")
 
-from scheduler.config import config_to_json, load_config, normalize, validate  # noqa: E402
+from scheduler.repository.config import config_to_json, load_config, normalize, validate  # noqa: E402
 from shm.errors import ErrorCode, InferError  # noqa: E402
 from shm.messages.frontend import InferRequest  # noqa: E402
 from shm.messages.worker import LoadInstance  # noqa: E402

@@ -1,12 +1,12 @@
-"""Tests for scheduler.repository: finding models, choosing versions, planning a load."""
+"""Tests for scheduler.repository.disk: finding models, choosing versions, planning a load."""
 
 from pathlib import Path
 
 import pytest
 from tritonclient.grpc.model_config_pb2 import ModelConfig, ModelInstanceGroup
 
-from scheduler.config import ConfigError, normalize, parse_config
-from scheduler.repository import (
+from scheduler.repository.config import ConfigError, normalize, parse_config
+from scheduler.repository.disk import (
     ModelPlan,
     ModelSource,
     RepositoryError,

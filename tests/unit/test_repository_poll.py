@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from scheduler.config import ConfigError
-from scheduler.model_control import ModelControl, directory_name, file_path, poll_failure
-from scheduler.poller import changes
-from scheduler.repository import fingerprint, parse_override
+from scheduler.repository.config import ConfigError
+from scheduler.repository.control import ModelControl, directory_name, file_path, poll_failure
+from scheduler.repository.poller import changes
+from scheduler.repository.disk import fingerprint, parse_override
 from shm.errors import ErrorCode, InferError
 
 

@@ -1,6 +1,6 @@
-"""The root process's restart rules (scheduler/root.py), with an injected clock."""
+"""The root process's restart rules (scheduler/processes/root.py), with an injected clock."""
 
-from scheduler.root import (BACKOFF_S, MAX_RESTARTS, RESTART_WINDOW_S, RestartBudget,
+from scheduler.processes.root import (BACKOFF_S, MAX_RESTARTS, RESTART_WINDOW_S, RestartBudget,
                             backoff, should_restart)
 
 

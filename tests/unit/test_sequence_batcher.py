@@ -2,8 +2,8 @@
 
 import pytest
 
-from scheduler.delay_hooks import SchedulerHold
-from scheduler.sequence_batcher import SequenceBatcher
+from scheduler.scheduling.delay_hooks import SchedulerHold
+from scheduler.scheduling.sequence_batcher import SequenceBatcher
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.tensor import TensorRef

@@ -5,9 +5,9 @@ which slot each request fills, and finished batches let oldest's next requests g
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from scheduler.rate_limiter import InstanceSlot, RateLimiter
-from scheduler.schedulers import create_scheduler
-from scheduler.sequence_scheduler import SequenceBatchScheduler
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
+from scheduler.scheduling.factory import create_scheduler
+from scheduler.scheduling.sequence_scheduler import SequenceBatchScheduler
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.results import InferResponse

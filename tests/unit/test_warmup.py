@@ -179,7 +179,7 @@ def test_variable_dims_and_missing_data_kind_are_refused():
 
 def _python_instance(name: str) -> PythonInstance:
     model_dir = MODELS / name
-    from scheduler.config import config_to_json, load_config
+    from scheduler.repository.config import config_to_json, load_config
     cfg = config_to_json(load_config(model_dir))
     msg = LoadInstance(f"{name}/1/x", f"{name}_0", name, 1, str(model_dir),
                        json.dumps(cfg).encode())

@@ -1,9 +1,9 @@
 """Triton's sequence batch scheduler: the `Scheduler` of a model with
 `sequence_batching`.
 
-The SequenceBatcher (scheduler/sequence_batcher.py) decides which requests form each
-instance's next batch and which slot each fills; this class drives it from the loop:
-it asks the RateLimiter for the one instance a batch belongs to (a sequence's slot
+The SequenceBatcher (scheduler/scheduling/sequence_batcher.py) decides which requests
+form each instance's next batch and which slot each fills; this class drives it from the
+loop: it asks the RateLimiter for the one instance a batch belongs to (a sequence's slot
 lives on one instance, so the shared idle list cannot pick any instance), sends
 ExecuteBatch with each request's slot and the filler slots, and lets the batcher know
 when a batch ran. The worker makes the control tensors and keeps the implicit state
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 
-from scheduler.delay_hooks import SchedulerHold
-from scheduler.dynamic_scheduler import DynamicBatchScheduler, _batch_ids
-from scheduler.ordering import ResponseOrder
-from scheduler.rate_limiter import InstanceSlot
-from scheduler.sequence_batcher import SequenceBatcher
+from scheduler.scheduling.delay_hooks import SchedulerHold
+from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler, _batch_ids
+from scheduler.scheduling.ordering import ResponseOrder
+from scheduler.scheduling.rate_limiter import InstanceSlot
+from scheduler.scheduling.sequence_batcher import SequenceBatcher
 from scheduler.stats import REJECTED
 from shm.errors import ErrorCode
 from shm.messages.frontend import InferRequest

@@ -26,7 +26,8 @@ class Child:
                  on_exit: Callable[["Child", int], None], executable: str = "",
                  env: dict[str, str] | None = None):
         self.name = name
-        # another interpreter: a python model's EXECUTION_ENV_PATH (scheduler/exec_env.py)
+        # another interpreter: a python model's EXECUTION_ENV_PATH
+        # (scheduler/processes/exec_env.py)
         self.argv = [executable or sys.executable, "-m", module, *args]
         self.env = env
         self.on_exit = on_exit

@@ -3,16 +3,17 @@
 Triton core gives each model one scheduler (dynamic batch, sequence batch or
 ensemble); so does this process. The loop only ever calls what `Scheduler` declares;
 which requests form a batch is each scheduler's own business, and which instance runs
-it is the shared RateLimiter's. A new kind of scheduler (the sequence batcher, the
-ensemble scheduler) is a new class here and one line in `create_scheduler`: the
-frontends never see the difference.
+it is the shared RateLimiter's. A new kind of scheduler is a class in a module of its
+own beside this one that implements `Scheduler`, and one branch in
+scheduling/factory.py's `create_scheduler`: the frontends never see the difference.
+This module imports no scheduler, so every scheduler can import it.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Hashable, Protocol
 
-from scheduler.rate_limiter import InstanceSlot, RateLimiter
+from scheduler.scheduling.rate_limiter import InstanceSlot
 from scheduler.stats import ModelStats
 from shm.errors import ErrorCode
 from shm.messages.frontend import InferRequest
@@ -82,17 +83,3 @@ class Scheduler(Protocol):
     def summary(self) -> str:
         """One log line of what ran."""
 
-
-def create_scheduler(name: str, version: int, config, rate_limiter: RateLimiter,
-                     send_batch: SendBatch, fail: Fail, *, histograms: bool = True,
-                     environ: dict | None = None, respond: Respond | None = None
-                     ) -> Scheduler:
-    """The scheduler Triton would give this model config."""
-    from scheduler.dynamic_scheduler import DynamicBatchScheduler
-    if config.HasField("sequence_batching"):
-        from scheduler.sequence_scheduler import SequenceBatchScheduler
-        return SequenceBatchScheduler(name, version, config, rate_limiter, send_batch,
-                                      fail, histograms=histograms, environ=environ,
-                                      respond=respond)
-    return DynamicBatchScheduler(name, version, config, rate_limiter, send_batch, fail,
-                                 histograms=histograms, environ=environ, respond=respond)

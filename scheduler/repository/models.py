@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from scheduler.rate_limiter import InstanceSlot
+from scheduler.scheduling.rate_limiter import InstanceSlot
 
 
 class ModelReadyState(str, enum.Enum):
@@ -27,7 +27,7 @@ class ModelVersion:
     reason: str = ""
     config: object = None  # ModelConfig
     config_json: bytes = b""
-    scheduler: object = None  # its schedulers.Scheduler once READY
+    scheduler: object = None  # its Scheduler (scheduling.interface) once READY
     slots: list[InstanceSlot] = dataclasses.field(default_factory=list)
 
 

@@ -1,8 +1,8 @@
 """The model repository manager: loading model versions, their states, and telling
 the frontends about them.
 
-Loading a version places its instances in workers (the WorkerPool), gives it a
-scheduler (schedulers.create_scheduler) and registers its instances with the shared
+Loading a version places its instances in workers (the WorkerPool), gives it a scheduler
+(scheduling.factory.create_scheduler) and registers its instances with the shared
 RateLimiter. Every load of a version gets a new generation, carried in its instance
 keys, so a reload can run new instances beside the old ones until it switches.
 
@@ -25,13 +25,15 @@ from typing import Callable
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
-from scheduler import config as cfg
-from scheduler import ensemble, repository
+from scheduler.repository import config as cfg
+from scheduler.repository import disk
+from scheduler.scheduling import ensemble
 from scheduler.metrics import option_on
-from scheduler.models import ModelReadyState, ModelTable, ModelVersion
-from scheduler.rate_limiter import InstanceSlot, RateLimiter, group_resources
-from scheduler.schedulers import Fail, Respond, Scheduler, SendBatch, create_scheduler
-from scheduler.worker_pool import WorkerPool
+from scheduler.repository.models import ModelReadyState, ModelTable, ModelVersion
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter, group_resources
+from scheduler.scheduling.factory import create_scheduler
+from scheduler.scheduling.interface import Fail, Respond, Scheduler, SendBatch
+from scheduler.processes.worker_pool import WorkerPool
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import ModelStateUpdate
 from shm.messages.worker import LoadInstance
@@ -70,7 +72,7 @@ class ModelRepositoryManager:
         # the repositories' models as last scanned, and what each loaded model was
         # loaded from (repository.fingerprint and the load's override): a load of an
         # unchanged model does nothing, as in Triton
-        self.sources: dict[str, repository.ModelSource] = {}
+        self.sources: dict[str, disk.ModelSource] = {}
         self.fingerprints: dict[str, tuple] = {}
         self.retiring: set[Scheduler] = set()  # versions draining before they stop
         # --model-load-thread-count: versions whose instances start at once
@@ -95,21 +97,21 @@ class ModelRepositoryManager:
                 todo = list(wanted)
                 while todo:
                     plan = plans.get(todo.pop())
-                    if isinstance(plan, repository.ModelPlan):
+                    if isinstance(plan, disk.ModelPlan):
                         for step in _step_models(plan.config) - wanted:
                             wanted.add(step)
                             todo.append(step)
                 plans = {n: p for n, p in plans.items() if n in wanted}
         for name in plans:
             self._settled[name] = asyncio.Event()
-            self.fingerprints[name] = (repository.fingerprint(sources[name].path), None)
+            self.fingerprints[name] = (disk.fingerprint(sources[name].path), None)
         results = await asyncio.gather(*(self.load_model(name, plan, plans)
                                          for name, plan in plans.items()))
         return all(results)
 
-    def scan(self) -> dict[str, repository.ModelSource]:
+    def scan(self) -> dict[str, disk.ModelSource]:
         """Every model in the repositories now (raises RepositoryError)."""
-        self.sources = repository.scan(
+        self.sources = disk.scan(
             [os.path.abspath(p) for p in self.args.model_repository])
         return self.sources
 
@@ -121,9 +123,9 @@ class ModelRepositoryManager:
                 raise cfg.ConfigError(
                     f"model '{source.name}' has no config.pbtxt, which "
                     "--strict-model-config=true requires")
-            return repository.plan_model(source, has_gpu=self.gpus > 0,
-                                         gpu_ids=list(range(self.gpus)),
-                                         config_override=config_override)
+            return disk.plan_model(source, has_gpu=self.gpus > 0,
+                                   gpu_ids=list(range(self.gpus)),
+                                   config_override=config_override)
         except Exception as exc:
             return _Refused(source, str(exc))
 
@@ -481,7 +483,7 @@ class ModelRepositoryManager:
 class _Refused:
     """A model whose config or directory stops it loading, and why."""
 
-    source: repository.ModelSource
+    source: disk.ModelSource
     reason: str
 
 
@@ -500,7 +502,7 @@ def _reaches(plans: dict, start: str, target: str) -> bool:
         if name == target:
             return True
         plan = plans.get(name)
-        if name in seen or not isinstance(plan, repository.ModelPlan):
+        if name in seen or not isinstance(plan, disk.ModelPlan):
             continue
         seen.add(name)
         todo.extend(_step_models(plan.config))

@@ -21,7 +21,7 @@ over streams only); its request is complete, with the final flag, once every ste
 request it started has sent its final response, which may leave zero responses.
 
 Load-time checks of the steps against their models' configs are in
-scheduler/ensemble_checks.py (re-exported here).
+scheduler/scheduling/ensemble_checks.py (re-exported here).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Protocol
 import msgspec
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from scheduler.ensemble_checks import EnsembleError, check_steps  # noqa: F401
+from scheduler.scheduling.ensemble_checks import EnsembleError, check_steps  # noqa: F401
 from scheduler.stats import CANCELED, OTHER, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest, RequestedOutput
@@ -151,7 +151,7 @@ class _Run:
 
 
 class EnsembleScheduler:
-    """The Scheduler of one ensemble version (see scheduler/schedulers.py).
+    """The Scheduler of one ensemble version (see scheduler/scheduling/interface.py).
 
     `decoupled_models` names the step models that are decoupled: each of their
     responses runs the steps downstream once more. The ensemble itself is decoupled

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, Protocol
 
-from scheduler.delay_hooks import SchedulerHold
+from scheduler.scheduling.delay_hooks import SchedulerHold
 
 
 def waiting_since(req) -> int:

@@ -3,9 +3,9 @@
 
 Each point of the sweep runs `c` concurrent streams (closed loop: a stream sends its
 next request as soon as the previous one answered), or, with --request-rate, sends on a
-fixed schedule whatever the server answers (open loop, scheduler/bench_open.py). Every
+fixed schedule whatever the server answers (open loop, scheduler/bench/open_loop.py). Every
 input of the model is read from its metadata and filled with random data, zeros or
-perf_analyzer's JSON input data (scheduler/bench_inputs.py). The client is the same for
+perf_analyzer's JSON input data (scheduler/bench/inputs.py). The client is the same for
 every server (tritonclient, one technique per protocol, chosen by measurement below),
 so numbers from two servers measured with this script can be compared. It is a client,
 not part of the server: it sits in this package only so that installing shmserve gives
@@ -25,8 +25,8 @@ on a shared VM, stalls of 0.1-1 s hit both servers alike only over many rounds, 
 throughput with those two columns in view (p50 is far less sensitive to them). Under
 the row: CPU microseconds per request of each server process by role and of the client
 (the server's processes sampled from /proc inside the window: found from the local port,
-or --server-pid; scheduler/bench_procs.py), the server's queue and compute split from
-its statistics endpoint, and the open loop's pacing (scheduler/bench_report.py).
+or --server-pid; scheduler/bench/procs.py), the server's queue and compute split from
+its statistics endpoint, and the open loop's pacing (scheduler/bench/report.py).
 
 Client techniques. Chosen by client CPU per request (getrusage of the client process),
 the cost that decides how much load one client core can generate. Measured on the 2-core
@@ -64,17 +64,17 @@ import time
 from dataclasses import asdict, dataclass, field
 
 # the client processes; the tests and compare.py read these names from here too
-from scheduler.bench_client import (  # noqa: F401
+from scheduler.bench.client import (  # noqa: F401
     RUNNERS, ClientPool, PointSession, PointSpec, Recorder, SetupError, Stream,
 )
-from scheduler.bench_inputs import (
+from scheduler.bench.inputs import (
     DEFAULT_VARIABLE_DIM, OutputSpec, TensorSpec, Workload, fetch_model_info,
     load_input_data, parse_named_shape, workload_from_metadata,
 )
-from scheduler.bench_procs import (
+from scheduler.bench.procs import (
     PySpy, RoleSampler, find_server, format_top, group_roles, wait_until,
 )
-from scheduler.bench_report import (
+from scheduler.bench.report import (
     cpu_line, is_stable, plot_files, read_stats, server_line, server_split, write_csv,
 )
 

@@ -22,10 +22,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from scheduler import poller, repository
-from scheduler.control_journal import Journal, read_files
-from scheduler.model_manager import ModelRepositoryManager, _Refused, _step_models
-from scheduler.models import ModelReadyState, ModelVersion
+from scheduler.repository import disk, poller
+from scheduler.repository.journal import Journal, read_files
+from scheduler.repository.manager import ModelRepositoryManager, _Refused, _step_models
+from scheduler.repository.models import ModelReadyState, ModelVersion
 from shm.errors import ErrorCode, InferError
 from shm.messages.repository import IndexEntry
 
@@ -118,7 +118,7 @@ class ModelControl:
         by its name alone, others one row per version with state and reason."""
         try:
             names = sorted(self.manager.scan())
-        except repository.RepositoryError as exc:
+        except disk.RepositoryError as exc:
             log.error("%s", exc)
             names = sorted(self.manager.sources)
         rows = []
@@ -250,17 +250,17 @@ class ModelControl:
                 raise poll_failure(name) from None
             log.info("model '%s': %d file(s) from the load request in %s", name,
                      len(files), model_dir)
-            return repository.ModelSource(name, model_dir), ("files", digest.hexdigest()), temp
+            return disk.ModelSource(name, model_dir), ("files", digest.hexdigest()), temp
         try:
             source = self.manager.scan().get(name)
-        except repository.RepositoryError as exc:
+        except disk.RepositoryError as exc:
             log.error("%s", exc)
             raise poll_failure(name) from None
         if source is None:
             log.error("failed to poll model '%s': model not found in any model "
                       "repository.", name)
             raise poll_failure(name)
-        return source, (repository.fingerprint(source.path), config), None
+        return source, (disk.fingerprint(source.path), config), None
 
     async def _apply(self, plan) -> list[tuple[int, str]]:
         """Load the plan's versions (reloading those that serve), unload the versions
@@ -332,10 +332,10 @@ class ModelControl:
     def _snapshot(self) -> dict[str, tuple]:
         try:
             sources = self.manager.scan()
-        except repository.RepositoryError as exc:
+        except disk.RepositoryError as exc:
             log.error("%s", exc)
             return dict(self._polled)  # nothing changes while the repositories are bad
-        return {name: repository.fingerprint(s.path) for name, s in sources.items()}
+        return {name: disk.fingerprint(s.path) for name, s in sources.items()}
 
     async def poll(self) -> None:
         """One poll: apply what changed since the last one."""

@@ -11,8 +11,8 @@ from typing import Callable
 
 import msgspec
 
-from scheduler.supervisor import Child, describe_exit
-from scheduler.worker_pool import RestartPolicy, arena_high_water
+from scheduler.processes.supervisor import Child, describe_exit
+from scheduler.processes.worker_pool import RestartPolicy, arena_high_water
 from shm.arena import remove_segments
 from shm.channel import Outbox, ipc_address
 from shm.messages.frontend import Drain, FrontendReady, FrontendStopped

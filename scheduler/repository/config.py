@@ -527,7 +527,7 @@ def _validate_ensemble_flow(config: ModelConfig) -> None:
     used (Triton's BuildEnsembleGraph and ValidateEnsembleSchedulingConfig, with its
     messages). Cycles show up here as outputs that are never written. The step
     models' own inputs, outputs, types and shapes are checked once they are loaded
-    (scheduler/ensemble.py)."""
+    (scheduler/scheduling/ensemble.py)."""
     name = config.name
     nodes: dict[str, _FlowNode] = {}
     for index, step in enumerate(config.ensemble_scheduling.step):

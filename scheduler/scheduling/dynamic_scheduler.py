@@ -12,12 +12,12 @@ import collections
 import itertools
 import logging
 
-from scheduler.batcher import (DefaultBatcher, DynamicBatcher, QueueFull, QueuePolicy,
-                               waiting_since)
-from scheduler.delay_hooks import SchedulerHold
-from scheduler.rate_limiter import InstanceSlot, RateLimiter
-from scheduler.ordering import ResponseOrder
-from scheduler.schedulers import Fail, Respond, SendBatch
+from scheduler.scheduling.batcher import (DefaultBatcher, DynamicBatcher, QueueFull,
+                                          QueuePolicy, waiting_since)
+from scheduler.scheduling.delay_hooks import SchedulerHold
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
+from scheduler.scheduling.ordering import ResponseOrder
+from scheduler.scheduling.interface import Fail, Respond, SendBatch
 from scheduler.stats import CANCELED, OTHER, REJECTED, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest

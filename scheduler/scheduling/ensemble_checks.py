@@ -2,7 +2,7 @@
 name, after Triton's ValidateEnsembleConfig (core `ensemble_utils.cc`), with its
 messages: inputs and outputs that exist, consistent types and shapes, batch sizes, and
 the lines of decoupled steps, which decide whether the ensemble is decoupled. The
-config-only checks (data flow, unused tensors) are in scheduler/config.py.
+config-only checks (data flow, unused tensors) are in scheduler/repository/config.py.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def _decoupled_flow(config: ModelConfig, steps: dict[str, ModelConfig],
     while pending:
         ready = [s for s in pending if all(t in labels for t in s.input_map.values())]
         if not ready:
-            break  # the rest never runs (config.py reports the broken data flow)
+            break  # the rest never runs (repository/config.py reports the broken data flow)
         for step in ready:
             pending.remove(step)
             found = {labels[t] for t in step.input_map.values()}

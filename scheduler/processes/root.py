@@ -84,7 +84,7 @@ class Root:
         self.budget = RestartBudget()
         self.generation = 0
         # outlives every scheduler generation: what one must tell the next (the
-        # repository API's calls, scheduler/control_journal.py); removed at exit
+        # repository API's calls, scheduler/repository/journal.py); removed at exit
         self.state_dir = ""
 
     # -- signals ------------------------------------------------------------------------

@@ -18,9 +18,9 @@ from typing import Callable
 import msgspec
 import orjson
 
-from scheduler import exec_env
-from scheduler.rate_limiter import InstanceSlot
-from scheduler.supervisor import Child, describe_exit
+from scheduler.processes import exec_env
+from scheduler.scheduling.rate_limiter import InstanceSlot
+from scheduler.processes.supervisor import Child, describe_exit
 from shm.arena import remove_segments
 from shm.channel import Outbox, ipc_address
 from shm.messages.results import PeerGone

@@ -1,4 +1,4 @@
-"""The client processes of scripts/bench (scheduler/bench.py): what one process runs
+"""The client processes of scripts/bench (scheduler/bench/main.py): what one process runs
 for one point of the sweep (its streams, their tensors and shared-memory regions, the
 client technique, closed or open loop), and the pool of spawned processes that run a
 point together. A client module, never imported by the server's processes.
@@ -170,8 +170,8 @@ def _region_value(arr):
 
 
 def _cuda_regions():
-    """CUDA regions through cupy, or tritonclient's utilities (scheduler/bench_cuda.py)."""
-    from scheduler.bench_cuda import regions
+    """CUDA regions through cupy, or tritonclient's utilities (scheduler/bench/cuda.py)."""
+    from scheduler.bench.cuda import regions
     return regions()
 
 
@@ -192,7 +192,7 @@ class Stream:
     copy, so both happen only with verification on."""
 
     def __init__(self, spec: PointSpec, index: int, mod, entries=None):
-        from scheduler.bench_inputs import TensorSpec, make_arrays
+        from scheduler.bench.inputs import TensorSpec, make_arrays
         self.spec = spec
         self.mod = mod  # tritonclient.http or tritonclient.grpc (both have InferInput)
         specs = [TensorSpec(**t) for t in spec.inputs]
@@ -476,7 +476,7 @@ def _run_http_aio(streams, spec, rec):
 def _run_open(streams, spec, rec, t0):
     """The open loop (--request-rate): asyncio clients of either protocol, requests sent
     on this process's schedule from t0 (warmup included) to the window's end."""
-    from scheduler.bench_open import run_open_loop, send_times
+    from scheduler.bench.open_loop import run_open_loop, send_times
     seed = zlib.crc32(spec.tag.encode()) + spec.stream_offset  # reproducible
     times = send_times(spec.request_rate, spec.distribution, t0, rec.deadline, seed,
                        spec.rate_phase)
@@ -522,7 +522,7 @@ class PointSession:
         self.control = None  # a blocking client for registration, off the measured path
         entries = None
         if spec.input_data not in ("random", "zero"):
-            from scheduler.bench_inputs import TensorSpec, load_input_data
+            from scheduler.bench.inputs import TensorSpec, load_input_data
             entries = load_input_data(spec.input_data,
                                       [TensorSpec(**t) for t in spec.inputs])
         self.streams = [Stream(spec, i, mod, entries) for i in range(spec.streams)]

@@ -133,7 +133,8 @@ def _unpacked(tarball: str, cache_dir: str) -> str:
 
 def package_links(run_dir: str) -> str:
     """A folder in `run_dir` with links to shmserve's own packages, for PYTHONPATH."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the checkout (or site-packages) holding scheduler/: three levels above this file
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     folder = os.path.join(run_dir, "pkgs")
     os.makedirs(folder, exist_ok=True)
     for name in PACKAGES:

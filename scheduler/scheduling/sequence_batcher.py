@@ -30,8 +30,8 @@ import logging
 from collections import deque
 from typing import Callable, Hashable
 
-from scheduler.batcher import DynamicBatcher, waiting_since
-from scheduler.delay_hooks import SchedulerHold
+from scheduler.scheduling.batcher import DynamicBatcher, waiting_since
+from scheduler.scheduling.delay_hooks import SchedulerHold
 from shm.errors import ErrorCode, InferError
 
 log = logging.getLogger("shmserve.scheduler")

@@ -2,9 +2,9 @@
 
 In explicit mode the models that serve are the command line's `--load-model` plus
 every load and unload the API has answered since. A scheduler that the root process
-(scheduler/root.py) restarts after a crash reads only the command line, so without a
-record it would come back with a different set of models than its clients left it
-with. The journal is that record: one entry per model name, the last call that
+(scheduler/processes/root.py) restarts after a crash reads only the command line, so
+without a record it would come back with a different set of models than its clients
+left it with. The journal is that record: one entry per model name, the last call that
 succeeded (a load with its config override and the directory holding the files it
 carried, or an unload), in the order they happened. It lives in the root's state
 directory, which outlives every scheduler generation and is removed when the root

@@ -1,6 +1,6 @@
 """What scripts/bench sends: every input of the model, read from its metadata, filled
 with random data, zeros or perf_analyzer's JSON input data; and which outputs it asks
-for. A client module (scheduler/bench.py's), never imported by the server's processes.
+for. A client module (scheduler/bench/main.py's), never imported by the server's processes.
 
 Shapes follow perf_analyzer where a user of it would look for them: `--shape NAME:16`
 gives the dims after the batch dim, which `-b` sets when the model batches

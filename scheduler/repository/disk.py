@@ -14,7 +14,7 @@ from pathlib import Path
 from google.protobuf import json_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from scheduler.config import ConfigError, load_config, normalize, validate
+from scheduler.repository.config import ConfigError, load_config, normalize, validate
 
 # Subdirectories of a model that Triton never treats as versions.
 _NOT_VERSIONS = {"warmup", "initial_state", "configs"}
