@@ -34,7 +34,7 @@ from scheduler.scheduling.interface import Scheduler
 from scheduler.timer import PreciseTimer
 from scheduler.trace import TraceManager, request_timestamps
 from scheduler.processes.worker_pool import WorkerPool
-from shm import cuda
+from shm import devices
 from shm.arena import remove_segments
 from shm.channel import Inbox, Outbox, ipc_address
 from shm.errors import ErrorCode, InferError
@@ -74,7 +74,7 @@ class Server:
         self._dirty: set[Scheduler] = set()
         self._deadlines: dict[Scheduler, int] = {}  # when each must be pumped again
         self.timer = PreciseTimer(self.loop, self._on_timer)
-        self.gpus = cuda.device_count()
+        self.gpus = devices.gpu_count()  # SHMSERVE_FAKE_GPUS injects a count
         self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone)
         self.trace = TraceManager(args.trace_config)
         self.cache = ResponseCache(args.cache_bytes) if args.cache_bytes > 0 else None

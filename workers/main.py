@@ -65,6 +65,23 @@ class _Stop(BaseException):
 _PUMPED = (InferResponse, CancelRequest, ReleaseBlocks, RegionGone, LogSettings)
 
 
+def gpu_of(device: str) -> int | None:
+    """The GPU of a worker's --device ("gpu:N" -> N), None for "cpu"."""
+    if device == "cpu":
+        return None
+    kind, _, index = device.partition(":")
+    if kind != "gpu" or not index.isdigit():
+        raise ValueError(f'--device must be "cpu" or "gpu:N", got {device!r}')
+    return int(index)
+
+
+def select_device(gpu: int) -> None:
+    """Make `gpu` the calling thread's current device (cudaSetDevice: per thread), the
+    one rule by which a worker is pinned to its GPU (see shm/devices.py)."""
+    from shm.cuda import cupy
+    cupy().cuda.Device(gpu).use()
+
+
 class InstanceThread:
     """A framework instance's own thread: batches in through a queue, responses out
     through the thread's own Outbox (an Outbox belongs to one thread)."""
@@ -84,6 +101,8 @@ class InstanceThread:
 
     def _run(self) -> None:
         try:
+            if self.worker.gpu is not None:  # a new thread starts on device 0
+                select_device(self.worker.gpu)
             while True:
                 item = self.queue.get()
                 if item is None:
@@ -122,7 +141,11 @@ class Worker:
         self.inbox = Inbox(address, WORKER_INBOX)
         self.outbox = Outbox()
         pin = unpin = None
-        if device.startswith("gpu"):
+        self.gpu = gpu_of(device)
+        if self.gpu is not None:
+            # this thread works on the worker's own GPU (memory pinned here is pinned
+            # for its context), not device 0; instance threads select it too
+            select_device(self.gpu)
             # host memory the device copies from and to (arena segments, the segments
             # of other processes, clients' system regions) is pinned, for DMA speed
             from shm.cuda import pin, unpin
@@ -130,7 +153,7 @@ class Worker:
         # that only answers with small tensors costs no shared memory.
         self.arena = Arena(segment_prefix, chunk_size=arena_bytes, on_segment=pin,
                            high_water=high_water, on_release=unpinner(unpin))
-        self.io = TensorIO(self.arena, address, pin, unpin)
+        self.io = TensorIO(self.arena, address, pin, unpin, device=self.gpu)
         self.instances = {}
         self.threads: dict[str, InstanceThread] = {}
         # python models' calls to other models, and the cancel flags of what runs here

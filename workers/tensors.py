@@ -17,12 +17,14 @@ Framework instances run on their own threads, so everything here that is shared
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
 
 from shm import datatypes
 from shm.arena import Arena, SegmentCache, address_of
+from shm.devices import PEER, STAGED, region_plan
 from shm.errors import ErrorCode, InferError
 from shm.regions import RegionMaps
 from shm.tensor import INLINE_MAX, TensorRef, arena_blocks
@@ -85,12 +87,34 @@ def copy_on_device(dest, src, stream=None) -> None:
         dest[...] = src
 
 
-class TensorIO:
-    """Where a worker's tensors come from and go to."""
+@functools.cache
+def can_access_peer(device: int, peer: int) -> bool:
+    """Whether `device` reaches `peer`'s memory directly (cudaDeviceCanAccessPeer)."""
+    from shm.cuda import cupy
+    return bool(cupy().cuda.runtime.deviceCanAccessPeer(device, peer))
 
-    def __init__(self, arena: Arena, owner: str, pin=None, unpin=None):
+
+def onto_device(array, device: int):
+    """A cupy array on another device, copied onto `device` with one peer copy on the
+    current stream (cupy enables peer access where the two GPUs allow it; where not,
+    the driver stages the copy through host memory)."""
+    from shm.cuda import cupy
+    cp = cupy()
+    with cp.cuda.Device(device):
+        out = cp.empty(array.shape, array.dtype)
+    copy_on_device(out, array)
+    return out
+
+
+class TensorIO:
+    """Where a worker's tensors come from and go to. `device`: the GPU of a device
+    worker (None on the CPU), where client CUDA regions on other GPUs are copied to."""
+
+    def __init__(self, arena: Arena, owner: str, pin=None, unpin=None,
+                 device: int | None = None):
         self.arena = arena
         self.owner = owner
+        self.device = device
         # a segment pinned when first mapped is unpinned before it is unmapped (its
         # owner gave it back, or died), or its pinned pages would outlive it
         self.segments = SegmentCache(on_map=pin, on_unmap=unpinner(unpin))
@@ -137,7 +161,15 @@ class TensorIO:
                                  f"input '{ref.name}': {ref.nbytes} bytes of CUDA shared "
                                  f"memory do not hold a {ref.datatype} tensor of shape "
                                  f"{ref.shape}")
-            return region.array(ref.offset, ref.nbytes, dtype, tuple(ref.shape))
+            array = region.array(ref.offset, ref.nbytes, dtype, tuple(ref.shape))
+            if self.device is not None and region_plan(
+                    ref.device, self.device, can_access_peer).copy in (PEER, STAGED):
+                # the model runs on another GPU than the region lives on: its input
+                # must be on the model's device (one device-to-device copy)
+                array = onto_device(array, self.device)
+                if copies is not None:
+                    copies.on_device(ref.nbytes)
+            return array
         return datatypes.tensor_from_buffer(ref.datatype, ref.shape, buf)
 
     def host_input(self, ref: TensorRef, copies: Copies) -> np.ndarray:
@@ -219,6 +251,8 @@ class TensorIO:
             region = self.regions.cuda(target.region, target.handle, target.device,
                                        target.region_size)
             if device:
+                # on another GPU than the region, this is the plan's peer copy: cupy
+                # copies across devices (memcpyDefault) on this thread's stream
                 copy_on_device(region.array(target.offset, n, array.dtype, array.shape),
                                array)
                 copies.on_device(n)

@@ -23,6 +23,7 @@ from scheduler.scheduling.rate_limiter import InstanceSlot
 from scheduler.processes.supervisor import Child, describe_exit
 from shm.arena import remove_segments
 from shm.channel import Outbox, ipc_address
+from shm.devices import worker_device
 from shm.messages.results import PeerGone
 from shm.messages.worker import (DEVICE_WORKER_BACKENDS, InstanceLoaded, LoadInstance,
                                  StopWorker, UnloadInstance, WorkerReady)
@@ -133,8 +134,7 @@ class WorkerPool:
         """Place `slot` in a worker and load it there: a python instance gets a process
         of its own, a framework instance joins its device's worker."""
         if backend in DEVICE_WORKER_BACKENDS:
-            device = f"gpu:{slot.device_id}" if slot.kind == "KIND_GPU" else "cpu"
-            worker = await self._device_worker(device)
+            worker = await self._device_worker(worker_device(slot.kind, slot.device_id))
         else:
             timeout = execute_timeout(msg.config, msg.backend_config)
             worker = await self._spawn(slot.key, **await self._exec_env(msg))
@@ -238,18 +238,26 @@ class WorkerPool:
         gen = next(self._gen)
         address = ipc_address(self.run_dir, f"w{gen}")
         worker = WorkerHandle(label, address, f"{self.shm_prefix}w{gen}", device)
-        a = self.args
-        worker.child = Child(f"worker {label}", "workers.main", [
-            "--name", label, "--address", address, "--scheduler", self.scheduler_address,
-            "--segment-prefix", worker.prefix, "--arena-bytes", str(a.arena_mib << 20),
-            *arena_high_water(a),
-            "--device", device or "cpu",
-            "--log-settings", msgspec.json.encode(a.log_settings).decode(),
-        ], on_exit=self._on_exit, executable=executable, env=env)
+        worker.child = Child(f"worker {label}", "workers.main", self._argv(worker),
+                             on_exit=self._on_exit, executable=executable, env=env)
         self.workers[address] = worker
         worker.child.start(self.loop)
-        await asyncio.wait_for(worker.ready, a.startup_timeout_secs)
+        await asyncio.wait_for(worker.ready, self.args.startup_timeout_secs)
         return worker
+
+    def _argv(self, worker: WorkerHandle) -> list[str]:
+        """The worker's command line; `--device gpu:N` pins a device worker to GPU N
+        (it selects that device itself: see shm/devices.py for why not through
+        CUDA_VISIBLE_DEVICES)."""
+        a = self.args
+        return [
+            "--name", worker.name, "--address", worker.address,
+            "--scheduler", self.scheduler_address,
+            "--segment-prefix", worker.prefix, "--arena-bytes", str(a.arena_mib << 20),
+            *arena_high_water(a),
+            "--device", worker.device or "cpu",
+            "--log-settings", msgspec.json.encode(a.log_settings).decode(),
+        ]
 
     async def _stop(self, worker: WorkerHandle, timeout: float = 10.0) -> None:
         if worker.child is None or worker.child.returncode is not None:

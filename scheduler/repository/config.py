@@ -612,9 +612,13 @@ def _validate_instance_groups(config: ModelConfig, gpu_ids: Sequence[int] | None
             if gpu_ids is not None:
                 for gpu in group.gpus:
                     if gpu not in gpu_ids:
+                        # Triton's words, its default minimum compute capability (6.0)
+                        # printed as C++ prints a double
                         available = ", ".join(str(g) for g in gpu_ids)
                         raise ConfigError(f"{where} specifies invalid or unsupported gpu id "
-                                          f"{gpu}. Available GPUs are: {available}")
+                                          f"{gpu}. GPUs with at least the minimum required "
+                                          f"CUDA compute compatibility of 6.000000 are: "
+                                          f"{available}")
         if group.profile and config.platform != "tensorrt_plan":
             raise ConfigError(f"{where} and platform {config.platform} specifies profile "
                               "field which is only supported for TensorRT models")

@@ -157,19 +157,23 @@ class ModelRepositoryManager:
         await asyncio.gather(*waits)
 
     def _slots(self, name: str, version: int, config) -> list[InstanceSlot]:
-        """One slot per instance of every instance group, named as Triton names them
-        (`<group name>_<index>`), keyed uniquely for this load."""
+        """One slot per instance, in Triton's order and with its names: `count`
+        instances of a group, each named `<group name>_<index>`, and a KIND_GPU group
+        has `count` on EACH of its GPUs (the same names on every device, as Triton
+        names them). Keys are unique for this load (the device in a GPU's)."""
         generation = next(self._generation)
         slots = []
         for group in config.instance_group:
             kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+            gpu = kind == "KIND_GPU"
             for i in range(group.count):
-                device = group.gpus[i % len(group.gpus)] if group.gpus else 0
                 inst = f"{group.name}_{i}"
-                slots.append(InstanceSlot(
-                    f"{name}/{version}/{inst}#{generation}", inst, kind, device,
-                    passive=group.passive, resources=group_resources(group, device),
-                    priority=group.rate_limiter.priority))
+                for device in (group.gpus if gpu else [0]):
+                    where = f"@gpu{device}" if gpu else ""
+                    slots.append(InstanceSlot(
+                        f"{name}/{version}/{inst}{where}#{generation}", inst, kind, device,
+                        passive=group.passive, resources=group_resources(group, device),
+                        priority=group.rate_limiter.priority))
         return slots
 
     async def load_version(self, plan, version: int,
