@@ -42,6 +42,13 @@ def poll_failure(name: str) -> InferError:
                       f"failed to load '{name}', failed to poll from model repository")
 
 
+def not_a_directory_name(name: str) -> InferError:
+    """The answer to a load with files whose model name is no directory name."""
+    return InferError(ErrorCode.INVALID_ARG,
+                      f"load failed for model '{name}': a model name must be one "
+                      "directory name (no '/', not '.' or '..')")
+
+
 def directory_name(name: str) -> bool:
     """Whether `name` can be a model's directory: one path component, no NUL, not "."
     or "..", at most NAME_MAX bytes. A load names the model's directory with it (in a
@@ -168,10 +175,14 @@ class ModelControl:
 
     async def _load(self, name: str, config: str | None, files: dict[str, bytes]) -> None:
         if not directory_name(name):
-            # Triton answers a name it finds no directory for so (it writes a load's
-            # files under a folder of its own, not the name, and loads them)
             log.error("Poll failed for model directory '%s': not a directory name", name)
-            raise poll_failure(name)
+            if files:
+                # Triton writes a load's files under a folder of its own whatever the
+                # name, loads them, and answers a failed load INVALID_ARGUMENT. We
+                # refuse the name before writing anything, in the same form: the
+                # client's name is at fault, not the server
+                raise not_a_directory_name(name)
+            raise poll_failure(name)  # no such directory: Triton's answer
         async with self._lock(name):
             source, fp, temp = self._source(name, config, files)
             if fp == self.manager.fingerprints.get(name) and self._loaded(name):

@@ -268,10 +268,11 @@ def test_a_load_named_out_of_its_folder_is_refused_and_writes_nothing(explicit, 
                                                                      tmp_path):
     """Rule (issue 25): a load's name named the folder its files were written to, so
     '../x' or an absolute path over gRPC wrote them outside the private folder. A name
-    that is not a directory name is Triton's poll failure now, on both protocols, and
-    nothing is written anywhere. (Over HTTP a name with a slash is no route: 404, as
-    Triton. Triton writes a load's files under a folder of its own whatever the name,
-    and loads them; we refuse the name.)"""
+    that is not a directory name is refused now, on both protocols, with the code
+    Triton gives a load with files that fails (INVALID_ARGUMENT, HTTP 400), and nothing
+    is written anywhere. (Over HTTP a name with a slash is no route: 404, as Triton.
+    Triton writes a load's files under a folder of its own whatever the name, and
+    loads them; we refuse the name.)"""
     c = client(explicit, protocol)
     tag = f"escaped_{protocol}"
     names = [f"../{tag}1", f"../../{tag}2", f"../../../{tag}3", str(tmp_path / f"{tag}4"),
@@ -282,11 +283,12 @@ def test_a_load_named_out_of_its_folder_is_refused_and_writes_nothing(explicit, 
         if protocol == "http" and "/" in name:
             assert err.status() == "404", (name, err)
             continue
-        assert code_of(protocol, err) == ("500" if protocol == "http" else "INTERNAL")
+        assert code_of(protocol, err) == ("400" if protocol == "http"
+                                          else "INVALID_ARGUMENT"), (name, err)
         shown = name.replace("\0", "%00") if protocol == "http" else name
-        assert err.message() in (f"failed to load '{name}', failed to poll from model "
-                                 "repository", f"failed to load '{shown}', failed to "
-                                 "poll from model repository"), (name, err)
+        assert err.message().startswith((f"load failed for model '{name}': a model name",
+                                         f"load failed for model '{shown}': a model "
+                                         "name")), (name, err)
     for root in (explicit.temp, tmp_path, explicit.temp.parent):
         leaked = [str(p) for p in root.rglob(f"*{tag}*")]
         assert leaked == [], leaked

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from scheduler.repository.config import ConfigError
-from scheduler.repository.control import ModelControl, directory_name, file_path, poll_failure
+from scheduler.repository.control import ModelControl, directory_name, file_path, not_a_directory_name, poll_failure
 from scheduler.repository.poller import changes
 from scheduler.repository.disk import fingerprint, parse_override
 from shm.errors import ErrorCode, InferError
@@ -155,7 +155,8 @@ def _written(tmp_path) -> list[str]:
 def test_a_load_whose_name_leaves_its_folder_writes_nothing(tmp_path, name):
     """Rule (issue 25): the name of a load with files named the directory they were
     written to, unchecked: '../x' or an absolute path wrote them outside the private
-    folder. Such a name is Triton's poll failure, and nothing is written."""
+    folder. Such a name is refused as the client's fault (INVALID_ARGUMENT, Triton's
+    code for a load with files that fails), and nothing is written."""
     control = _control(tmp_path)
     if name == "ABS":
         name = str(tmp_path / "escaped")
@@ -163,8 +164,8 @@ def test_a_load_whose_name_leaves_its_folder_writes_nothing(tmp_path, name):
     config = '{"backend": "python"}'
     with pytest.raises(InferError) as e:
         asyncio.run(control.load(name, config, {"file:1/model.py": b"pass"}))
-    assert e.value.code == ErrorCode.INTERNAL
-    assert e.value.message == poll_failure(name).message
+    assert e.value.code == ErrorCode.INVALID_ARG
+    assert e.value.message == not_a_directory_name(name).message
     assert _written(tmp_path) == before
 
 
