@@ -357,6 +357,21 @@ class Tensor:
             name, datatype, array, None)
         return tensor
 
+    @classmethod
+    def _from_server_device(cls, name: str, datatype: str, data: int, shape: tuple,
+                            device_id: int, owner) -> Tensor:
+        """Server side: wrap CUDA memory at `data` (kept alive by `owner`), as
+        from_dlpack would but without a capsule to export and import."""
+        tensor = cls.__new__(cls)
+        tensor._name, tensor._datatype, tensor._array = name, datatype, None
+        tensor._device = _DeviceBuffer(owner, data, tuple(shape), (_KDL_CUDA, device_id))
+        return tensor
+
+    def _device_memory(self) -> tuple[int, tuple, int] | None:
+        """Server side: (address, shape, device id) of a CUDA tensor, None on the host."""
+        buf = self._device
+        return None if buf is None else (buf.data, tuple(buf.shape), buf.device[1])
+
     def _host_array(self) -> np.ndarray:
         """Server side: the host array in Triton's layout (BF16 as uint16 words).
         Raises for device tensors, which the server must copy or share itself."""
