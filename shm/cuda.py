@@ -11,6 +11,13 @@ import ctypes
 import functools
 import os
 
+# SHMSERVE_FAKE_CUDA=N: N host-memory fake devices and a fake cupy (shm/cuda_fake.py),
+# for running and profiling the CUDA-region path without a GPU; never in production
+FAKE_DEVICES = int(os.environ.get("SHMSERVE_FAKE_CUDA") or 0)
+if FAKE_DEVICES:
+    from shm import cuda_fake
+    cuda_fake.install()
+
 
 @functools.cache
 def device_count() -> int:
@@ -18,6 +25,8 @@ def device_count() -> int:
     driver. SHMSERVE_GPUS=0 hides every device (tests of the CPU-only behaviour)."""
     if os.environ.get("SHMSERVE_GPUS") == "0":
         return 0
+    if FAKE_DEVICES:
+        return FAKE_DEVICES
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -53,12 +62,16 @@ class IpcRegion:
         mem = cp.cuda.UnownedMemory(self.ptr, byte_size, self, device)
         self._base = cp.cuda.MemoryPointer(mem, 0)
 
-    def array(self, offset: int, nbytes: int, dtype, shape):
-        """A cupy array over [offset, offset + nbytes) of the region (no copy)."""
-        cp = cupy()
+    def check(self, offset: int, nbytes: int) -> None:
+        """ValueError unless [offset, offset + nbytes) lies inside the region."""
         if offset < 0 or nbytes < 0 or offset + nbytes > self.byte_size:
             raise ValueError(f"[{offset}, {offset + nbytes}) lies outside the CUDA region "
                              f"of {self.byte_size} bytes")
+
+    def array(self, offset: int, nbytes: int, dtype, shape):
+        """A cupy array over [offset, offset + nbytes) of the region (no copy)."""
+        cp = cupy()
+        self.check(offset, nbytes)
         return cp.ndarray(shape, dtype=dtype, memptr=self._base + offset)
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ import time
 
 import msgspec
 
+from shm import cuda  # noqa: F401 (its fake cupy, with SHMSERVE_FAKE_CUDA, before any model)
 from shm.arena import Arena
 from shm.channel import Inbox, Outbox
 from shm.errors import ErrorCode, InferError

@@ -28,6 +28,7 @@ class Region:
 
 
 def _cupy():
+    import shm.cuda  # noqa: F401 (SHMSERVE_FAKE_CUDA puts its fake cupy in place)
     import cupy
     return cupy
 

@@ -9,6 +9,7 @@ import struct
 import numpy as np
 import pytest
 
+from shm import dlpack
 from shm.errors import ErrorCode
 from workers.python_backend import pb_utils as pb
 
@@ -199,7 +200,7 @@ def test_bf16_round_trips_through_dlpack_only():
 
 def test_device_tensors_are_kept_as_device_memory():
     keep = object()
-    capsule = pb._dl_export(0xDEAD00, (2, 2), "FP32", (2, 1), keep)  # CUDA device 1
+    capsule = dlpack.export(0xDEAD00, (2, 2), "FP32", (2, 1), keep)  # CUDA device 1
     tensor = pb.Tensor.from_dlpack("g", capsule)
     assert not tensor.is_cpu()
     assert tensor.shape() == [2, 2] and tensor.triton_dtype() == 11
@@ -213,16 +214,16 @@ def test_device_tensors_are_kept_as_device_memory():
 
 
 def test_dlpack_exports_are_released():
-    before = set(pb._exported)
+    before = set(dlpack._exported)
     tensor = pb.Tensor("t", np.ones(3, np.float32))
     unused = tensor.to_dlpack()
     consumed = np.from_dlpack(tensor)
     imported = pb.Tensor.from_dlpack("b", pb.Tensor._from_server("b", "BF16",
                                                                   np.ones(2, np.uint16)))
-    ours = set(pb._exported) - before
+    ours = set(dlpack._exported) - before
     assert len(ours) == 3
     del unused, consumed, imported  # no cycles: refcounting alone releases them
-    assert not ours & set(pb._exported)
+    assert not ours & set(dlpack._exported)
 
 
 # -- errors ---------------------------------------------------------------------

@@ -18,16 +18,16 @@ from __future__ import annotations
 import asyncio
 import copy
 import ctypes
-import datetime
 import enum
 import json
 import logging
 import sys
-from typing import NamedTuple
 
 import numpy as np
 
 from shm import datatypes as _dt
+from shm.dlpack import (CAPSULE_TYPE, DL_TO_TYPE, KDL_CPU, KDL_CUDA, KDL_CUDA_HOST,
+                       DLImport, DLInfo, DLPackError, describe, export)
 from shm.errors import ErrorCode
 
 __all__ = [
@@ -159,128 +159,14 @@ def deserialize_bytes_tensor(encoded_tensor) -> np.ndarray:
 
 # -- DLPack ---------------------------------------------------------------------
 # numpy imports and exports CPU tensors of its own dtypes; BF16 (no numpy dtype) and
-# device memory need the DLPack structs themselves, reached here through ctypes.
+# device memory need the DLPack structs themselves (shm/dlpack.py).
 
-_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST = 1, 2, 3
-_DL_TO_TYPE = {(0, 8): "INT8", (0, 16): "INT16", (0, 32): "INT32", (0, 64): "INT64",
-               (1, 8): "UINT8", (1, 16): "UINT16", (1, 32): "UINT32", (1, 64): "UINT64",
-               (2, 16): "FP16", (2, 32): "FP32", (2, 64): "FP64", (4, 16): "BF16",
-               (6, 8): "BOOL"}  # (DLDataTypeCode, bits)
-_TYPE_TO_DL = {name: code_bits for code_bits, name in _DL_TO_TYPE.items()}
-_CAPSULE_TYPE = type(datetime.datetime_CAPI)
-_DLTENSOR = b"dltensor"
-_USED_DLTENSOR = b"used_dltensor"
-
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", _Deleter)]
-
-
-# Own prototypes, so the shared ctypes.pythonapi function objects stay untouched.
-def _capi(name, restype, *argtypes):
-    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
-
-
-_capsule_new = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
-                     ctypes.c_void_p)
-_capsule_pointer = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object,
-                         ctypes.c_char_p)
-_capsule_rename = _capi("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
-# raw-pointer forms for the capsule destructor, which runs when the refcount is zero
-_capsule_valid_raw = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
-_capsule_pointer_raw = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p,
-                             ctypes.c_char_p)
-
-# address of each DLManagedTensor we handed out -> (struct, shape array, what it keeps alive)
-_exported: dict[int, tuple] = {}
-
-
-@_Deleter
-def _release_export(address, _pop=_exported.pop):
-    _pop(address, None)
-
-
-@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-def _capsule_gone(capsule, _pop=_exported.pop, _valid=_capsule_valid_raw,
-                  _pointer=_capsule_pointer_raw, _name=_DLTENSOR):
-    # A capsule nobody consumed still owns its tensor; a consumer calls the deleter itself.
-    if _valid(capsule, _name):
-        _pop(_pointer(capsule, _name), None)
-
-
-def _dl_export(data: int, shape, datatype: str, device: tuple[int, int], keepalive):
-    """A "dltensor" capsule over memory `keepalive` holds, C-contiguous, no copy."""
-    managed = _DLManagedTensor()
-    dims = (ctypes.c_int64 * len(shape))(*shape)
-    code, bits = _TYPE_TO_DL[datatype]
-    tensor = managed.dl_tensor
-    tensor.data = data
-    tensor.device = _DLDevice(*device)
-    tensor.ndim = len(shape)
-    tensor.dtype = _DLDataType(code, bits, 1)
-    tensor.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64))
-    managed.deleter = _release_export
-    address = ctypes.addressof(managed)
-    _exported[address] = (managed, dims, keepalive)
-    return _capsule_new(address, _DLTENSOR, ctypes.cast(_capsule_gone, ctypes.c_void_p))
-
-
-class _DLInfo(NamedTuple):
-    address: int        # of the DLManagedTensor
-    data: int           # first element (byte_offset applied)
-    shape: tuple
-    strides: tuple | None
-    code: int
-    bits: int
-    lanes: int
-    device: tuple[int, int]
-
-
-def _dl_describe(capsule) -> _DLInfo:
+def _dl_describe(capsule) -> DLInfo:
     """Read a capsule's tensor without taking it."""
     try:
-        address = _capsule_pointer(capsule, _DLTENSOR)
-    except ValueError:
-        raise TritonModelException(
-            "DLPack capsule was already consumed or is not a 'dltensor' capsule") from None
-    t = _DLManagedTensor.from_address(address).dl_tensor
-    shape = tuple(t.shape[i] for i in range(t.ndim))
-    strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
-    return _DLInfo(address, (t.data or 0) + t.byte_offset, shape, strides, t.dtype.code,
-                   t.dtype.bits, t.dtype.lanes, (t.device.device_type, t.device.device_id))
-
-
-class _DLImport:
-    """Ownership of a consumed capsule's tensor: calls the producer's deleter when dropped."""
-
-    __slots__ = ("address",)
-
-    def __init__(self, capsule, info: _DLInfo):
-        _capsule_rename(capsule, _USED_DLTENSOR)
-        self.address = info.address
-
-    def __del__(self, _managed=_DLManagedTensor):  # bound now: may run at interpreter exit
-        deleter = _managed.from_address(self.address).deleter
-        if deleter:
-            deleter(self.address)
+        return describe(capsule)
+    except DLPackError as e:
+        raise TritonModelException(str(e)) from None
 
 
 class _CapsuleSource:
@@ -295,7 +181,7 @@ class _CapsuleSource:
         return self.capsule
 
     def __dlpack_device__(self):
-        return (_KDL_CPU, 0)
+        return (KDL_CPU, 0)
 
 
 def _is_c_contiguous(shape, strides) -> bool:
@@ -357,6 +243,21 @@ class Tensor:
             name, datatype, array, None)
         return tensor
 
+    @classmethod
+    def _from_server_device(cls, name: str, datatype: str, data: int, shape: tuple,
+                            device_id: int, owner) -> Tensor:
+        """Server side: wrap CUDA memory at `data` (kept alive by `owner`), as
+        from_dlpack would but without a capsule to export and import."""
+        tensor = cls.__new__(cls)
+        tensor._name, tensor._datatype, tensor._array = name, datatype, None
+        tensor._device = _DeviceBuffer(owner, data, tuple(shape), (KDL_CUDA, device_id))
+        return tensor
+
+    def _device_memory(self) -> tuple[int, tuple, int] | None:
+        """Server side: (address, shape, device id) of a CUDA tensor, None on the host."""
+        buf = self._device
+        return None if buf is None else (buf.data, tuple(buf.shape), buf.device[1])
+
     def _host_array(self) -> np.ndarray:
         """Server side: the host array in Triton's layout (BF16 as uint16 words).
         Raises for device tensors, which the server must copy or share itself."""
@@ -394,16 +295,16 @@ class Tensor:
             raise TritonModelException("DLPack does not have support for string tensors.")
         if self._device is not None:
             buf = self._device
-            return _dl_export(buf.data, buf.shape, self._datatype, buf.device, buf)
+            return export(buf.data, buf.shape, self._datatype, buf.device, buf)
         array = self._array
-        return _dl_export(array.__array_interface__["data"][0], array.shape, self._datatype,
-                          (_KDL_CPU, 0), array)
+        return export(array.__array_interface__["data"][0], array.shape, self._datatype,
+                          (KDL_CPU, 0), array)
 
     def __dlpack__(self, stream=None):
         return self.to_dlpack()
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return self._device.device if self._device is not None else (_KDL_CPU, 0)
+        return self._device.device if self._device is not None else (KDL_CPU, 0)
 
     @staticmethod
     def from_dlpack(name: str, tensor) -> Tensor:
@@ -411,11 +312,11 @@ class Tensor:
         and `__dlpack_device__` (numpy, torch, cupy...), without copying. Only
         C-contiguous tensors are accepted."""
         _check_name(name)
-        if isinstance(tensor, _CAPSULE_TYPE):
+        if isinstance(tensor, CAPSULE_TYPE):
             capsule = tensor
         elif hasattr(tensor, "__dlpack__") and hasattr(tensor, "__dlpack_device__"):
             device_type = tensor.__dlpack_device__()[0]
-            if device_type not in (_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST):
+            if device_type not in (KDL_CPU, KDL_CUDA, KDL_CUDA_HOST):
                 raise TritonModelException(
                     f"DLDevice type {device_type} is not supported by the python backend.")
             # stream=None: the producer syncs with the legacy default stream (array API)
@@ -429,7 +330,7 @@ class Tensor:
     @classmethod
     def _from_capsule(cls, name: str, capsule) -> Tensor:
         info = _dl_describe(capsule)
-        datatype = _DL_TO_TYPE.get((info.code, info.bits)) if info.lanes == 1 else None
+        datatype = DL_TO_TYPE.get((info.code, info.bits)) if info.lanes == 1 else None
         if datatype is None:
             raise TritonModelException(
                 f"DLPack dtype (code {info.code}, {info.bits} bits, {info.lanes} lanes) is "
@@ -442,16 +343,16 @@ class Tensor:
         tensor = cls.__new__(cls)
         tensor._name, tensor._datatype, tensor._array, tensor._device = (
             name, datatype, None, None)
-        if device_type == _KDL_CUDA:
-            tensor._device = _DeviceBuffer(_DLImport(capsule, info), info.data, info.shape,
+        if device_type == KDL_CUDA:
+            tensor._device = _DeviceBuffer(DLImport(capsule, info), info.data, info.shape,
                                            info.device)
-        elif device_type not in (_KDL_CPU, _KDL_CUDA_HOST):
+        elif device_type not in (KDL_CPU, KDL_CUDA_HOST):
             raise TritonModelException(
                 f"DLDevice type {device_type} is not supported by the python backend.")
         elif datatype != "BF16":
             tensor._array = np.from_dlpack(_CapsuleSource(capsule))
         else:
-            tensor._array = _host_view(_DLImport(capsule, info), info.data, info.shape)
+            tensor._array = _host_view(DLImport(capsule, info), info.data, info.shape)
         return tensor
 
     def __repr__(self) -> str:
@@ -459,7 +360,7 @@ class Tensor:
         return f"Tensor({self._name!r}, {self._datatype}, shape={self.shape()}, {where})"
 
 
-def _host_view(owner: _DLImport, data: int, shape: tuple) -> np.ndarray:
+def _host_view(owner: DLImport, data: int, shape: tuple) -> np.ndarray:
     """BF16 words in host memory a capsule gave us, as a uint16 array that keeps `owner`."""
     count = 1
     for dim in shape:

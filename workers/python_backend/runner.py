@@ -7,6 +7,7 @@ import functools
 import importlib.util
 import inspect
 import json
+import math
 import logging
 import os
 import sys
@@ -20,7 +21,8 @@ from shm.messages.frontend import InferRequest
 from shm.messages.worker import LoadInstance
 from workers.batch_io import Reshaper
 from workers.python_backend import pb_utils
-from workers.tensors import ANSWERED, ANSWERED_FAILED, Copies, is_device_array
+from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, DeviceView,
+                             is_device_array)
 
 log = logging.getLogger("shmserve.python")
 
@@ -283,8 +285,14 @@ class PythonInstance:
         if self.cpu_inputs:
             return pb_utils.Tensor._from_server(
                 ref.name, ref.datatype, reshape(ref.name, io.host_input(ref, self.copies)))
+        if ref.device >= 0 and ref.data is None:
+            # the client's CUDA memory, handed over as it is, by address: no cupy array
+            # and no DLPack round trip per request (workers/tensors.py DeviceView)
+            view = reshape(ref.name, io.device_input(ref))
+            return pb_utils.Tensor._from_server_device(ref.name, ref.datatype, view.ptr,
+                                                       view.shape, view.device, view.owner)
         array = reshape(ref.name, io.input(ref, self.copies))
-        if is_device_array(array):  # the client's CUDA memory, handed over as it is
+        if is_device_array(array):  # e.g. a BLS caller's device tensor
             return pb_utils.Tensor.from_dlpack(ref.name, array)
         return pb_utils.Tensor._from_server(ref.name, ref.datatype, array)
 
@@ -330,13 +338,11 @@ class PythonInstance:
             datatype = tensor._datatype
             if tensor.is_cpu():
                 array = tensor._host_array()  # BF16 as uint16 words, no copy
-            else:  # device memory: written once, straight to its destination
-                try:
-                    from shm.cuda import cupy
-                    array = cupy().from_dlpack(tensor)
-                except Exception as exc:
-                    return InferError(ErrorCode.INTERNAL,
-                                      f"output '{name}' is in device memory: {exc}")
+            else:  # device memory: written once, straight to its destination, by address
+                ptr, shape, device = tensor._device_memory()
+                dtype = datatypes.NUMPY[datatype]
+                array = DeviceView(ptr, shape, dtype, math.prod(shape) * dtype.itemsize,
+                                   device, tensor)
             expected = self.output_types.get(name)
             if expected is not None and expected != datatype:
                 return InferError(
