@@ -261,8 +261,7 @@ class GrpcConnection(h2.H2Connection):
         self.restrictions = server.restrictions
         self.arena_paths = server.arena_paths if server.body_buffer is not None else ()
         # this connection's share of the arena for messages received into it
-        new_quota = getattr(server, "body_quota", None)
-        self.quota = new_quota() if new_quota is not None else None
+        self.quota = server.body_quota() if server.body_quota is not None else None
 
     def connection_made(self, transport):
         super().connection_made(transport)
@@ -587,6 +586,7 @@ class NativeGrpcServer:
     # keepalive, PING abuse and age policy of every connection (None: none at all)
     keepalive: KeepaliveSettings | None = None
     ssl_context = None
+    body_quota = None  # no arena bodies unless given (__init__)
 
     TICK = 1.0  # seconds between the connections' time-limit checks (H2Connection.tick)
 

@@ -33,7 +33,7 @@ from .h2_keepalive import KeepaliveSettings
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import RestrictionInterceptor, Restrictions
-from .types import FrontendCore, not_ready_error
+from .types import DataPlane, not_ready_error
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def server_options(keepalive: KeepaliveSettings | None = None,
     return opts
 
 
-def handler_table(core: FrontendCore, *, server_name: str = "shmserve",
+def handler_table(core: DataPlane, *, server_name: str = "shmserve",
                   server_version: str | None = None, extensions=EXTENSIONS,
                   header_forward: str = "") -> dict[str, dict[str, grpc.RpcMethodHandler]]:
     """{service: {method: handler}}: every RPC this server offers, built once and
@@ -79,7 +79,7 @@ def handler_table(core: FrontendCore, *, server_name: str = "shmserve",
             grpc_health.SERVICE: grpc_health.HealthServicer(core).method_handlers()}
 
 
-def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "shmserve",
+def make_grpc_server(core: DataPlane, address: str, *, server_name: str = "shmserve",
                      server_version: str | None = None,
                      extensions=EXTENSIONS, header_forward: str = "",
                      restrictions: Restrictions | None = None, frontend: str = "grpcio",
@@ -107,12 +107,11 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
                                  for service, methods in table.items()
                                  for method, handler in methods.items()},
                                 sock, restrictions,
-                                body_buffer=getattr(core, "body_buffer", None),
-                                # no larger than an arena chunk: no segment of its own
-                                arena_body_max=getattr(getattr(core, "arena", None),
-                                                       "chunk_size", 64 << 20) - 5,
-                                free_blocks=getattr(core, "free_blocks", None),
-                                body_quota=getattr(core, "body_quota", None),
+                                body_buffer=core.body_buffer,
+                                # the message and its 5-byte prefix in one block
+                                arena_body_max=core.body_block_max - 5,
+                                free_blocks=core.free_blocks,
+                                body_quota=core.body_quota,
                                 arena_paths=("/inference.GRPCInferenceService/ModelInfer",),
                                 message_checks={
                                     f"/{SERVICE}/{method}": grpc_codec.malformed_prefix
@@ -143,9 +142,9 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
 
 
 class InferenceServicer:
-    """Handlers for each RPC of inference.GRPCInferenceService, over a FrontendCore."""
+    """Handlers for each RPC of inference.GRPCInferenceService, over a DataPlane."""
 
-    def __init__(self, core: FrontendCore, server_name: str, server_version: str,
+    def __init__(self, core: DataPlane, server_name: str, server_version: str,
                  extensions, header_forward=None):
         self.core = core
         self.header_forward = header_forward  # compiled --grpc-header-forward-pattern

@@ -107,7 +107,7 @@ class HttpProtocol(asyncio.Protocol):
         self.closed_lingering = lingering if lingering is not None else set()
         self.infer: InferEndpoint = app.infer
         # this connection's share of the arena for request bodies
-        self.quota = self.infer.body_quota() if self.infer.body_quota else None
+        self.quota = self.infer.body_quota()
         self.restrictions = app.restrictions
         self.max_input = app.max_input
         self.connections = connections

@@ -1,4 +1,4 @@
-"""A frontend process: the HTTP and gRPC servers over one SchedulerCore.
+"""A frontend process: the HTTP and gRPC servers over one SchedulerDataPlane.
 
 Several of these run at once; each binds the same ports with SO_REUSEPORT and the
 kernel spreads connections across them, so protocol parsing scales with cores.
@@ -16,7 +16,7 @@ import sys
 
 import msgspec
 
-from frontend.core import SchedulerCore
+from frontend.core import SchedulerDataPlane
 from frontend.grpc_tls import TlsSettings
 from frontend.h2_keepalive import KeepaliveSettings
 from frontend.sockets import reuseport_socket
@@ -63,8 +63,9 @@ def tls_settings(args) -> TlsSettings | None:
 
 async def serve(args) -> int:
     loop = asyncio.get_running_loop()
-    core = SchedulerCore(args.address, args.scheduler, args.segment_prefix, args.arena_bytes,
-                         role=args.role, arena_high_water=args.arena_high_water)
+    core = SchedulerDataPlane(args.address, args.scheduler, args.segment_prefix,
+                              args.arena_bytes, role=args.role,
+                              arena_high_water=args.arena_high_water)
     core.attach(loop)
 
     def on_term():

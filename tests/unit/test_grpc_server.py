@@ -23,6 +23,7 @@ from frontend.grpc_server import make_grpc_server, server_options
 from frontend.validate import check_input_byte_size
 from frontend.types import InferResult, ModelView, OutputTensor
 from shm.errors import ErrorCode, InferError
+from tests.unit.fake_dataplane import FakeDataPlane
 
 pytestmark = pytest.mark.timeout(60)
 T = 10  # client-side timeout for every call, seconds
@@ -38,7 +39,7 @@ def identity_config(name: str, max_batch_size: int = 8) -> mc.ModelConfig:
     )
 
 
-class FakeCore:
+class FakeCore(FakeDataPlane):
     """An identity model per name; 'slow' sleeps for its `delay` parameter (seconds),
     'down' is loaded but unavailable, 'broken' raises a non-InferError, 'badout'
     answers with an output buffer that cannot be encoded."""

@@ -23,7 +23,7 @@ from tests.unit.test_http_server import IDENTITY, FakeCore, client_result, infer
 
 
 class ArenaCore(FakeCore):
-    """FakeCore with a body_buffer, as SchedulerCore offers: counts blocks."""
+    """FakeCore with a body_buffer, as SchedulerDataPlane offers: counts blocks."""
 
     def __init__(self):
         super().__init__()

@@ -20,6 +20,7 @@ from frontend.http_server import make_http_app
 from frontend.types import InferResult, ModelView, OutputTensor
 from frontend.validate import validate_request
 from shm.errors import ErrorCode, InferError
+from tests.unit.fake_dataplane import FakeDataPlane
 
 IDENTITY = text_format.Parse("""
 name: "identity" backend: "python" max_batch_size: 8
@@ -40,7 +41,7 @@ output [{name: "OUTPUT0" data_type: TYPE_INT32 dims: [2, 2]}]
 """, model_config_pb2.ModelConfig())
 
 
-class FakeCore:
+class FakeCore(FakeDataPlane):
     """An identity model: returns each INPUTn as OUTPUTn. `plain` has versions 1
     (ready) and 2 (unavailable); `loading` has no ready version."""
 

@@ -122,9 +122,9 @@ class FakeSegments:
 
 def core_with_stream(rid=1, blocks=(("seg", 64),)):
     from frontend.body_budget import BodyBudget
-    from frontend.core import SchedulerCore
+    from frontend.core import SchedulerDataPlane
 
-    core = SchedulerCore.__new__(SchedulerCore)
+    core = SchedulerDataPlane.__new__(SchedulerDataPlane)
     core.arena, core.outbox, core.segments = FakeArena(), FakeOutbox(), FakeSegments()
     core.bodies = BodyBudget()
     core.address, core.scheduler = "fe", "sched"
