@@ -91,7 +91,7 @@ class _HttpApp(Starlette):
     Routing through starlette's middleware and route list costs ~6 us a request
     (measured); the infer path is recognised here with two string tests instead. Every
     other request, and any infer path this does not recognise, goes the usual way.
-    frontend/http1.py's native transport uses `infer`, `restrictions` and `max_input`
+    transport/http1.py's native transport uses `infer`, `restrictions` and `max_input`
     for its own fast path and hands every other request to this app."""
 
     def __init__(self, infer: "InferEndpoint", restrictions: Restrictions,
@@ -210,7 +210,7 @@ def infer_headers(headers) -> tuple[str | None, str | None, str | None, int]:
 
 class InferEndpoint:
     """POST /v2/models/{model}[/versions/{version}]/infer: as a raw ASGI app (under
-    uvicorn), and through `respond` for frontend/http1.py's native transport, which
+    uvicorn), and through `respond` for transport/http1.py's native transport, which
     reads the body and writes the answer itself. Both share the decoding, the call
     to the core and the response building here."""
 

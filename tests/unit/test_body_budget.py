@@ -9,9 +9,9 @@ import struct
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from frontend import h2
+from frontend.transport import h2
 from frontend.body_budget import BodyBudget
-from frontend.core import SchedulerDataPlane
+from frontend.dataplane import SchedulerDataPlane
 from frontend.http_server import make_http_app
 from frontend.types import BODY_IN_ARENA_MIN, ModelView
 from shm.arena import Arena

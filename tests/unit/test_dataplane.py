@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from frontend.core import SchedulerDataPlane
+from frontend.dataplane import SchedulerDataPlane
 from frontend.types import DataPlane
 from tests.unit.fake_dataplane import FakeDataPlane
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from frontend import grpc_health
-from frontend.core import all_models_ready
+from frontend.dataplane import all_models_ready
 from frontend.types import ModelView
 from scheduler.processes.frontend_pool import PortInUse, claim_port
 from tests.unit.fake_dataplane import FakeDataPlane

@@ -1,4 +1,4 @@
-"""frontend.http_server: every endpoint over a fake FrontendCore, through the ASGI
+"""frontend.http_server: every endpoint over a fake DataPlane, through the ASGI
 interface, and once more over a real socket with tritonclient.http."""
 
 import asyncio

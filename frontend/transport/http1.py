@@ -35,11 +35,11 @@ from urllib.parse import unquote
 
 import httptools
 
-from . import http_codec
+from .. import http_codec
+from ..http_server import InferEndpoint, infer_headers, infer_target
+from ..restricted import input_size_message, path_refusal
 from .http1_limits import (BODY_TIMEOUT, HEADER_TIMEOUT, IDLE, IDLE_TIMEOUT, LINGER,
                            MAX_CONNECTIONS, TIMED_OUT, default_max_connections, sweep)
-from .http_server import InferEndpoint, infer_headers, infer_target
-from .restricted import input_size_message, path_refusal
 
 log = logging.getLogger(__name__)
 

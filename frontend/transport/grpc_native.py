@@ -1,4 +1,4 @@
-"""gRPC over frontend/h2.py, without grpcio's transport (`--grpc-frontend native`).
+"""gRPC over h2.py, without grpcio's transport (`--grpc-frontend native`).
 
 It serves the same `grpc.RpcMethodHandler` table as the grpc.aio server
 (grpc_server.handler_table): each handler's request_deserializer,
@@ -29,12 +29,13 @@ from collections import deque
 
 import grpc
 
-from . import h2, inflate
-from .grpc_tls import HANDSHAKE_TIMEOUT
+from .. import inflate
+from ..grpc_tls import HANDSHAKE_TIMEOUT
+from ..restricted import Restrictions, grpc_refusal
+from ..types import BODY_IN_ARENA_MIN
+from . import h2
 from .h2_keepalive import ConnectionPolicy, KeepaliveSettings
 from .h2_limits import DEFAULT_LIMITS, PROCESS_BUDGET, HeldBudget, Limits
-from .restricted import Restrictions, grpc_refusal
-from .types import BODY_IN_ARENA_MIN
 
 log = logging.getLogger(__name__)
 
@@ -602,7 +603,7 @@ class NativeGrpcServer:
                  keepalive: KeepaliveSettings | None = KeepaliveSettings(),
                  ssl_context=None, tls_handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  limits: Limits | None = None, budget: HeldBudget | None = None):
-        # the HTTP/2 limits (frontend/h2_limits.py) and the bytes this process holds
+        # the HTTP/2 limits (h2_limits.py) and the bytes this process holds
         # for peers' closed windows, shared by every connection
         self.limits = limits or DEFAULT_LIMITS
         self.budget = budget or PROCESS_BUDGET
