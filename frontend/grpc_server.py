@@ -82,7 +82,7 @@ def handler_table(core: DataPlane, *, server_name: str = "shmserve",
 def make_grpc_server(core: DataPlane, address: str, *, server_name: str = "shmserve",
                      server_version: str | None = None,
                      extensions=EXTENSIONS, header_forward: str = "",
-                     restrictions: Restrictions | None = None, frontend: str = "grpcio",
+                     restrictions: Restrictions | None = None, frontend: str = "native",
                      keepalive: KeepaliveSettings | None = KeepaliveSettings(),
                      tls: TlsSettings | None = None,
                      tls_handshake_timeout: float = HANDSHAKE_TIMEOUT):

@@ -18,7 +18,7 @@ from shm.arena import Arena
 from tests.unit.test_h2 import ARENA_PATHS, FakeArena, Peer, _arena_handlers, run
 from tests.unit.test_http1 import (ArenaCore, Flood, Streamer, _serve, check_identity,
                                    connect, infer_request)
-from tests.unit.test_http_server import IDENTITY, call, infer_body
+from tests.unit.test_http_server import IDENTITY, asgi_call, infer_body
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20
@@ -140,8 +140,8 @@ def test_asgi_bodies_past_the_process_budget_are_received_in_process_memory(proc
     config.max_batch_size = n
     core.models["identity"] = [ModelView("identity", 1, "READY", "", config)]
     try:
-        check_identity(*call(make_http_app(core), "POST", "/v2/models/identity/infer",
-                             body, headers), data)
+        check_identity(*asgi_call(make_http_app(core), "POST",
+                                  "/v2/models/identity/infer", body, headers), data)
         assert core.arena.capacity == (MiB if process_limit >= len(body) else 0)
         assert core.bodies.held == 0 and core.arena.used_bytes() == 0
     finally:

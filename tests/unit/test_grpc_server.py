@@ -1,4 +1,5 @@
-"""frontend.grpc_server against tritonclient.grpc (sync and aio), over a fake core.
+"""frontend.grpc_server against tritonclient.grpc (sync and aio), over a fake core, on
+the native transport (transport/grpc_native.py) as production serves it.
 
 The server runs on its own event loop in a thread, on a free loopback port; the fake
 core answers like an identity model (OUTPUTn = INPUTn) and records what it was given.
@@ -532,6 +533,15 @@ def test_aio_client(server, core):
 
 
 # --------------------------------------------------------------------------- binding
+
+
+def test_the_servicer_is_tested_on_the_transport_production_runs(server):
+    from frontend.main import parse_args
+    from frontend.transport.grpc_native import NativeGrpcServer
+
+    argv = ["--index", "0", "--address", "a", "--scheduler", "s", "--segment-prefix", "p"]
+    assert parse_args(argv).grpc_frontend == "native"
+    assert isinstance(server.server, NativeGrpcServer)
 
 
 def test_options_share_the_port_and_allow_large_messages():
