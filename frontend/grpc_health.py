@@ -16,7 +16,7 @@ import asyncio
 
 import grpc
 
-from .types import FrontendCore
+from .types import DataPlane
 
 SERVICE = "grpc.health.v1.Health"
 
@@ -77,7 +77,7 @@ def _encode_varint(n: int) -> bytes:
 
 
 class HealthServicer:
-    def __init__(self, core: FrontendCore):
+    def __init__(self, core: DataPlane):
         self.core = core
 
     def status(self) -> int:
@@ -89,7 +89,7 @@ class HealthServicer:
     async def watch(self, request: bytes, context):
         last = None
         while True:
-            stopping = getattr(self.core, "stopping", False)
+            stopping = self.core.stopping
             status = NOT_SERVING if stopping else self.status()
             if status != last:
                 yield encode_response(status)
@@ -107,7 +107,7 @@ class HealthServicer:
         }
 
 
-def register(server: grpc.aio.Server, core: FrontendCore) -> None:
+def register(server: grpc.aio.Server, core: DataPlane) -> None:
     handlers = HealthServicer(core).method_handlers()
     if hasattr(server, "add_registered_method_handlers"):
         server.add_registered_method_handlers(SERVICE, handlers)

@@ -10,7 +10,7 @@ server does not offer yet answer UNIMPLEMENTED.
 
 The port is bound with SO_REUSEPORT so that every frontend process listens on it and
 the kernel spreads connections between them; message size limits are raised to 2 GiB
-as Triton does. Keepalive, PING abuse and connection age (frontend.h2_keepalive) and
+as Triton does. Keepalive, PING abuse and connection age (transport.h2_keepalive) and
 TLS (frontend.grpc_tls) are Triton's flags, on either transport.
 """
 
@@ -29,11 +29,11 @@ from shm.errors import ErrorCode, InferError
 from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_endpoints,
                settings_endpoints, shm_endpoints)
 from .grpc_tls import HANDSHAKE_TIMEOUT, TlsSettings, grpcio_credentials, server_context
-from .h2_keepalive import KeepaliveSettings
+from .transport.h2_keepalive import KeepaliveSettings
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import RestrictionInterceptor, Restrictions
-from .types import FrontendCore, not_ready_error
+from .types import DataPlane, not_ready_error
 
 log = logging.getLogger(__name__)
 
@@ -68,26 +68,26 @@ def server_options(keepalive: KeepaliveSettings | None = None,
     return opts
 
 
-def handler_table(core: FrontendCore, *, server_name: str = "shmserve",
+def handler_table(core: DataPlane, *, server_name: str = "shmserve",
                   server_version: str | None = None, extensions=EXTENSIONS,
                   header_forward: str = "") -> dict[str, dict[str, grpc.RpcMethodHandler]]:
     """{service: {method: handler}}: every RPC this server offers, built once and
-    served by either transport (grpc.aio here, frontend.grpc_native)."""
+    served by either transport (grpc.aio here, transport.grpc_native)."""
     servicer = InferenceServicer(core, server_name, server_version or _default_version(),
                                  extensions, header_forward_pattern(header_forward))
     return {SERVICE: servicer.method_handlers(),
             grpc_health.SERVICE: grpc_health.HealthServicer(core).method_handlers()}
 
 
-def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "shmserve",
+def make_grpc_server(core: DataPlane, address: str, *, server_name: str = "shmserve",
                      server_version: str | None = None,
                      extensions=EXTENSIONS, header_forward: str = "",
-                     restrictions: Restrictions | None = None, frontend: str = "grpcio",
+                     restrictions: Restrictions | None = None, frontend: str = "native",
                      keepalive: KeepaliveSettings | None = KeepaliveSettings(),
                      tls: TlsSettings | None = None,
                      tls_handshake_timeout: float = HANDSHAKE_TIMEOUT):
     """A gRPC server for `core`, bound to `address` ("host:port"), not started:
-    grpc.aio's (`frontend` "grpcio") or frontend.grpc_native's ("native"), both with
+    grpc.aio's (`frontend` "grpcio") or transport.grpc_native's ("native"), both with
     `start()`, `stop(grace)` and `bound_port`. `restrictions` ({group: (metadata key,
     value)}, --grpc-restricted-protocol) are checked on every method, this module's
     and any added later. `keepalive` (Triton's defaults unless given) and `tls` (None:
@@ -99,20 +99,19 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
     table = handler_table(core, server_name=server_name, server_version=server_version,
                           extensions=extensions, header_forward=header_forward)
     if frontend == "native":
-        from .grpc_native import NativeGrpcServer
-        from .sockets import reuseport_socket
+        from .transport.grpc_native import NativeGrpcServer
+        from .transport.sockets import reuseport_socket
         host, _, port = address.rpartition(":")
         sock = reuseport_socket(host.strip("[]"), int(port))
         return NativeGrpcServer({f"/{service}/{method}": handler
                                  for service, methods in table.items()
                                  for method, handler in methods.items()},
                                 sock, restrictions,
-                                body_buffer=getattr(core, "body_buffer", None),
-                                # no larger than an arena chunk: no segment of its own
-                                arena_body_max=getattr(getattr(core, "arena", None),
-                                                       "chunk_size", 64 << 20) - 5,
-                                free_blocks=getattr(core, "free_blocks", None),
-                                body_quota=getattr(core, "body_quota", None),
+                                body_buffer=core.body_buffer,
+                                # the message and its 5-byte prefix in one block
+                                arena_body_max=core.body_block_max - 5,
+                                free_blocks=core.free_blocks,
+                                body_quota=core.body_quota,
                                 arena_paths=("/inference.GRPCInferenceService/ModelInfer",),
                                 message_checks={
                                     f"/{SERVICE}/{method}": grpc_codec.malformed_prefix
@@ -143,9 +142,9 @@ def make_grpc_server(core: FrontendCore, address: str, *, server_name: str = "sh
 
 
 class InferenceServicer:
-    """Handlers for each RPC of inference.GRPCInferenceService, over a FrontendCore."""
+    """Handlers for each RPC of inference.GRPCInferenceService, over a DataPlane."""
 
-    def __init__(self, core: FrontendCore, server_name: str, server_version: str,
+    def __init__(self, core: DataPlane, server_name: str, server_version: str,
                  extensions, header_forward=None):
         self.core = core
         self.header_forward = header_forward  # compiled --grpc-header-forward-pattern

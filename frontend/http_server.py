@@ -28,7 +28,7 @@ from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import (HTTP_DEFAULT_MAX_INPUT_SIZE, Restrictions, http_refusal,
                          input_size_message)
-from .types import BODY_IN_ARENA_MIN, FrontendCore, ModelView, not_ready_error
+from .types import BODY_IN_ARENA_MIN, DataPlane, ModelView, not_ready_error
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ _JSON = b"application/json"
 _OCTET = b"application/octet-stream"
 
 
-def make_http_app(core: FrontendCore, *, server_name: str = "shmserve",
+def make_http_app(core: DataPlane, *, server_name: str = "shmserve",
                   server_version: str = "0.1.0",
                   extensions: Iterable[str] = EXTENSIONS,
                   routes: Sequence[BaseRoute] = (), header_forward: str = "",
@@ -91,7 +91,7 @@ class _HttpApp(Starlette):
     Routing through starlette's middleware and route list costs ~6 us a request
     (measured); the infer path is recognised here with two string tests instead. Every
     other request, and any infer path this does not recognise, goes the usual way.
-    frontend/http1.py's native transport uses `infer`, `restrictions` and `max_input`
+    transport/http1.py's native transport uses `infer`, `restrictions` and `max_input`
     for its own fast path and hands every other request to this app."""
 
     def __init__(self, infer: "InferEndpoint", restrictions: Restrictions,
@@ -210,24 +210,23 @@ def infer_headers(headers) -> tuple[str | None, str | None, str | None, int]:
 
 class InferEndpoint:
     """POST /v2/models/{model}[/versions/{version}]/infer: as a raw ASGI app (under
-    uvicorn), and through `respond` for frontend/http1.py's native transport, which
+    uvicorn), and through `respond` for transport/http1.py's native transport, which
     reads the body and writes the answer itself. Both share the decoding, the call
     to the core and the response building here."""
 
-    def __init__(self, core: FrontendCore, header_forward=None,
+    def __init__(self, core: DataPlane, header_forward=None,
                  max_input_size: int = HTTP_DEFAULT_MAX_INPUT_SIZE):
         self.core = core
         self.header_forward = header_forward  # compiled --http-header-forward-pattern
         self.max_input = max_input_size  # --http-max-input-size, bytes
         # the core's arena, for bodies received straight into shared memory, and each
         # connection's share of it (body_quota(); uvicorn's connections have none)
-        self.body_buffer = getattr(core, "body_buffer", None)
-        self.body_quota = getattr(core, "body_quota", None)
+        self.body_buffer = core.body_buffer
+        self.body_quota = core.body_quota
 
     def arena_body(self, content_length: int, encoding) -> bool:
         """Whether a body of this length is received straight into the arena."""
-        return (content_length >= BODY_IN_ARENA_MIN and not encoding
-                and self.body_buffer is not None)
+        return content_length >= BODY_IN_ARENA_MIN and not encoding
 
     async def __call__(self, scope, receive, send) -> None:
         header_length, encoding, accept, content_length = infer_headers(scope["headers"])
@@ -381,7 +380,7 @@ _DECOUPLED_REFUSAL = ("HTTP end point doesn't support models with decoupled tran
 class _Handlers:
     """The non-inference endpoints; plain starlette handlers (not on the hot path)."""
 
-    def __init__(self, core: FrontendCore, metadata: bytes):
+    def __init__(self, core: DataPlane, metadata: bytes):
         self.core = core
         self.metadata = metadata
 

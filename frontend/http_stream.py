@@ -33,7 +33,7 @@ from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
 from . import http_codec
 from .header_forward import forward
-from .types import DecodedInput, DecodedRequest, FrontendCore, InferResult
+from .types import DataPlane, DecodedInput, DecodedRequest, InferResult
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class StreamEndpoint:
     a request (`decode`, per route) and start it, then send its responses (`respond`,
     per route) while watching the client; an error before the start is a JSON error."""
 
-    def __init__(self, core: FrontendCore, header_forward=None):
+    def __init__(self, core: DataPlane, header_forward=None):
         self.core = core
         self.header_forward = header_forward  # compiled --http-header-forward-pattern
 
@@ -234,7 +234,7 @@ class StreamEndpoint:
 class GenerateEndpoint(StreamEndpoint):
     """POST .../generate (`streaming` False) or .../generate_stream."""
 
-    def __init__(self, core: FrontendCore, streaming: bool, header_forward=None):
+    def __init__(self, core: DataPlane, streaming: bool, header_forward=None):
         super().__init__(core, header_forward)
         self.streaming = streaming
 

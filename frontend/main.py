@@ -1,4 +1,4 @@
-"""A frontend process: the HTTP and gRPC servers over one SchedulerCore.
+"""A frontend process: the HTTP and gRPC servers over one SchedulerDataPlane.
 
 Several of these run at once; each binds the same ports with SO_REUSEPORT and the
 kernel spreads connections across them, so protocol parsing scales with cores.
@@ -16,10 +16,10 @@ import sys
 
 import msgspec
 
-from frontend.core import SchedulerCore
+from frontend.dataplane import SchedulerDataPlane
 from frontend.grpc_tls import TlsSettings
-from frontend.h2_keepalive import KeepaliveSettings
-from frontend.sockets import reuseport_socket
+from frontend.transport.h2_keepalive import KeepaliveSettings
+from frontend.transport.sockets import reuseport_socket
 from shm.lifecycle import die_with_parent, keep_freed_heap, run_loop, watch_parent
 from shm.log import configure_logging
 from shm.messages.frontend import FrontendReady, FrontendStopped
@@ -63,8 +63,9 @@ def tls_settings(args) -> TlsSettings | None:
 
 async def serve(args) -> int:
     loop = asyncio.get_running_loop()
-    core = SchedulerCore(args.address, args.scheduler, args.segment_prefix, args.arena_bytes,
-                         role=args.role, arena_high_water=args.arena_high_water)
+    core = SchedulerDataPlane(args.address, args.scheduler, args.segment_prefix,
+                              args.arena_bytes, role=args.role,
+                              arena_high_water=args.arena_high_water)
     core.attach(loop)
 
     def on_term():
@@ -122,7 +123,7 @@ async def serve(args) -> int:
     if http_server is not None:
         http_task = loop.create_task(http_server.serve(sockets=[http_sock]))
     elif args.allow_http:
-        from frontend import http1
+        from frontend.transport import http1
         native_http = await http1.serve(http_app, http_sock)
 
     timeout = await core.drain_requested

@@ -24,7 +24,7 @@ from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
 from .grpc_codec import grpc_status
 from .http_codec import JSON_ERRORS, encode_error, json_dumps, json_loads
-from .types import FrontendCore
+from .types import DataPlane
 
 FILE_PREFIX = "file:"
 
@@ -97,7 +97,7 @@ def http_load_arguments(params: dict) -> tuple[str | None, dict[str, bytes]]:
     return config, files
 
 
-def http_routes(core: FrontendCore) -> list[Route]:
+def http_routes(core: DataPlane) -> list[Route]:
     async def index(request: Request) -> Response:
         try:
             body = _body(await request.body())
@@ -156,7 +156,7 @@ def grpc_load_arguments(parameters) -> tuple[str | None, dict[str, bytes]]:
     return config, files
 
 
-def grpc_method_handlers(core: FrontendCore) -> dict[str, grpc.RpcMethodHandler]:
+def grpc_method_handlers(core: DataPlane) -> dict[str, grpc.RpcMethodHandler]:
     async def index(request, context):
         try:
             entries = await core.repository_index(request.ready)

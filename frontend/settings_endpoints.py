@@ -24,7 +24,7 @@ from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
 from .grpc_codec import grpc_status
 from .http_codec import JSON_ERRORS, encode_error, json_dumps, json_loads
-from .types import FrontendCore
+from .types import DataPlane
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def parse_settings_body(body: bytes, what: str) -> dict:
     return request
 
 
-def http_routes(core: FrontendCore) -> list[Route]:
+def http_routes(core: DataPlane) -> list[Route]:
     """Routes for both extensions; a method other than GET/POST gets 405 and a JSON
     error, as Triton answers."""
 
@@ -101,7 +101,7 @@ async def _update_of(request: Request, what: str) -> dict | None:
 
 # -- gRPC -------------------------------------------------------------------------------
 
-def grpc_method_handlers(core: FrontendCore) -> dict[str, grpc.RpcMethodHandler]:
+def grpc_method_handlers(core: DataPlane) -> dict[str, grpc.RpcMethodHandler]:
     rpcs = _Rpcs(core)
 
     def unary(fn, request_type):
@@ -134,7 +134,7 @@ def trace_update_of(request) -> dict | None:
 
 
 class _Rpcs:
-    def __init__(self, core: FrontendCore):
+    def __init__(self, core: DataPlane):
         self.core = core
 
     async def log_settings(self, request, context):

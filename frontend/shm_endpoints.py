@@ -31,7 +31,7 @@ from shm.messages.regions import CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM
 
 from .grpc_codec import grpc_status
 from .http_codec import JSON_ERRORS, encode_error, json_dumps, json_loads
-from .types import FrontendCore
+from .types import DataPlane
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def _check_handle(raw_handle: bytes) -> bytes:
 # ------------------------------------------------------------------------------ HTTP
 
 
-def http_routes(core: FrontendCore) -> list[Route]:
+def http_routes(core: DataPlane) -> list[Route]:
     """Starlette routes for both extensions. They take any method and answer a wrong
     one with 405 and a JSON error, as Triton does (starlette's own 405 is plain text)."""
     routes = []
@@ -70,7 +70,7 @@ def http_routes(core: FrontendCore) -> list[Route]:
     return routes
 
 
-def _http_handler(core: FrontendCore, kind: str, action: str):
+def _http_handler(core: DataPlane, kind: str, action: str):
     method = "GET" if action == "status" else "POST"
 
     async def handle(request: Request) -> Response:
@@ -157,7 +157,7 @@ def _uint(field: str, value) -> int:
 # ------------------------------------------------------------------------------ gRPC
 
 
-def grpc_method_handlers(core: FrontendCore) -> dict[str, grpc.RpcMethodHandler]:
+def grpc_method_handlers(core: DataPlane) -> dict[str, grpc.RpcMethodHandler]:
     """Handlers for the six shared-memory RPCs of inference.GRPCInferenceService."""
     rpcs = _Rpcs(core)
     s = service_pb2
@@ -184,7 +184,7 @@ def grpc_method_handlers(core: FrontendCore) -> dict[str, grpc.RpcMethodHandler]
 class _Rpcs:
     """The RPC bodies; errors abort the call with the code's gRPC status."""
 
-    def __init__(self, core: FrontendCore):
+    def __init__(self, core: DataPlane):
         self.core = core
 
     async def _call(self, context, op: str, kind: str, **fields) -> list:

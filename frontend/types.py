@@ -10,7 +10,7 @@ output buffers stay valid until `release()` is called.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from shm.errors import ErrorCode, InferError  # noqa: F401  (re-exported for codecs)
 
@@ -111,8 +111,16 @@ def not_ready_error(view: ModelView, version: str, why: bool = True) -> InferErr
 BODY_IN_ARENA_MIN = 256 * 1024
 
 
-class FrontendCore(Protocol):
-    """The protocol servers' only view of the rest of the server."""
+@runtime_checkable
+class DataPlane(Protocol):
+    """What the HTTP and gRPC servers call, and all of it: the protocol servers' only
+    view of the rest of the server (frontend.dataplane.SchedulerDataPlane behind the
+    channels to the scheduler in production, a fake in the unit tests)."""
+
+    # draining: new requests are refused (the health service says NOT_SERVING)
+    stopping: bool
+    # the largest body a block of body_buffer holds without a segment of its own
+    body_block_max: int
 
     def server_live(self) -> bool: ...
 
@@ -125,20 +133,36 @@ class FrontendCore(Protocol):
 
     def model_versions(self, name: str) -> list[ModelView]: ...
 
-    async def infer(self, request: DecodedRequest) -> InferResult:
-        """Validate, run and answer one request; raises InferError.
+    async def infer(self, request: DecodedRequest, decoupled_refusal: str = ""
+                    ) -> InferResult:
+        """Validate, run and answer one request; raises InferError (with
+        `decoupled_refusal` set, UNSUPPORTED with that text for a decoupled model).
 
         Inputs with `data` None name a client shared-memory region in `parameters`
         (shared_memory_region / shared_memory_offset / shared_memory_byte_size), and
         so may requested outputs. An output written into a region comes back with
         `data` None (Triton says nothing more about it in the response)."""
 
-    def start(self, request: DecodedRequest):
+    def start(self, request: DecodedRequest, decoupled_refusal: str = ""):
         """Validate and issue one request; its responses (zero to many for a decoupled
         model) come through the returned stream: `await stream.next()` gives
         (InferResult | InferError | None, final), `stream.view` is the model version,
         `stream.cancel()` cancels it. Raises InferError for a request refused before
         it ran."""
+
+    def body_quota(self):
+        """A new connection's share of the arena for its request bodies
+        (frontend.body_budget.BodyQuota), held by the transport for the connection's
+        life; None: no share (its bodies count against the process's budget alone)."""
+
+    def body_buffer(self, nbytes: int, quota=None) -> tuple[memoryview, Any] | None:
+        """A block of shared memory to receive an `nbytes` request body into, and the
+        block's name for free_blocks (or for DecodedRequest.arena_blocks, which hands
+        it to the request); None when there is no room (the transport then receives
+        the body in process memory)."""
+
+    def free_blocks(self, blocks) -> None:
+        """Give back blocks of body_buffer that no request took (a body cut short)."""
 
     async def model_statistics(self, name: str = "", version: str = "") -> bytes:
         """The statistics extension's JSON (Triton's HTTP form) for every ready model

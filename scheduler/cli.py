@@ -204,7 +204,7 @@ def _parse_limits(args: argparse.Namespace) -> None:
 
 def _add_grpc_transport(p: argparse.ArgumentParser) -> None:
     """Triton's gRPC keepalive, PING abuse, connection age and TLS flags, with its
-    defaults (grpc-core's server defaults); frontend.h2_keepalive and
+    defaults (grpc-core's server defaults); frontend.transport.h2_keepalive and
     frontend.grpc_tls say what each does."""
     p.add_argument("--grpc-keepalive-time", type=int, default=7_200_000, metavar="MS",
                    help="after this long without a byte from the client, a PING is sent "

@@ -8,7 +8,7 @@ driven by the same scripts/bench client, alternating, in one run.
 
 Servers: `aio` (grpc.aio on asyncio's loop), `aio-uvloop` (grpc.aio on uvloop, as the
 frontend runs), `sync` (grpc.server on a thread pool), `h2-raw` (no grpcio: the
-frontend's own HTTP/2 layer, frontend/h2.py, with canned replies and no gRPC layer,
+frontend's own HTTP/2 layer, transport/h2.py, with canned replies and no gRPC layer,
 scripts/h2_floor.py), and `shmserve` (its frontend process alone; the scheduler and
 worker are counted apart). A canned server's CPU per request is the floor a Python gRPC
 frontend built that way cannot go under here. Measured on the 2-core VM, two rounds of

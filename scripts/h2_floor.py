@@ -1,4 +1,4 @@
-"""A canned unary gRPC server on the frontend's own HTTP/2 layer (frontend/h2.py) with
+"""A canned unary gRPC server on the frontend's own HTTP/2 layer (transport/h2.py) with
 no gRPC layer above it, for scripts/grpc_floor.py's `h2-raw` mode: what one unary RPC
 costs the transport alone, beside grpc.aio's floor and the full native gRPC frontend
 (`shmserve` mode). Each stream is answered when the request ends, with the reply
@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from frontend import h2  # noqa: E402
-from frontend.grpc_native import OK_TRAILERS, RESPONSE_HEADERS, STATUS_HEADERS, \
+from frontend.transport import h2  # noqa: E402
+from frontend.transport.grpc_native import OK_TRAILERS, RESPONSE_HEADERS, STATUS_HEADERS, \
     status_block  # noqa: E402
 
 

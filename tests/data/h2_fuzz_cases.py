@@ -27,7 +27,7 @@ import hpack
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from frontend import h2
+from frontend.transport import h2
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 LIVE = "/inference.GRPCInferenceService/ServerLive"

@@ -1,5 +1,5 @@
 """A raw HTTP/2 client over a socket for the attack and fuzz tests: it writes whatever
-frames it is given (frontend/h2.py builds them) and, when asked, reads in a thread
+frames it is given (transport/h2.py builds them) and, when asked, reads in a thread
 what the server answers, frame by frame. And a paced gRPC client that measures how a
 second connection is served meanwhile."""
 
@@ -15,7 +15,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
-from frontend import h2
+from frontend.transport import h2
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 LIVE = "/inference.GRPCInferenceService/ServerLive"

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from frontend import h2
+from frontend.transport import h2
 from tests.e2e.harness import EXAMPLES, ServerProcess
 from tests.tls_certs import make_certs
 

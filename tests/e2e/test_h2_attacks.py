@@ -2,7 +2,7 @@
 second client (tests/e2e/h2raw.py's Victim) sends a [1,16] ModelInfer every 20 ms on
 its own connection to the same frontend. The attacker comes back on a new connection
 each time it is sent away, for ATTACK_TIME seconds: every attacking connection reaches
-its limit and ends with the code the limit names (frontend/h2_limits.py), and the other
+its limit and ends with the code the limit names (transport/h2_limits.py), and the other
 client is served throughout: every call answered, none failed.
 
 Latency is not asserted beyond a generous bound (the machine is shared); the figures
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from frontend import h2
+from frontend.transport import h2
 from tests.e2e.h2raw import INFER, RawH2, Victim, grpc_message, infer_message, request_block
 from tests.e2e.harness import EXAMPLES, ServerProcess
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from frontend import h2
+from frontend.transport import h2
 from tests.data import h2_fuzz_cases
 from tests.e2e.harness import EXAMPLES, ServerProcess
 from tests.e2e.test_h2_attacks import frontend_rss_kib

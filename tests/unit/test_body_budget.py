@@ -9,16 +9,16 @@ import struct
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from frontend import h2
+from frontend.transport import h2
 from frontend.body_budget import BodyBudget
-from frontend.core import SchedulerCore
+from frontend.dataplane import SchedulerDataPlane
 from frontend.http_server import make_http_app
 from frontend.types import BODY_IN_ARENA_MIN, ModelView
 from shm.arena import Arena
 from tests.unit.test_h2 import ARENA_PATHS, FakeArena, Peer, _arena_handlers, run
 from tests.unit.test_http1 import (ArenaCore, Flood, Streamer, _serve, check_identity,
                                    connect, infer_request)
-from tests.unit.test_http_server import IDENTITY, call, infer_body
+from tests.unit.test_http_server import IDENTITY, asgi_call, infer_body
 
 pytestmark = pytest.mark.timeout(60)
 MiB = 1 << 20
@@ -42,8 +42,9 @@ def test_the_budget_counts_per_connection_and_per_process():
 
 @pytest.fixture
 def core():
-    """SchedulerCore's body_buffer / free_blocks over a real arena of 1 MiB chunks."""
-    core = SchedulerCore.__new__(SchedulerCore)
+    """SchedulerDataPlane's body_buffer / free_blocks over a real arena of 1 MiB
+    chunks."""
+    core = SchedulerDataPlane.__new__(SchedulerDataPlane)
     core.arena = Arena(f"shmserve-unittest-{os.getpid()}-bodies", chunk_size=MiB,
                        high_water=0)
     core.bodies = BodyBudget(limit=3 * MiB, connection_limit=2 * MiB)
@@ -73,14 +74,14 @@ def test_reservations_are_refused_past_a_budget_and_cost_no_memory(core):
 
 
 class BudgetCore(ArenaCore):
-    """The HTTP tests' core with SchedulerCore's budgeted body_buffer over a real arena;
-    a request's blocks are freed when its result is released, as the real core frees
-    them on the final response."""
+    """The HTTP tests' core with SchedulerDataPlane's budgeted body_buffer over a real
+    arena; a request's blocks are freed when its result is released, as the real core
+    frees them on the final response."""
 
-    body_quota = SchedulerCore.body_quota
-    body_buffer = SchedulerCore.body_buffer
-    free_blocks = SchedulerCore.free_blocks
-    _trim_later = SchedulerCore._trim_later  # free_blocks gives idle segments back
+    body_quota = SchedulerDataPlane.body_quota
+    body_buffer = SchedulerDataPlane.body_buffer
+    free_blocks = SchedulerDataPlane.free_blocks
+    _trim_later = SchedulerDataPlane._trim_later  # free_blocks gives idle segments back
     _trim = None
 
     def __init__(self, connection_limit):
@@ -139,8 +140,8 @@ def test_asgi_bodies_past_the_process_budget_are_received_in_process_memory(proc
     config.max_batch_size = n
     core.models["identity"] = [ModelView("identity", 1, "READY", "", config)]
     try:
-        check_identity(*call(make_http_app(core), "POST", "/v2/models/identity/infer",
-                             body, headers), data)
+        check_identity(*asgi_call(make_http_app(core), "POST",
+                                  "/v2/models/identity/infer", body, headers), data)
         assert core.arena.capacity == (MiB if process_limit >= len(body) else 0)
         assert core.bodies.held == 0 and core.arena.used_bytes() == 0
     finally:

@@ -203,7 +203,7 @@ def frontend_settings(args):
 
 
 def test_grpc_keepalive_flags_reach_the_frontends_with_tritons_defaults():
-    from frontend.h2_keepalive import KeepaliveSettings
+    from frontend.transport.h2_keepalive import KeepaliveSettings
     keepalive, tls = frontend_settings(parse_args(BASE))
     assert keepalive == KeepaliveSettings(
         keepalive_time_ms=7_200_000, keepalive_timeout_ms=20_000,

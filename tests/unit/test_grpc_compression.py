@@ -1,4 +1,4 @@
-"""Compressed gRPC messages on the native transport (frontend/grpc_native.py over
+"""Compressed gRPC messages on the native transport (frontend/transport/grpc_native.py over
 frontend/inflate.py): inflated up to the largest message the server takes, then
 RESOURCE_EXHAUSTED (grpc-go's words), a step at a time so that other calls on the
 same loop are answered while a bomb inflates; corrupt or trailing input is INTERNAL."""
@@ -12,7 +12,8 @@ import zlib
 import grpc
 import pytest
 
-from frontend import grpc_codec, h2, inflate
+from frontend import grpc_codec, inflate
+from frontend.transport import h2
 from shm.errors import InferError
 from tests.unit.test_h2 import Peer, _echo_handlers, run
 

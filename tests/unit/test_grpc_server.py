@@ -1,4 +1,5 @@
-"""frontend.grpc_server against tritonclient.grpc (sync and aio), over a fake core.
+"""frontend.grpc_server against tritonclient.grpc (sync and aio), over a fake core, on
+the native transport (transport/grpc_native.py) as production serves it.
 
 The server runs on its own event loop in a thread, on a free loopback port; the fake
 core answers like an identity model (OUTPUTn = INPUTn) and records what it was given.
@@ -23,6 +24,7 @@ from frontend.grpc_server import make_grpc_server, server_options
 from frontend.validate import check_input_byte_size
 from frontend.types import InferResult, ModelView, OutputTensor
 from shm.errors import ErrorCode, InferError
+from tests.unit.fake_dataplane import FakeDataPlane
 
 pytestmark = pytest.mark.timeout(60)
 T = 10  # client-side timeout for every call, seconds
@@ -38,7 +40,7 @@ def identity_config(name: str, max_batch_size: int = 8) -> mc.ModelConfig:
     )
 
 
-class FakeCore:
+class FakeCore(FakeDataPlane):
     """An identity model per name; 'slow' sleeps for its `delay` parameter (seconds),
     'down' is loaded but unavailable, 'broken' raises a non-InferError, 'badout'
     answers with an output buffer that cannot be encoded."""
@@ -531,6 +533,15 @@ def test_aio_client(server, core):
 
 
 # --------------------------------------------------------------------------- binding
+
+
+def test_the_servicer_is_tested_on_the_transport_production_runs(server):
+    from frontend.main import parse_args
+    from frontend.transport.grpc_native import NativeGrpcServer
+
+    argv = ["--index", "0", "--address", "a", "--scheduler", "s", "--segment-prefix", "p"]
+    assert parse_args(argv).grpc_frontend == "native"
+    assert isinstance(server.server, NativeGrpcServer)
 
 
 def test_options_share_the_port_and_allow_large_messages():

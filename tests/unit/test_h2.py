@@ -1,4 +1,4 @@
-"""frontend/h2.py and frontend/grpc_native.py driven frame by frame through a fake
+"""transport/h2.py and transport/grpc_native.py driven frame by frame through a fake
 transport: frame parsing, CONTINUATION, both directions of flow control, RST_STREAM
 cancelling a handler, GOAWAY draining, trailers and percent-encoding."""
 
@@ -10,10 +10,10 @@ import grpc
 import hpack
 import pytest
 
-from frontend import h2
-from frontend.h2_limits import HeldBudget
-from frontend.grpc_native import (GrpcConnection, NativeGrpcServer, parse_timeout,
-                                  percent_encode)
+from frontend.transport import h2
+from frontend.transport.grpc_native import (GrpcConnection, NativeGrpcServer,
+                                            parse_timeout, percent_encode)
+from frontend.transport.h2_limits import HeldBudget
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,7 @@ import h2.config
 import h2.connection
 import pytest
 
-from frontend import h2 as srv
+from frontend.transport import h2 as srv
 from tests.unit.test_h2 import Peer, _echo_handlers
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,4 +1,4 @@
-"""frontend/h2_keepalive.py through a native gRPC connection driven frame by frame
+"""transport/h2_keepalive.py through a native gRPC connection driven frame by frame
 (test_h2's Peer): PING strikes and GOAWAY too_many_pings, keepalive PINGs and their
 watchdog, max-pings-without-data, max connection age with its two GOAWAYs and grace,
 with grpc-core's meaning of each of Triton's flags. Small values; time is real, so a
@@ -12,10 +12,10 @@ from unittest import mock
 import grpc
 import pytest
 
-from frontend import h2
-from frontend.grpc_native import NativeGrpcServer
-from frontend.h2_keepalive import (GOAWAY_PING, INT_MAX, KEEPALIVE_PING,
-                                   KeepaliveSettings)
+from frontend.transport import h2
+from frontend.transport.grpc_native import NativeGrpcServer
+from frontend.transport.h2_keepalive import (GOAWAY_PING, INT_MAX, KEEPALIVE_PING,
+                                             KeepaliveSettings)
 from tests.unit.test_h2 import Peer, _echo_handlers, run
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,4 +1,4 @@
-"""The limits frontend/h2.py holds a hostile peer to (frontend/h2_limits.py), each at
+"""The limits transport/h2.py holds a hostile peer to (transport/h2_limits.py), each at
 small values, in process: the attack reaches the limit, the attacking connection ends
 with the code the limit names, and another connection of the same server is served
 meanwhile. Time is given to tick() by the test, so nothing here waits for a clock.
@@ -12,9 +12,9 @@ import struct
 import grpc
 import pytest
 
-from frontend import h2
-from frontend.grpc_native import NativeGrpcServer
-from frontend.h2_limits import HeldBudget, Limits, TokenBucket
+from frontend.transport import h2
+from frontend.transport.grpc_native import NativeGrpcServer
+from frontend.transport.h2_limits import HeldBudget, Limits, TokenBucket
 from tests.unit.test_h2 import Peer, _echo_handlers, run
 
 pytestmark = pytest.mark.timeout(30)

@@ -10,9 +10,10 @@ import grpc
 import pytest
 
 from frontend import grpc_health
-from frontend.core import all_models_ready
+from frontend.dataplane import all_models_ready
 from frontend.types import ModelView
 from scheduler.processes.frontend_pool import PortInUse, claim_port
+from tests.unit.fake_dataplane import FakeDataPlane
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,7 +59,7 @@ def test_response_wire_form():
     assert grpc_health.encode_request("x" * 200)[:3] == b"\x0a\xc8\x01"
 
 
-class FakeCore:
+class FakeCore(FakeDataPlane):
     def __init__(self):
         self.ready = False
         self.stopping = False

@@ -1,4 +1,4 @@
-"""frontend/h2_hpack.py's HeaderDecoder: HPACK decoding under a cap on the decoded
+"""transport/h2_hpack.py's HeaderDecoder: HPACK decoding under a cap on the decoded
 header list, behind a cache of decoded blocks.
 
 A cached block is not decoded again, which is only right for a block whose decoding
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from frontend.h2_hpack import (CompressionError, HeaderDecoder, HeaderListTooLarge,
-                               hpack_int)
+from frontend.transport.h2_hpack import (CompressionError, HeaderDecoder,
+                                         HeaderListTooLarge, hpack_int)
 
 NAMES = [b":method", b":path", b":authority", b"content-type", b"te", b"user-agent",
          b"grpc-timeout", b"x-custom", b"x-another-one"]
@@ -257,6 +257,6 @@ def test_two_size_updates_at_the_start_are_allowed():
       (b"content-length", b"-1")], "invalid content-length"),
 ])
 def test_request_field_rules_of_rfc9113(headers, problem):
-    from frontend.h2_hpack import request_problem
+    from frontend.transport.h2_hpack import request_problem
     got, _ = request_problem(headers)
     assert (got is None) if problem is None else (got is not None and problem in got)

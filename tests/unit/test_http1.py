@@ -1,4 +1,4 @@
-"""frontend.http1: the native HTTP/1.1 transport over a fake FrontendCore, on a real
+"""frontend.transport.http1: the native HTTP/1.1 transport over a fake DataPlane, on a real
 socket: keep-alive, pipelining, chunked bodies, 100-continue, malformed requests,
 limits, large bodies into the arena, and a client leaving a streaming response."""
 
@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from starlette.routing import Route
 from tritonclient.grpc import model_config_pb2
 
-from frontend import http1
+from frontend.transport import http1
 from frontend.http_server import BODY_IN_ARENA_MIN, make_http_app
 from frontend.http_stream import read_body
 from frontend.types import ModelView
@@ -23,7 +23,7 @@ from tests.unit.test_http_server import IDENTITY, FakeCore, client_result, infer
 
 
 class ArenaCore(FakeCore):
-    """FakeCore with a body_buffer, as SchedulerCore offers: counts blocks."""
+    """FakeCore with a body_buffer, as SchedulerDataPlane offers: counts blocks."""
 
     def __init__(self):
         super().__init__()

@@ -1,4 +1,4 @@
-"""frontend/http1.py under slow and many clients (issue 25): the deadlines for a
+"""frontend/transport/http1.py under slow and many clients (issue 25): the deadlines for a
 request's head and body (nginx's client_header_timeout and client_body_timeout) and
 the connection limit, at small values through serve()'s arguments."""
 

@@ -1,5 +1,6 @@
-"""frontend.http_server: every endpoint over a fake FrontendCore, through the ASGI
-interface, and once more over a real socket with tritonclient.http."""
+"""frontend.http_server: every endpoint over a fake DataPlane, through the native
+HTTP/1.1 transport that production runs (in memory), and once more over a real socket
+with tritonclient.http. The ASGI interface alone (asgi_call) is what uvicorn drives."""
 
 import asyncio
 import gzip
@@ -8,6 +9,7 @@ import socket
 import threading
 import time
 
+import httptools
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
@@ -17,9 +19,11 @@ from tritonclient.utils import InferenceServerException
 
 from frontend import http_codec
 from frontend.http_server import make_http_app
+from frontend.transport import http1
 from frontend.types import InferResult, ModelView, OutputTensor
 from frontend.validate import validate_request
 from shm.errors import ErrorCode, InferError
+from tests.unit.fake_dataplane import FakeDataPlane
 
 IDENTITY = text_format.Parse("""
 name: "identity" backend: "python" max_batch_size: 8
@@ -40,7 +44,7 @@ output [{name: "OUTPUT0" data_type: TYPE_INT32 dims: [2, 2]}]
 """, model_config_pb2.ModelConfig())
 
 
-class FakeCore:
+class FakeCore(FakeDataPlane):
     """An identity model: returns each INPUTn as OUTPUTn. `plain` has versions 1
     (ready) and 2 (unavailable); `loading` has no ready version."""
 
@@ -99,12 +103,88 @@ class FakeCore:
 
 
 def call(app, method, path, body=b"", headers=()):
-    """Drive the ASGI app once; returns (status, {header: value}, body)."""
+    """One request through the native HTTP/1.1 transport (transport/http1.py, what
+    production runs), over an in-memory connection; returns (status, {header: value},
+    body)."""
     return asyncio.run(acall(app, method, path, body, headers))
+
+
+class _Wire(asyncio.Transport):
+    """The server's end of one connection, in memory: what it writes is parsed as an
+    HTTP/1.1 response; `answered` is done once one is whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.answered = asyncio.get_running_loop().create_future()
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers, self.body, self.closed = {}, bytearray(), False
+
+    # what the server writes
+    def write(self, data):
+        self.parser.feed_data(bytes(data))
+
+    def is_closing(self):
+        return self.closed
+
+    def close(self):
+        self.closed = True
+
+    abort = close
+
+    def can_write_eof(self):
+        return False
+
+    def pause_reading(self):
+        pass
+
+    resume_reading = pause_reading
+
+    def get_extra_info(self, name, default=None):
+        return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 80)}.get(
+            name, default)
+
+    # the response parser's callbacks
+    def on_header(self, name, value):
+        self.headers[name.decode().lower()] = value.decode()
+
+    def on_body(self, data):
+        self.body += data
+
+    def on_message_complete(self):
+        if not self.answered.done():
+            self.answered.set_result(self.parser.get_status_code())
 
 
 async def acall(app, method, path, body=b"", headers=()):
     """call(), on the running loop."""
+    wire = _Wire()
+    conn = http1.HttpProtocol(app, set())
+    conn.connection_made(wire)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers)
+    conn.data_received(f"{method} {path} HTTP/1.1\r\nhost: test\r\n{head}"
+                       f"content-length: {len(body)}\r\n\r\n".encode())
+    # the body arrives in two reads when it is long, as from a real socket
+    half = len(body) // 2 if len(body) > 64 else len(body)
+    for piece in (body[:half], body[half:]):
+        if piece:
+            conn.data_received(piece)
+    try:
+        status = await asyncio.wait_for(wire.answered, 10)
+    finally:
+        conn.connection_lost(None)
+    out = bytes(wire.body)
+    if "content-length" in wire.headers:
+        assert int(wire.headers["content-length"]) == len(out)
+    return status, wire.headers, out
+
+
+def asgi_call(app, method, path, body=b"", headers=()):
+    """One request through the app's ASGI interface, as uvicorn (--http-frontend
+    uvicorn) drives it."""
+    return asyncio.run(_asgi_call(app, method, path, body, headers))
+
+
+async def _asgi_call(app, method, path, body=b"", headers=()):
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
         "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
@@ -240,8 +320,8 @@ def test_infer_route_without_the_fast_path(app, core):
     from starlette.applications import Starlette
 
     data, body, headers = infer_body()
-    status, head, out = call(Starlette(routes=app.routes), "POST",
-                             "/v2/models/identity/versions/1/infer", body, headers)
+    status, head, out = asgi_call(Starlette(routes=app.routes), "POST",
+                                  "/v2/models/identity/versions/1/infer", body, headers)
     assert status == 200
     np.testing.assert_array_equal(client_result(head, out).as_numpy("OUTPUT0"), data)
 
@@ -428,28 +508,21 @@ def test_infer_unexpected_failure_is_500_and_result_released(app, core):
 # ------------------------------------------------------ a real socket, tritonclient
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def served(app):
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    """The app on the native HTTP/1.1 transport, on a loopback socket."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
-        time.sleep(0.02)
-    yield f"127.0.0.1:{port}"
-    server.should_exit = True
+    server = asyncio.run_coroutine_threadsafe(http1.serve(app, sock), loop).result(10)
+    yield "127.0.0.1:%d" % sock.getsockname()[1]
+    asyncio.run_coroutine_threadsafe(server.stop(1.0), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
+    loop.close()
 
 
 def test_tritonclient_http_end_to_end(served):

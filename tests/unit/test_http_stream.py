@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from frontend.core import ResponseStream
+from frontend.dataplane import ResponseStream
 from frontend.http_stream import (_generate_shape, frame, generate_request,
                                   generate_response, read_frames)
 from frontend.types import InferResult, ModelView, OutputTensor
@@ -122,9 +122,9 @@ class FakeSegments:
 
 def core_with_stream(rid=1, blocks=(("seg", 64),)):
     from frontend.body_budget import BodyBudget
-    from frontend.core import SchedulerCore
+    from frontend.dataplane import SchedulerDataPlane
 
-    core = SchedulerCore.__new__(SchedulerCore)
+    core = SchedulerDataPlane.__new__(SchedulerDataPlane)
     core.arena, core.outbox, core.segments = FakeArena(), FakeOutbox(), FakeSegments()
     core.bodies = BodyBudget()
     core.address, core.scheduler = "fe", "sched"

@@ -6,7 +6,7 @@ import typing
 import msgspec
 import pytest
 
-from frontend.core import put_inputs
+from frontend.dataplane import put_inputs
 from frontend.types import DecodedInput
 from shm.arena import Arena
 from shm.channel import encode

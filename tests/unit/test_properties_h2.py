@@ -1,4 +1,4 @@
-"""Property-based tests (Hypothesis) of the native HTTP/2 transport (frontend/h2.py),
+"""Property-based tests (Hypothesis) of the native HTTP/2 transport (transport/h2.py),
 in process through tests/unit/test_h2.py's Peer:
 
 - the frame parser: any byte stream (frames of any type, flags, stream and payload
@@ -26,8 +26,8 @@ import hpack
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from frontend import h2
-from frontend.h2_limits import HeldBudget, Limits
+from frontend.transport import h2
+from frontend.transport.h2_limits import HeldBudget, Limits
 from tests.unit.test_h2 import Peer, _echo_handlers
 
 ERRORS = {h2.PROTOCOL_ERROR, h2.FLOW_CONTROL_ERROR, h2.STREAM_CLOSED,

@@ -20,6 +20,7 @@ from frontend.shm_endpoints import parse_register_body
 from frontend.types import InferResult, OutputTensor
 from shm.errors import ErrorCode, InferError
 from shm.messages.regions import CUDA, SYSTEM, RegionStatus
+from tests.unit.fake_dataplane import FakeDataPlane
 from tests.unit.test_grpc_server import ServerThread
 from tests.unit.test_http_server import call, served  # noqa: F401 (a fixture)
 
@@ -28,7 +29,7 @@ T = 10
 HANDLE = bytes(range(64))  # a cudaIpcMemHandle_t's worth of bytes
 
 
-class FakeCore:
+class FakeCore(FakeDataPlane):
     """A registry like the scheduler's, in a dict; every shm_call is recorded, and
     `fail_with` makes the next ones raise. `infer` answers each requested output: into
     its region when it names one (as the core reports it), else with `PLAIN` bytes."""

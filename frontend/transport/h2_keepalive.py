@@ -1,4 +1,4 @@
-"""Keepalive PINGs, PING abuse and connection age for frontend/h2.py connections,
+"""Keepalive PINGs, PING abuse and connection age for h2.py connections,
 with the meaning grpc-core's chttp2 transport gives Triton's gRPC flags
 (grpc/doc/keepalive.md, chttp2's ping abuse and ping rate policies, the max-age
 filter):

@@ -1,4 +1,4 @@
-"""HPACK (RFC 7541) for frontend/h2.py: request header blocks decoded under a cap on the
+"""HPACK (RFC 7541) for h2.py: request header blocks decoded under a cap on the
 decoded header list, the RFC 9113 8.2-8.3 rules on request fields, and the literal
 encoding the responses use.
 

@@ -35,11 +35,11 @@ from urllib.parse import unquote
 
 import httptools
 
-from . import http_codec
+from .. import http_codec
+from ..http_server import InferEndpoint, infer_headers, infer_target
+from ..restricted import input_size_message, path_refusal
 from .http1_limits import (BODY_TIMEOUT, HEADER_TIMEOUT, IDLE, IDLE_TIMEOUT, LINGER,
                            MAX_CONNECTIONS, TIMED_OUT, default_max_connections, sweep)
-from .http_server import InferEndpoint, infer_headers, infer_target
-from .restricted import input_size_message, path_refusal
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class HttpProtocol(asyncio.Protocol):
         self.closed_lingering = lingering if lingering is not None else set()
         self.infer: InferEndpoint = app.infer
         # this connection's share of the arena for request bodies
-        self.quota = self.infer.body_quota() if self.infer.body_quota else None
+        self.quota = self.infer.body_quota()
         self.restrictions = app.restrictions
         self.max_input = app.max_input
         self.connections = connections

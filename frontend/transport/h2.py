@@ -1,5 +1,5 @@
 """HTTP/2 server connections (RFC 9113) on an asyncio Protocol, for the native gRPC
-frontend (frontend/grpc_native.py); cleartext with prior knowledge, as gRPC uses it.
+frontend (grpc_native.py); cleartext with prior knowledge, as gRPC uses it.
 
 `H2Connection` parses frames and keeps each stream's state and both directions of
 flow control; a subclass gets the requests through four hooks (`stream_opened`,
@@ -9,16 +9,16 @@ windows allow waits in the stream and goes out as WINDOW_UPDATEs arrive, in fram
 no larger than the peer's MAX_FRAME_SIZE. What the hooks produce while one read is
 handled goes out in one transport.write; what they produce later (a handler that
 finished) is gathered until the loop's next turn, so replies finishing together
-share a write too. The writing half is H2Output (frontend/h2_send.py), the protocol's
-vocabulary frontend/h2_frames.py.
+share a write too. The writing half is H2Output (h2_send.py), the protocol's
+vocabulary h2_frames.py.
 
-Request headers are decoded by frontend/h2_hpack.py (one decoder per connection: its
+Request headers are decoded by h2_hpack.py (one decoder per connection: its
 dynamic table is the connection's), under a cap on the decoded list and behind a cache
 of the blocks whose decoding leaves that table alone: a client sends the same few bytes
 for every call once its headers are indexed. Response headers are written as literals
 without indexing, so no encoder state is needed and constant blocks are built once.
 
-A hostile peer is held to the limits of frontend/h2_limits.py (their defaults and
+A hostile peer is held to the limits of h2_limits.py (their defaults and
 sources are listed there): resets and refused streams drain a token bucket, frames
 that do nothing drain another, a connection whose unsent output piles up stops being
 read, bytes held for closed windows are bounded per connection and per process, one
@@ -79,7 +79,7 @@ class _Enough(Exception):
 class H2Connection(H2Output):
     """The server side of one HTTP/2 connection; subclass and fill in the hooks.
     `limits` (h2_limits.Limits) and `budget` (the process's HeldBudget) default to
-    the module's. What it sends is H2Output's (frontend/h2_send.py)."""
+    the module's. What it sends is H2Output's (h2_send.py)."""
 
     # slots, as H2Output's; a subclass's own attributes go in its __dict__ (or slots)
     __slots__ = ("limits", "decoder", "buf", "preface", "settled", "streams",
@@ -122,7 +122,7 @@ class H2Connection(H2Output):
         self.stuck_mark = self.held_mark = 0
         self.transport = None
         self.loop = None
-        # -- keepalive hook (frontend/h2_keepalive.py): a ConnectionPolicy, and two
+        # -- keepalive hook (h2_keepalive.py): a ConnectionPolicy, and two
         # flags it reads and clears on its own timers (H2Output.data_sent the other),
         # so frames cost a store at most
         self.policy = None

@@ -1,4 +1,4 @@
-"""The half of frontend/h2.py that writes: `H2Output`, the base of H2Connection, owns
+"""The half of h2.py that writes: `H2Output`, the base of H2Connection, owns
 what goes to the peer. Responses (`send_headers`, `send_data`, `send_trailers`) never
 block: data beyond what the peer's windows allow waits in its stream and goes out as
 WINDOW_UPDATEs arrive, in frames no larger than the peer's MAX_FRAME_SIZE, and writers
@@ -48,7 +48,7 @@ class H2Output(asyncio.Protocol):
         self.resume_waiters: list[asyncio.Future] = []
         self.reset_sent: dict[int, None] = {}  # the last RESET_MEMORY streams we reset
         # keepalive hook: HEADERS, DATA or a connection WINDOW_UPDATE queued since the
-        # policy (frontend/h2_keepalive.py) last looked
+        # policy (h2_keepalive.py) last looked
         self.data_sent = False
 
     def send_headers(self, st: Stream, block: bytes) -> None:
@@ -205,7 +205,7 @@ class H2Output(asyncio.Protocol):
             del sent[next(iter(sent))]
 
     def send_frame(self, data: bytes) -> None:
-        """Keepalive hook: queue frames built elsewhere (frontend/h2_keepalive.py's
+        """Keepalive hook: queue frames built elsewhere (h2_keepalive.py's
         PINGs and GOAWAY); they go out with the next write."""
         self.out.append(data)
         self._schedule_flush()

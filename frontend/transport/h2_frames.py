@@ -1,4 +1,4 @@
-"""The vocabulary of frontend/h2.py: HTTP/2 frame types, flags, SETTINGS identifiers,
+"""The vocabulary of h2.py: HTTP/2 frame types, flags, SETTINGS identifiers,
 error codes, what this server advertises, frame building, and a stream's state."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The frontend core: what the HTTP and gRPC servers call, backed by the scheduler.
+"""The frontend's data plane: what the HTTP and gRPC servers call (types.DataPlane),
+backed by the scheduler.
 
 It keeps the model table the scheduler pushes, validates requests against it, puts
 large inputs into this process's arena (the one copy of a request's input on the way
@@ -52,7 +53,7 @@ class ResponseStream:
     __slots__ = ("core", "rid", "view", "request", "blocks", "key", "items", "waiter",
                  "done", "closed")
 
-    def __init__(self, core: "SchedulerCore", rid: int, view: ModelView,
+    def __init__(self, core: "SchedulerDataPlane", rid: int, view: ModelView,
                  request: DecodedRequest, blocks: list, key: bytes | None):
         self.core = core
         self.rid = rid
@@ -120,8 +121,9 @@ def all_models_ready(models: dict[str, dict[int, ModelView]]) -> bool:
                for versions in models.values())
 
 
-class SchedulerCore:
-    """FrontendCore over the scheduler's channels (see frontend/types.py)."""
+class SchedulerDataPlane:
+    """The DataPlane (frontend/types.py) over the scheduler's channels: the one object
+    a frontend process's transports and endpoints call."""
 
     _trim: asyncio.TimerHandle | None = None  # the arena's next give-back
 
@@ -136,6 +138,7 @@ class SchedulerCore:
         self.arena = Arena(segment_prefix, chunk_size=arena_bytes,
                            high_water=arena_high_water)
         self.bodies = BodyBudget()  # arena blocks held for request bodies
+        self.body_block_max = self.arena.chunk_size  # a larger body: a segment its own
         self.segments = SegmentCache()
         self.models: dict[str, dict[int, ModelView]] = {}
         self.pending: dict[int, ResponseStream] = {}
@@ -167,7 +170,7 @@ class SchedulerCore:
         self.outbox.loop = loop  # sends never block the loop
         self.inbox.attach(loop, lambda msg: self.handlers[type(msg)](msg))
 
-    # -- FrontendCore -----------------------------------------------------------------
+    # -- DataPlane ----------------------------------------------------------------------
 
     def server_live(self) -> bool:
         return True

@@ -1,4 +1,4 @@
-"""gRPC over frontend/h2.py, without grpcio's transport (`--grpc-frontend native`).
+"""gRPC over h2.py, without grpcio's transport (`--grpc-frontend native`).
 
 It serves the same `grpc.RpcMethodHandler` table as the grpc.aio server
 (grpc_server.handler_table): each handler's request_deserializer,
@@ -29,12 +29,13 @@ from collections import deque
 
 import grpc
 
-from . import h2, inflate
-from .grpc_tls import HANDSHAKE_TIMEOUT
+from .. import inflate
+from ..grpc_tls import HANDSHAKE_TIMEOUT
+from ..restricted import Restrictions, grpc_refusal
+from ..types import BODY_IN_ARENA_MIN
+from . import h2
 from .h2_keepalive import ConnectionPolicy, KeepaliveSettings
 from .h2_limits import DEFAULT_LIMITS, PROCESS_BUDGET, HeldBudget, Limits
-from .restricted import Restrictions, grpc_refusal
-from .types import BODY_IN_ARENA_MIN
 
 log = logging.getLogger(__name__)
 
@@ -261,8 +262,7 @@ class GrpcConnection(h2.H2Connection):
         self.restrictions = server.restrictions
         self.arena_paths = server.arena_paths if server.body_buffer is not None else ()
         # this connection's share of the arena for messages received into it
-        new_quota = getattr(server, "body_quota", None)
-        self.quota = new_quota() if new_quota is not None else None
+        self.quota = server.body_quota() if server.body_quota is not None else None
 
     def connection_made(self, transport):
         super().connection_made(transport)
@@ -587,6 +587,7 @@ class NativeGrpcServer:
     # keepalive, PING abuse and age policy of every connection (None: none at all)
     keepalive: KeepaliveSettings | None = None
     ssl_context = None
+    body_quota = None  # no arena bodies unless given (__init__)
 
     TICK = 1.0  # seconds between the connections' time-limit checks (H2Connection.tick)
 
@@ -602,7 +603,7 @@ class NativeGrpcServer:
                  keepalive: KeepaliveSettings | None = KeepaliveSettings(),
                  ssl_context=None, tls_handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  limits: Limits | None = None, budget: HeldBudget | None = None):
-        # the HTTP/2 limits (frontend/h2_limits.py) and the bytes this process holds
+        # the HTTP/2 limits (h2_limits.py) and the bytes this process holds
         # for peers' closed windows, shared by every connection
         self.limits = limits or DEFAULT_LIMITS
         self.budget = budget or PROCESS_BUDGET

@@ -1,4 +1,4 @@
-"""The limits that frontend/h2.py holds a hostile HTTP/2 peer to, with their defaults and
+"""The limits that h2.py holds a hostile HTTP/2 peer to, with their defaults and
 where they come from, and the two small objects that keep count: `TokenBucket` (a rate
 limit with a burst) and `HeldBudget` (bytes held for peers, for a whole process).
 

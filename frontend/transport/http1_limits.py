@@ -1,4 +1,4 @@
-"""The deadlines and the connection limit of frontend/http1.py's HTTP/1.1 transport:
+"""The deadlines and the connection limit of http1.py's HTTP/1.1 transport:
 their defaults, and the sweep that applies them (HttpProtocol.overdue says which
 deadline a connection is past)."""
 
