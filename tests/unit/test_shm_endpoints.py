@@ -1,5 +1,5 @@
 """frontend.shm_endpoints: the system and CUDA shared-memory extensions over HTTP and
-gRPC, and inference with tensors in client regions, against a fake FrontendCore.
+gRPC, and inference with tensors in client regions, against a fake data plane.
 
 tritonclient itself builds the requests and parses the answers wherever it can (over a
 real socket); the ASGI interface is driven directly for what tritonclient never sends
