@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run every server on these CPUs (e.g. 1 or 2-7); on a small "
                         "machine, where a hop between processes on different CPUs costs "
                         "far more than one on the same CPU, this changes the figures "
-                        "of both servers (see the README)")
+                        "of both servers (see docs/performance.md)")
     p.add_argument("--client-cpus", default=None, metavar="LIST",
                    help="run the load generator on these CPUs (e.g. 0)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None)

@@ -6,7 +6,8 @@ round trip and the CPU each side spends per round trip.
 
 A request to shmserve hops frontend -> scheduler -> worker -> frontend; where a hop to
 a process on another CPU costs several times one on the same CPU (virtual machines
-often), `shmserve --cpus` that keeps the server's processes together pays (README).
+often), `shmserve --cpus` that keeps the server's processes together pays
+(docs/performance.md).
 
     scripts/wake_cost.py [--round-trips 20000]
 """
