@@ -4,8 +4,8 @@ One asyncio loop. The inbox delivers every message; after each burst the model
 schedulers it touched are pumped once, so requests that arrive together are batched
 together, and a precise timer wakes the loop for the earliest batching deadline.
 Most batches end in a quiet inbox (`_send_batch`): their BatchDone wakes the loop only
-while a request waits for an instance; otherwise it is read first thing on the next
-wake, so at c=1 the scheduler wakes once per request, not twice. The
+while a request waits for an instance; otherwise it is read on the next wake, once what
+that wake sends is out, so at c=1 the scheduler wakes once per request, not twice. The
 rooms around it: the model manager (loading, states), the worker pool and the frontend
 pool (processes), the rate limiter (instances), the region registry (client shm), the response cache.
 """
@@ -133,9 +133,12 @@ class Server:
     def _dispatch(self, msg) -> None:
         # what the handlers send is written once, after the burst (_after_burst)
         self.outbox.cork()
-        if self._quiet and not self._drained:
-            self._drain_done()  # the instances freed since: before anything else
-        self.handlers[type(msg)](msg)
+        kind = type(msg)
+        if kind is not InferRequest and self._quiet and not self._drained:
+            # what a call reads (statistics, in-flight batches) counts every batch that
+            # ended; a request's burst reads them after its own batch is out
+            self._drain_done()
+        self.handlers[kind](msg)
 
     def _dispatch_done(self, msg: BatchDone) -> None:
         self.outbox.cork()
@@ -151,17 +154,29 @@ class Server:
         self.done_inbox.drain()
 
     def _after_burst(self) -> None:
-        self._drained = False
         try:
-            if self._dirty:
-                now = time.monotonic_ns()
-                dirty, self._dirty = self._dirty, set()
-                for sched in dirty:
-                    self._pump(sched, now)
-                self._arm_timer()
-            self._watch_done()
+            self._pump_dirty()
         finally:
             self.outbox.uncork()
+        if self._quiet and not self._drained:
+            # the batch ends that came since this loop last looked, read once what this
+            # burst sent is written (off the path of the request that woke it); what
+            # they freed is pumped
+            self._drain_done()
+            try:
+                self._pump_dirty()
+            finally:
+                self.outbox.uncork()
+        self._drained = False
+        self._watch_done()
+
+    def _pump_dirty(self) -> None:
+        if self._dirty:
+            now = time.monotonic_ns()
+            dirty, self._dirty = self._dirty, set()
+            for sched in dirty:
+                self._pump(sched, now)
+            self._arm_timer()
 
     def _watch_done(self) -> None:
         """Wake for quiet BatchDones only while something waits on one: requests
@@ -193,17 +208,14 @@ class Server:
         self.outbox.cork()
         self.wakes["timer"] += 1
         try:
-            if self._quiet:
-                self._drain_done()
             now = time.monotonic_ns()
             for sched, deadline in list(self._deadlines.items()):
                 if deadline <= now:
                     self._pump(sched, now)
             self._arm_timer()
-            self._watch_done()
         finally:
-            self._drained = False
             self.outbox.uncork()
+        self._after_burst()  # the batch ends that came, and what they free
 
     def _wake(self, sched: Scheduler) -> None:
         """A scheduler may run more now (an instance came back): pump it soon."""

@@ -245,8 +245,13 @@ class Inbox:
 
     def drain(self) -> None:
         """Attached inboxes: deliver whatever the connections hold now, without
-        waiting (the caller runs its after-burst work itself)."""
-        for conn in list(self._conns.values()):
+        waiting (the caller runs its after-burst work itself). A pausable inbox asks
+        its epoll set which connections hold anything: one system call when none do."""
+        if self._nest is not None:
+            conns = [c for fd, _ in self._nest.poll(0) if (c := self._conns.get(fd))]
+        else:
+            conns = list(self._conns.values())
+        for conn in conns:
             if not self._read(conn, self._deliver):
                 self._drop(conn)
 
