@@ -255,7 +255,11 @@ class Metrics:
         if self.gpu is not None:
             self.gpu.sample()
 
+    settle = None  # reads the statistics still on their way in first (the server's)
+
     def render(self) -> bytes:
+        if self.settle is not None:
+            self.settle()
         w = _Writer()
         for mv in self.manager.ready_versions():
             sched = mv.scheduler

@@ -2,7 +2,10 @@
 
 One asyncio loop. The inbox delivers every message; after each burst the model
 schedulers it touched are pumped once, so requests that arrive together are batched
-together, and a precise timer wakes the loop for the earliest batching deadline. The
+together, and a precise timer wakes the loop for the earliest batching deadline.
+Most batches end in a quiet inbox (`_send_batch`): their BatchDone wakes the loop only
+while a request waits for an instance; otherwise it is read on the next wake, once what
+that wake sends is out, so at c=1 the scheduler wakes once per request, not twice. The
 rooms around it: the model manager (loading, states), the worker pool and the frontend
 pool (processes), the rate limiter (instances), the region registry (client shm), the response cache.
 """
@@ -10,6 +13,7 @@ pool (processes), the rate limiter (instances), the region registry (client shm)
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -49,7 +53,7 @@ from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSettingReply,
                                    TraceSettingRequest)
 from shm.messages.worker import (BatchDone, ExecuteBatch, InstanceLoaded, ResponseStats,
-                                 WorkerReady)
+                                 WorkerReady, done_address)
 from shm.tensor import arena_blocks
 
 log = logging.getLogger("shmserve.scheduler")
@@ -67,6 +71,13 @@ class Server:
         self.run_dir = getattr(args, "run_dir", "") or tempfile.mkdtemp(prefix="shmserve-")
         self.address = ipc_address(self.run_dir, "scheduler")
         self.inbox = Inbox(self.address, SCHEDULER_INBOX)
+        # BatchDone of quiet batches (_send_batch): watched only while it matters
+        self.done_inbox = Inbox(done_address(self.address), (BatchDone,))
+        self._quiet: set[int] = set()  # quiet batches whose BatchDone is not read yet
+        self._drained = False  # the quiet inbox was read in this burst
+        self._waiting: set[Scheduler] = set()  # pumped with requests still queued
+        # SHMSERVE_WAKE_COUNTS=PATH: what woke this loop, as JSON at exit (tests, tools)
+        self.wakes: collections.Counter = collections.Counter()
         self.outbox = Outbox(self.loop)
         self.stopping = False
         self.stop_requested = asyncio.Event()
@@ -122,24 +133,67 @@ class Server:
     def _dispatch(self, msg) -> None:
         # what the handlers send is written once, after the burst (_after_burst)
         self.outbox.cork()
-        self.handlers[type(msg)](msg)
+        kind = type(msg)
+        if kind is not InferRequest and self._quiet and not self._drained:
+            # what a call reads (statistics, in-flight batches) counts every batch that
+            # ended; a request's burst reads them after its own batch is out
+            self._drain_done()
+        self.handlers[kind](msg)
+
+    def _dispatch_done(self, msg: BatchDone) -> None:
+        self.outbox.cork()
+        self.wakes["quiet BatchDone"] += 1
+        self.on_batch_done(msg)
+
+    def _after_quiet_burst(self) -> None:
+        self.wakes["quiet inbox wake"] += 1
+        self._after_burst()
+
+    def _drain_done(self) -> None:
+        self._drained = True
+        self.done_inbox.drain()
 
     def _after_burst(self) -> None:
         try:
-            if self._dirty:
-                now = time.monotonic_ns()
-                dirty, self._dirty = self._dirty, set()
-                for sched in dirty:
-                    self._pump(sched, now)
-                self._arm_timer()
+            self._pump_dirty()
         finally:
             self.outbox.uncork()
+        if self._quiet and not self._drained:
+            # the batch ends that came since this loop last looked, read once what this
+            # burst sent is written (off the path of the request that woke it); what
+            # they freed is pumped
+            self._drain_done()
+            try:
+                self._pump_dirty()
+            finally:
+                self.outbox.uncork()
+        self._drained = False
+        self._watch_done()
+
+    def _pump_dirty(self) -> None:
+        if self._dirty:
+            now = time.monotonic_ns()
+            dirty, self._dirty = self._dirty, set()
+            for sched in dirty:
+                self._pump(sched, now)
+            self._arm_timer()
+
+    def _watch_done(self) -> None:
+        """Wake for quiet BatchDones only while something waits on one: requests
+        queued (for an instance, or for resources an instance holds), a version
+        draining, the server stopping. Otherwise the next wake reads them."""
+        waiting = self._waiting
+        if waiting:
+            waiting.difference_update([s for s in waiting if not s.pending])
+        self.done_inbox.watch(bool(waiting) or bool(self.manager.retiring) or self.stopping)
 
     def _pump(self, sched: Scheduler, now: int) -> None:
         """Run a scheduler and note when it must run again. Only a scheduler that was
         pumped can have a new deadline: every event that could move one earlier (a
         request, a finished batch, an instance back) marks its scheduler dirty."""
         sched.pump(now)
+        if sched.pending:
+            self._waiting.add(sched)
         deadline = sched.next_deadline()
         if deadline is None:
             self._deadlines.pop(sched, None)
@@ -152,6 +206,7 @@ class Server:
 
     def _on_timer(self) -> None:
         self.outbox.cork()
+        self.wakes["timer"] += 1
         try:
             now = time.monotonic_ns()
             for sched, deadline in list(self._deadlines.items()):
@@ -160,6 +215,7 @@ class Server:
             self._arm_timer()
         finally:
             self.outbox.uncork()
+        self._after_burst()  # the batch ends that came, and what they free
 
     def _wake(self, sched: Scheduler) -> None:
         """A scheduler may run more now (an instance came back): pump it soon."""
@@ -168,6 +224,8 @@ class Server:
 
     async def run(self) -> int:
         self.inbox.attach(self.loop, self._dispatch, after_burst=self._after_burst)
+        self.done_inbox.attach(self.loop, self._dispatch_done,
+                               after_burst=self._after_quiet_burst, pausable=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             self.loop.add_signal_handler(sig, self.request_stop)
         code = 0
@@ -205,6 +263,7 @@ class Server:
             return
         metrics = Metrics(self.manager, a.metrics_config, cpu=a.allow_cpu_metrics,
                           gpu=a.allow_gpu_metrics and self.gpus > 0)
+        metrics.settle = self._settle
         self.metrics = MetricsServer(metrics, a.metrics_address, a.metrics_port,
                                      a.metrics_interval_ms)
         await self.metrics.start()
@@ -295,6 +354,8 @@ class Server:
             sched.request_complete(msg.reply_to, msg.id)
 
     def on_batch_done(self, msg: BatchDone) -> None:
+        self.wakes["BatchDone"] += 1
+        self._quiet.discard(msg.batch_id)
         sched = self.manager.by_instance.get(msg.instance)
         if sched is None:
             return
@@ -316,8 +377,20 @@ class Server:
         self._dirty.update(woken)
 
     def _send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
+        # Quiet, unless something acts on its BatchDone by itself: responses relayed
+        # in it, an ensemble step's timings, a trace, client regions to release, an
+        # execute-timeout watch, a decoupled request's cancel routing
+        if not (batch.relay or self.regions.users or self.workers.timeouts.get(slot.key)
+                or not self._quiet_done(self.manager.by_instance.get(slot.key))
+                or any(r.trace_id or r.reply_to == self.address for r in batch.requests)):
+            batch.quiet = True
+            self._quiet.add(batch.batch_id)
         self.outbox.send(slot.worker.address, batch)
         self.workers.batch_sent(slot, batch.batch_id)  # the execute-timeout watch
+
+    @staticmethod
+    def _quiet_done(sched) -> bool:
+        return getattr(sched, "quiet_done", False) and not sched.decoupled
 
     def _respond(self, req: InferRequest, response: InferResponse) -> None:
         # a response its worker relayed through BatchDone (preserve_ordering); the
@@ -342,9 +415,15 @@ class Server:
             self.regions.finished(req)
 
     def _instances_lost(self, slots: list[InstanceSlot], how: str) -> None:
+        drained = bool(self._quiet)
+        if drained:  # batches that finished before the worker died are not lost
+            self.done_inbox.drain()
+            self._quiet.difference_update(slot.batch for slot in slots)
         if "SIGBUS" in how:
             self._quarantine_regions(slots)
         self.manager.instances_lost(slots, how)
+        if drained:
+            self._after_burst()  # send what the drain answered; pump what it freed
 
     def _quarantine_regions(self, slots: list[InstanceSlot]) -> None:
         """A worker died of SIGBUS running requests that read client regions: a client
@@ -568,15 +647,30 @@ class Server:
         self.outbox.send(fe.address, ServerState(ready=not self.stopping, stopping=self.stopping,
                                                  strict=self.args.strict_readiness))
 
+    def _settle(self) -> None:
+        """Read the quiet BatchDones that came, outside a burst (a metrics scrape, the
+        shutdown), and send what that frees."""
+        if self._quiet:
+            self.done_inbox.drain()
+            self._after_burst()
+
+    def _dump_wakes(self) -> None:
+        path = os.environ.get("SHMSERVE_WAKE_COUNTS")
+        if path:
+            with open(path, "wb") as f:
+                f.write(orjson.dumps(dict(self.wakes)))
+
     # -- shutdown -----------------------------------------------------------------------
 
     async def shutdown(self) -> None:
         self.stopping = self.manager.stopping = True
+        self.done_inbox.watch(True)  # whatever still runs ends promptly
         await self.control.stop_polling()  # nothing loads while we stop
         # 1. frontends stop taking requests and finish those in flight, which still
         #    run: queued requests are batched and executed meanwhile
         await self.frontends.drain(self.args.exit_timeout_secs)
         # 2. workers finalize their models and free their arenas
+        self._settle()  # what ran is counted, not failed
         now = time.monotonic_ns()
         for sched in self.manager.schedulers():
             if sched.stats.execution_count:
@@ -597,6 +691,8 @@ class Server:
                         len(leftovers))
         self.timer.close()
         self.inbox.close()
+        self.done_inbox.close()
+        self._dump_wakes()
         self.outbox.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         log.info("server stopped")

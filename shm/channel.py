@@ -31,6 +31,7 @@ import collections
 import itertools
 import logging
 import os
+import select
 import selectors
 import socket
 import struct
@@ -91,6 +92,12 @@ class Inbox:
         self._ready: collections.deque = collections.deque()  # blocking recv's backlog
         self._selector: selectors.BaseSelector | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._deliver: Callable[[Any], None] | None = None
+        # attach(pausable=True): the connections' own epoll set, one descriptor for the
+        # loop to watch or not (watch()), however many peers there are
+        self._nest: select.epoll | None = None
+        self._on_nest: Callable[[], None] | None = None
+        self._watching = True
 
     # -- reading ------------------------------------------------------------------------
 
@@ -155,7 +162,9 @@ class Inbox:
     def _drop(self, conn: _Connection) -> None:
         fd = conn.sock.fileno()
         self._conns.pop(fd, None)
-        if self._loop is not None:
+        if self._nest is not None:
+            self._nest.unregister(fd)
+        elif self._loop is not None:
             self._loop.remove_reader(fd)
         elif self._selector is not None:
             self._selector.unregister(conn.sock)
@@ -182,9 +191,11 @@ class Inbox:
         return ready.popleft()
 
     def attach(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None],
-               after_burst: Callable[[], None] | None = None) -> None:
+               after_burst: Callable[[], None] | None = None, *,
+               pausable: bool = False) -> None:
         """Deliver every message to `handle` from the event loop, without a task per
-        message; `after_burst` runs once after each connection's burst is handled."""
+        message; `after_burst` runs once after each connection's burst is handled
+        (pausable: once after each wake, and watch() may pause it)."""
         self._loop = loop
 
         def deliver(msg):
@@ -199,17 +210,60 @@ class Inbox:
             if after_burst is not None:
                 after_burst()
 
+        def on_nest():
+            for fd, _ in self._nest.poll(0):
+                conn = self._conns.get(fd)
+                if conn is not None and not self._read(conn, deliver):
+                    self._drop(conn)
+            if after_burst is not None:
+                after_burst()
+
         def on_connect():
             for conn in self._accept():
-                loop.add_reader(conn.sock.fileno(), on_readable, conn)
+                if self._nest is not None:
+                    self._nest.register(conn.sock.fileno(), select.EPOLLIN)
+                else:
+                    loop.add_reader(conn.sock.fileno(), on_readable, conn)
 
+        self._deliver = deliver
+        if pausable:
+            self._nest, self._on_nest = select.epoll(), on_nest
+            loop.add_reader(self._nest.fileno(), on_nest)
         loop.add_reader(self.listener.fileno(), on_connect)
+
+    def watch(self, on: bool) -> None:
+        """A pausable inbox: whether a message wakes the loop. Unwatched, messages wait
+        in the kernel's buffers for drain() or the next watch(True), which wakes the
+        loop at once for any already there (epoll is level-triggered)."""
+        if on == self._watching or self._nest is None:
+            return
+        self._watching = on
+        if on:
+            self._loop.add_reader(self._nest.fileno(), self._on_nest)
+        else:
+            self._loop.remove_reader(self._nest.fileno())
+
+    def drain(self) -> None:
+        """Attached inboxes: deliver whatever the connections hold now, without
+        waiting (the caller runs its after-burst work itself). A pausable inbox asks
+        its epoll set which connections hold anything: one system call when none do."""
+        if self._nest is not None:
+            conns = [c for fd, _ in self._nest.poll(0) if (c := self._conns.get(fd))]
+        else:
+            conns = list(self._conns.values())
+        for conn in conns:
+            if not self._read(conn, self._deliver):
+                self._drop(conn)
 
     def close(self) -> None:
         for conn in list(self._conns.values()):
             self._drop(conn)
         if self._loop is not None:
             self._loop.remove_reader(self.listener.fileno())
+        if self._nest is not None:
+            if self._watching:
+                self._loop.remove_reader(self._nest.fileno())
+            self._nest.close()
         self.listener.close()
         if self._selector is not None:
             self._selector.close()

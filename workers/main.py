@@ -41,7 +41,7 @@ from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, ResponseStats, StopWorker, UnloadInstance,
-                                 WorkerReady)
+                                 WorkerReady, done_address)
 from shm.tensor import arena_blocks
 from workers import warmup
 from workers.backends import create_instance
@@ -138,6 +138,7 @@ class Worker:
         self.name = name
         self.address = address
         self.scheduler = scheduler
+        self.done_address = done_address(scheduler)
         self.device = device
         self.inbox = Inbox(address, WORKER_INBOX)
         self.outbox = Outbox()
@@ -493,7 +494,7 @@ class Worker:
         outbox.send_many([*((request.reply_to, response)
                             for request, response in zip(msg.requests, responses)
                             if response is not None),
-                          (self.scheduler, done)])
+                          (self.done_address if msg.quiet else self.scheduler, done)])
 
 
 def _reason(exc: BaseException) -> str:

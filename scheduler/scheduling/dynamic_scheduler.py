@@ -58,6 +58,10 @@ def log_prefix(req: InferRequest) -> str:
 class DynamicBatchScheduler:
     """Requests of one model version in, ExecuteBatch messages to granted instances out."""
 
+    # its batches may end quietly (server._send_batch): a BatchDone only frees the
+    # instance and counts statistics, which can wait for the loop's next wake
+    quiet_done = True
+
     def __init__(self, name: str, version: int, config, rate_limiter: RateLimiter,
                  send_batch: SendBatch, fail: Fail, *, histograms: bool = True,
                  environ: dict | None = None, respond: Respond | None = None):

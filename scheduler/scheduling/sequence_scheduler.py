@@ -53,6 +53,8 @@ class SequenceBatchScheduler(DynamicBatchScheduler):
     shares with the dynamic scheduler (statistics, failing, cancelling, response
     ordering) it inherits; batch formation and instance choice are its own."""
 
+    quiet_done = False  # its slots and backlog move on BatchDone: read at once
+
     def __init__(self, name, version, config, rate_limiter, send_batch, fail, *,
                  histograms=True, environ=None, respond=None):
         super().__init__(name, version, config, rate_limiter, send_batch, fail,

@@ -69,6 +69,9 @@ class ExecuteBatch(msgspec.Struct, tag=True, array_like=True):
     # whose rows are not-ready fillers (direct); rows then run in slot order
     slots: list[int] = []
     fillers: list[int] = []
+    # send BatchDone to the scheduler's quiet inbox (done_address), which wakes it only
+    # while it waits on an instance; the scheduler reads it on its next wake otherwise
+    quiet: bool = False
 
 
 class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -108,6 +111,11 @@ class UnloadInstance(msgspec.Struct, tag=True, array_like=True):
 
 class StopWorker(msgspec.Struct, tag=True, array_like=True):
     """Finalize every instance, free the arena and exit."""
+
+
+def done_address(scheduler: str) -> str:
+    """The scheduler's quiet inbox, for the BatchDone of an ExecuteBatch with `quiet`."""
+    return scheduler + ".done"
 
 
 # InferRequest / CancelRequest: a python model's BLS calls (reply_to: the worker's inbox)

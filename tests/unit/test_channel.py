@@ -215,3 +215,49 @@ def test_a_thread_sending_to_a_peer_that_stopped_reading_gives_up(address, monke
     finally:
         out.close()
         inbox.close()
+
+
+def test_unwatched_inbox_holds_messages_until_drained_or_watched(tmp_path):
+    """The scheduler's quiet inbox: unwatched, a message does not wake the loop; it is
+    read by drain(), or by the loop as soon as the inbox is watched again."""
+    quiet_address = ipc_address(str(tmp_path), "quiet")
+    loud_address = ipc_address(str(tmp_path), "loud")
+    got: list = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        quiet, loud = Inbox(quiet_address, [Ping]), Inbox(loud_address, [Ping])
+        arrived: asyncio.Queue = asyncio.Queue()
+        quiet.attach(loop, lambda m: got.append(m.n) or arrived.put_nowait(m.n),
+                     pausable=True)
+        loud.attach(loop, lambda m: arrived.put_nowait(("loud", m.n)))
+        sender, late = Outbox(), Outbox()  # blocking: sent once in the kernel's buffer
+
+        async def send(out, address, n):
+            assert await asyncio.to_thread(out.send, address, Ping(n))
+
+        await send(sender, quiet_address, 1)
+        assert await asyncio.wait_for(arrived.get(), 10) == 1  # watched: delivered
+        quiet.watch(False)
+        await send(sender, quiet_address, 2)
+        await send(late, quiet_address, 3)  # a connection made while unwatched
+        # a message sent after them to a watched inbox comes through the loop; the
+        # quiet ones, readable since before it, would have come in the same pass
+        await send(sender, loud_address, 0)
+        assert await asyncio.wait_for(arrived.get(), 10) == ("loud", 0)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert got == [1]
+        quiet.drain()
+        assert sorted(got) == [1, 2, 3]
+        await send(late, quiet_address, 4)
+        quiet.watch(True)  # what waits already wakes the loop
+        while (n := await asyncio.wait_for(arrived.get(), 10)) != 4:
+            pass
+        sender.close()
+        late.close()
+        quiet.close()
+        loud.close()
+
+    asyncio.run(main())
+    assert sorted(got) == [1, 2, 3, 4]
