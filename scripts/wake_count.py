@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from scheduler.bench_procs import describe, process_tree  # noqa: E402
+from scheduler.bench.procs import describe, process_tree  # noqa: E402
 
 
 def switches(pid: int) -> tuple[int, int]:
