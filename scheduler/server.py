@@ -10,7 +10,6 @@ pool (processes), the rate limiter (instances), the region registry (client shm)
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import secrets
@@ -22,6 +21,7 @@ import time
 import orjson
 
 from scheduler import bls, log_settings
+from scheduler.callbacks import LoopCallbacks, not_ready
 from scheduler.cache import ResponseCache
 from scheduler.processes.frontend_pool import FrontendHandle, FrontendPool, PortInUse
 from scheduler.metrics import Metrics, MetricsServer
@@ -30,9 +30,9 @@ from scheduler.repository.manager import ModelRepositoryManager
 from scheduler.repository.models import ModelReadyState
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.regions import Region, RegionRegistry
-from scheduler.scheduling.interface import Scheduler
+from scheduler.scheduling.interface import InstanceScheduler
 from scheduler.timer import PreciseTimer
-from scheduler.trace import TraceManager, request_timestamps
+from scheduler.trace import TraceManager
 from scheduler.processes.worker_pool import WorkerPool
 from shm import devices
 from shm.arena import remove_segments
@@ -48,9 +48,7 @@ from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSettingReply,
                                    TraceSettingRequest)
-from shm.messages.worker import (BatchDone, ExecuteBatch, InstanceLoaded, ResponseStats,
-                                 WorkerReady)
-from shm.tensor import arena_blocks
+from shm.messages.worker import BatchDone, InstanceLoaded, ResponseStats, WorkerReady
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -71,8 +69,8 @@ class Server:
         self.stopping = False
         self.stop_requested = asyncio.Event()
         self.metrics: MetricsServer | None = None
-        self._dirty: set[Scheduler] = set()
-        self._deadlines: dict[Scheduler, int] = {}  # when each must be pumped again
+        self._dirty: set[InstanceScheduler] = set()
+        self._deadlines: dict[InstanceScheduler, int] = {}  # when each must be pumped again
         self.timer = PreciseTimer(self.loop, self._on_timer)
         self.gpus = devices.gpu_count()  # SHMSERVE_FAKE_GPUS injects a count
         self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone)
@@ -87,15 +85,14 @@ class Server:
                                       self.outbox, self.workers.restarts,
                                       on_gone=self._frontend_gone,
                                       on_ready=self._frontend_ready)
-        # requests this process makes itself (ensemble steps): id -> who gets the
-        # answers; and blocks it hands on to clients: (segment, offset) -> their owner
-        self._internal_ids = itertools.count(1)
-        self.internal: dict[int, object] = {}
-        self.lent: dict[tuple[str, int], tuple[str, str]] = {}  # -> (owner, reader)
+        # what schedulers ask of this process, ensemble steps included
+        self.callbacks = LoopCallbacks(self.loop, self.address, self.outbox, self.workers,
+                                       self.trace, self.regions, self._dirty,
+                                       self._after_burst, self.on_cancel)
         self.manager = ModelRepositoryManager(
             args, self.workers, self.rate_limiter, self.gpus,
-            publish=self.frontends.broadcast, send_batch=self._send_batch, fail=self._fail,
-            on_ready=self._wake, respond=self._respond, host=self)
+            publish=self.frontends.broadcast, callbacks=self.callbacks)
+        self.callbacks.models = self.manager.models
         self.control = ModelControl(self.manager, args)
         self._control_calls: set[asyncio.Task] = set()
         self.handlers = {
@@ -107,8 +104,8 @@ class Server:
             FrontendStopped: self.frontends.on_frontend_stopped,
             WorkerReady: self.workers.on_worker_ready,
             InstanceLoaded: self.workers.on_instance_loaded,
-            InferResponse: self.on_internal_response,
-            ReleaseBlocks: self.on_release,
+            InferResponse: self.callbacks.on_response,
+            ReleaseBlocks: self.callbacks.on_release,
             RegionRequest: self.on_region_call,
             StatsRequest: self.on_stats,
             CacheInsert: self.on_cache_insert,
@@ -128,14 +125,16 @@ class Server:
         try:
             if self._dirty:
                 now = time.monotonic_ns()
-                dirty, self._dirty = self._dirty, set()
+                # emptied in place: the callbacks hold the set (pump_soon)
+                dirty = tuple(self._dirty)
+                self._dirty.clear()
                 for sched in dirty:
                     self._pump(sched, now)
                 self._arm_timer()
         finally:
             self.outbox.uncork()
 
-    def _pump(self, sched: Scheduler, now: int) -> None:
+    def _pump(self, sched: InstanceScheduler, now: int) -> None:
         """Run a scheduler and note when it must run again. Only a scheduler that was
         pumped can have a new deadline: every event that could move one earlier (a
         request, a finished batch, an instance back) marks its scheduler dirty."""
@@ -160,11 +159,6 @@ class Server:
             self._arm_timer()
         finally:
             self.outbox.uncork()
-
-    def _wake(self, sched: Scheduler) -> None:
-        """A scheduler may run more now (an instance came back): pump it soon."""
-        self._dirty.add(sched)
-        self._after_burst()
 
     async def run(self) -> int:
         self.inbox.attach(self.loop, self._dispatch, after_burst=self._after_burst)
@@ -225,11 +219,10 @@ class Server:
             try:
                 bls.admit(req, mv)
             except InferError as exc:
-                self._fail(req, exc.code, bls.refusal(req, exc.message))
+                self.callbacks.fail(req, exc.code, bls.refusal(req, exc.message))
                 return
         if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
-            what = f"'{req.model}'" + (f" version {req.version}" if req.version else "")
-            self._fail(req, ErrorCode.UNAVAILABLE, f"model {what} is not ready")
+            self.callbacks.fail(req, ErrorCode.UNAVAILABLE, not_ready(req).message)
             return
         sched = mv.scheduler
         now = time.monotonic_ns()
@@ -243,10 +236,8 @@ class Server:
             self.regions.resolve(req)  # names of client regions, if the request has any
             sched.enqueue(req, now)
         except InferError as exc:
-            self._fail(req, exc.code,
-                       bls.refusal(req, exc.message) if from_model else exc.message)
-            return
-        self._dirty.add(sched)
+            self.callbacks.fail(req, exc.code,
+                                bls.refusal(req, exc.message) if from_model else exc.message)
 
     def _answer_from_cache(self, req: InferRequest, mv, now: int) -> bool:
         start = time.monotonic_ns()
@@ -276,14 +267,12 @@ class Server:
 
     def on_cancel(self, msg: CancelRequest) -> None:
         now = time.monotonic_ns()
-        schedulers = list(self.manager.schedulers())
-        for sched in schedulers:
+        for sched in list(self.manager.schedulers()):
             if sched.cancel(msg.reply_to, msg.id, now):
                 return
         # running: the model sees request.is_cancelled() in the worker running it
-        for sched in schedulers:
-            running_on = getattr(sched, "running_on", None)
-            address = running_on(msg.reply_to, msg.id) if running_on else None
+        for sched in self.manager.instance_schedulers():
+            address = sched.running_on(msg.reply_to, msg.id)
             if address:
                 self.outbox.send(address, msg)
                 return
@@ -300,46 +289,12 @@ class Server:
             return
         now = time.monotonic_ns()
         requests, woken = sched.batch_done(msg, now)
-        if self.internal:
+        if self.callbacks.internal:
+            self.callbacks.batch_ran(requests, msg)
+        if self.trace.pending or self.regions.users:  # else nothing to record per request
             for req in requests:
-                if req.reply_to == self.address:
-                    owner = self.internal.get(req.id)
-                    if owner is not None:
-                        owner.step_ran(req.id, msg)
-        if self.trace.pending:
-            for req in requests:
-                if req.trace_id:
-                    self.trace.complete(req.trace_id, request_timestamps(req, msg, now))
-        if self.regions.users:
-            for req in requests:
-                self.regions.finished(req)
+                self.callbacks.request_ended(req, msg, now)
         self._dirty.update(woken)
-
-    def _send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
-        self.outbox.send(slot.worker.address, batch)
-        self.workers.batch_sent(slot, batch.batch_id)  # the execute-timeout watch
-
-    def _respond(self, req: InferRequest, response: InferResponse) -> None:
-        # a response its worker relayed through BatchDone (preserve_ordering); the
-        # batch's client regions were released when its BatchDone came
-        self._send_response(req.reply_to, response)
-
-    def _send_response(self, reply_to: str, response: InferResponse) -> None:
-        if reply_to == self.address:
-            # to a request of this process (an ensemble step): handled on the next turn
-            # of the loop, not inside the scheduler pass that produced it
-            self.loop.call_soon(self._deliver_internal, response)
-        else:
-            self.outbox.send(reply_to, response)
-
-    def _fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
-        self._send_response(req.reply_to, InferResponse(req.id, error=reason,
-                                                        error_code=int(code)))
-        if req.trace_id:
-            self.trace.complete(req.trace_id,
-                                request_timestamps(req, None, time.monotonic_ns()))
-        if self.regions.users:
-            self.regions.finished(req)
 
     def _instances_lost(self, slots: list[InstanceSlot], how: str) -> None:
         if "SIGBUS" in how:
@@ -357,10 +312,8 @@ class Server:
         faulted: set[str] = set()
         for slot in slots:
             sched = self.manager.by_instance.get(slot.key)
-            for s, requests in getattr(sched, "in_flight", {}).values():
-                if s is not slot:
-                    continue
-                for req in requests:
+            if sched is not None:
+                for req in sched.running(slot):
                     for region in self.regions.users.get((req.reply_to, req.id), ()):
                         if region.kind == SYSTEM and not region.gone:
                             faulted.add(region.name)
@@ -373,78 +326,6 @@ class Server:
                         "was truncated while in use); unregistered it", name)
             self.regions.unregister(SYSTEM, name, lambda *_: None)
 
-    # -- requests this process makes (ensemble steps) -----------------------------------
-
-    def on_internal_response(self, msg: InferResponse) -> None:
-        """A response to a step request: its ensemble takes it on."""
-        owner = self.internal.get(msg.id)
-        if owner is None:
-            log.warning("response to unknown internal request %d", msg.id)
-            blocks = arena_blocks(msg.outputs)
-            if blocks and msg.owner:
-                self.release(msg.owner, blocks)
-            return
-        owner.on_response(msg, time.monotonic_ns())
-
-    def _deliver_internal(self, msg: InferResponse) -> None:
-        self.on_internal_response(msg)
-        self._after_burst()  # pump the models of the steps it started
-
-    def submit(self, owner, req: InferRequest) -> None:
-        """Enqueue a request of this process's own (ensemble.Host)."""
-        req.id = next(self._internal_ids)
-        req.reply_to = self.address
-        if req.callers:  # a step of an ensemble that a python model called
-            bls.check_chain(req)
-        mv = self.manager.models.resolve(req.model, req.version)
-        if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
-            what = f"'{req.model}'" + (f" version {req.version}" if req.version else "")
-            raise InferError(ErrorCode.UNAVAILABLE, f"model {what} is not ready")
-        now = time.monotonic_ns()
-        req.queue_ns = now
-        mv.scheduler.enqueue(req, now)
-        self.internal[req.id] = owner
-        self._dirty.add(mv.scheduler)
-
-    def forget(self, request_id: int) -> None:
-        self.internal.pop(request_id, None)
-
-    def cancel(self, request_id: int) -> None:
-        self.on_cancel(CancelRequest(request_id, self.address))
-
-    def finish(self, req: InferRequest, response: InferResponse,
-               lent: dict[tuple[str, int], str]) -> None:
-        """An ensemble's answer to its client. Its output blocks belong to the workers
-        that wrote them; the client releases them here and they are handed on."""
-        if lent:
-            for block, owner in lent.items():
-                self.lent[block] = (owner, req.reply_to)
-            response.owner = self.address
-        self._send_response(req.reply_to, response)
-        if not response.final:
-            return  # a decoupled ensemble's request goes on
-        if req.trace_id:
-            self.trace.complete(req.trace_id,
-                                request_timestamps(req, None, time.monotonic_ns()))
-        if self.regions.users:
-            self.regions.finished(req)
-
-    def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
-        if owner == self.address:  # lent by this process: to their real owners
-            self.on_release(ReleaseBlocks(self.address, blocks))
-            return
-        self.outbox.send(owner, ReleaseBlocks(self.address, blocks))
-
-    def on_release(self, msg: ReleaseBlocks) -> None:
-        """A client is done with ensemble outputs: give each block back to its owner."""
-        by_owner: dict[str, list[tuple[str, int]]] = {}
-        for segment, offset in msg.blocks:
-            owner, _ = self.lent.pop((segment, offset), (None, None))
-            if owner is not None:
-                by_owner.setdefault(owner, []).append((segment, offset))
-        for owner, blocks in by_owner.items():
-            self.release(owner, blocks)
-
     def _frontend_gone(self, msg) -> None:
         """A frontend died: workers forget it, and the ensemble outputs it held go back
         to their owners (it will never release them). Its requests still queued are
@@ -455,15 +336,10 @@ class Server:
         for sched in self.manager.schedulers():
             for req in sched.drop_from(msg.address, now):
                 dropped += 1
-                if req.trace_id:
-                    self.trace.complete(req.trace_id, request_timestamps(req, None, now))
-                if self.regions.users:
-                    self.regions.finished(req)
+                self.callbacks.request_ended(req, None, now)
         if dropped:
             log.warning("dropped %d queued request(s) of a frontend that died", dropped)
-        held = [block for block, (_, reader) in self.lent.items() if reader == msg.address]
-        if held:
-            self.on_release(ReleaseBlocks(msg.address, held))
+        self.callbacks.reader_gone(msg.address)
 
     # -- control calls ------------------------------------------------------------------
 
@@ -582,9 +458,9 @@ class Server:
             if sched.stats.execution_count:
                 log.info("%s", sched.summary())
             sched.fail_all(ErrorCode.UNAVAILABLE, "server is stopping", now)
-        if self.lent:
+        if self.callbacks.lent:
             log.warning("%d ensemble output block(s) were never released by their clients",
-                        len(self.lent))
+                        len(self.callbacks.lent))
         await self.workers.stop_all()
         self.control.remove_files()
         self.trace.close()

@@ -17,7 +17,7 @@ from scheduler.scheduling.batcher import (DefaultBatcher, DynamicBatcher, QueueF
 from scheduler.scheduling.delay_hooks import SchedulerHold
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.scheduling.ordering import ResponseOrder
-from scheduler.scheduling.interface import Fail, Respond, SendBatch
+from scheduler.scheduling.interface import Callbacks
 from scheduler.stats import CANCELED, OTHER, REJECTED, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
@@ -56,11 +56,12 @@ def log_prefix(req: InferRequest) -> str:
 
 
 class DynamicBatchScheduler:
-    """Requests of one model version in, ExecuteBatch messages to granted instances out."""
+    """Requests of one model version in, ExecuteBatch messages to granted instances out
+    (an InstanceScheduler, scheduling/interface.py)."""
 
     def __init__(self, name: str, version: int, config, rate_limiter: RateLimiter,
-                 send_batch: SendBatch, fail: Fail, *, histograms: bool = True,
-                 environ: dict | None = None, respond: Respond | None = None):
+                 callbacks: Callbacks, *, histograms: bool = True,
+                 environ: dict | None = None):
         self.name = name
         self.version = version
         self.config = config
@@ -71,12 +72,13 @@ class DynamicBatchScheduler:
         # with optional inputs, only requests carrying the same inputs batch together
         self.optional = any(i.optional for i in config.input)
         self.rate_limiter = rate_limiter
-        self._send_batch = send_batch
-        self._fail = fail
-        self._respond = respond
+        self._callbacks = callbacks
+        self._send_batch = callbacks.send_batch
+        self._fail = callbacks.fail
+        self._pump_soon = callbacks.pump_soon
         # preserve_ordering: workers relay responses here, released in request order
         self.order: ResponseOrder | None = None
-        if (respond is not None and config.HasField("dynamic_batching")
+        if (config.HasField("dynamic_batching")
                 and config.dynamic_batching.preserve_ordering):
             self.order = ResponseOrder()
         self.stats = ModelStats(name, version, histograms)
@@ -117,6 +119,7 @@ class DynamicBatchScheduler:
                                  priority=req.priority, timeout_ns=req.timeout_us * 1000)
         except QueueFull as exc:
             raise InferError(ErrorCode.UNAVAILABLE, log_prefix(req) + str(exc)) from None
+        self._pump_soon(self)
 
     def pump(self, now: int) -> None:
         batcher = self.batcher
@@ -132,13 +135,19 @@ class DynamicBatchScheduler:
             if not batch:
                 limiter.unused(slot)
                 break
-            batch_id = next(_batch_ids)
-            limiter.started(slot, batch_id)
-            self.in_flight[batch_id] = (slot, batch)
-            if self.order is not None:
-                self.order.dispatched(batch_id, batch)
-            self._send_batch(slot, ExecuteBatch(batch_id, slot.key, batch,
-                                                relay=self.order is not None))
+            self.dispatch(slot, batch)
+
+    def dispatch(self, slot: InstanceSlot, requests: list[InferRequest], **fields) -> int:
+        """Send a batch to the granted instance `slot`; returns its batch id. `fields`
+        are the ExecuteBatch's own (a sequence batch's slots)."""
+        batch_id = next(_batch_ids)
+        self.rate_limiter.started(slot, batch_id)
+        self.in_flight[batch_id] = (slot, requests)
+        if self.order is not None:
+            self.order.dispatched(batch_id, requests)
+        self._send_batch(slot, ExecuteBatch(batch_id, slot.key, requests,
+                                            relay=self.order is not None, **fields))
+        return batch_id
 
     def next_deadline(self) -> int | None:
         # a partial batch's delay matters only if an instance could take it when it
@@ -172,7 +181,7 @@ class DynamicBatchScheduler:
             if isinstance(result, tuple):
                 self._fail(req, *result)
             else:
-                self._respond(req, result)
+                self._callbacks.respond(req, result)
 
     def _fail_dispatched(self, batch_id: int, requests, code: ErrorCode, reason: str,
                          now: int) -> None:
@@ -221,6 +230,10 @@ class DynamicBatchScheduler:
             self.stats.failed(req, OTHER, now)
         return removed
 
+    def running(self, slot: InstanceSlot) -> list[InferRequest]:
+        return [req for s, requests in self.in_flight.values() if s is slot
+                for req in requests]
+
     def running_on(self, reply_to: str, request_id: int) -> str | None:
         """The inbox of the worker running request `request_id` of `reply_to` (or,
         for a decoupled model, that ran it lately), None if none is known."""
@@ -246,6 +259,7 @@ class DynamicBatchScheduler:
 
     def begin_unload(self) -> None:
         self.accepting = False
+        self._callbacks.wake(self)  # what is queued goes on to its instances
 
     @property
     def drained(self) -> bool:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import logging
 
 from scheduler.scheduling.delay_hooks import SchedulerHold
-from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler, _batch_ids
+from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
 from scheduler.scheduling.ordering import ResponseOrder
 from scheduler.scheduling.rate_limiter import InstanceSlot
 from scheduler.scheduling.sequence_batcher import SequenceBatcher
 from scheduler.stats import REJECTED
 from shm.errors import ErrorCode
 from shm.messages.frontend import InferRequest
-from shm.messages.worker import BatchDone, ExecuteBatch
+from shm.messages.worker import BatchDone
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -53,15 +53,14 @@ class SequenceBatchScheduler(DynamicBatchScheduler):
     shares with the dynamic scheduler (statistics, failing, cancelling, response
     ordering) it inherits; batch formation and instance choice are its own."""
 
-    def __init__(self, name, version, config, rate_limiter, send_batch, fail, *,
-                 histograms=True, environ=None, respond=None):
-        super().__init__(name, version, config, rate_limiter, send_batch, fail,
-                         histograms=histograms, environ=environ, respond=respond)
+    def __init__(self, name, version, config, rate_limiter, callbacks, *,
+                 histograms=True, environ=None):
+        super().__init__(name, version, config, rate_limiter, callbacks,
+                         histograms=histograms, environ=environ)
         self.batcher = make_sequence_batcher(config, self.shape_key, environ)
         seq = config.sequence_batching
         self.order = None
-        if (respond is not None and seq.WhichOneof("strategy_choice") == "oldest"
-                and seq.oldest.preserve_ordering):
+        if seq.WhichOneof("strategy_choice") == "oldest" and seq.oldest.preserve_ordering:
             self.order = ResponseOrder()
         self.batch_slots: dict[int, list[int]] = {}  # batch id -> the slots it held
 
@@ -74,6 +73,7 @@ class SequenceBatchScheduler(DynamicBatchScheduler):
     def enqueue(self, req: InferRequest, now: int) -> None:
         self._sync_instances()
         self.batcher.enqueue(req, now, accepting=self.accepting)
+        self._pump_soon(self)
 
     def pump(self, now: int) -> None:
         batcher = self.batcher
@@ -95,18 +95,9 @@ class SequenceBatchScheduler(DynamicBatchScheduler):
             if batch is None or not batch.requests:
                 limiter.unused(slot)
                 continue
-            self._dispatch(slot, batch)
-
-    def _dispatch(self, slot: InstanceSlot, batch) -> None:
-        batch_id = next(_batch_ids)
-        self.rate_limiter.started(slot, batch_id)
-        self.in_flight[batch_id] = (slot, batch.requests)
-        self.batch_slots[batch_id] = batch.slots
-        if self.order is not None:
-            self.order.dispatched(batch_id, batch.requests)
-        self._send_batch(slot, ExecuteBatch(batch_id, slot.key, batch.requests,
-                                            relay=self.order is not None,
-                                            slots=batch.slots, fillers=batch.fillers))
+            batch_id = self.dispatch(slot, batch.requests, slots=batch.slots,
+                                     fillers=batch.fillers)
+            self.batch_slots[batch_id] = batch.slots
 
     def next_deadline(self) -> int | None:
         limiter = self.rate_limiter
