@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+from typing import Callable, Hashable
 
 from scheduler.scheduling.batcher import (DefaultBatcher, DynamicBatcher, QueueFull,
                                           QueuePolicy, waiting_since)
@@ -49,6 +50,24 @@ def make_batcher(config, environ=None):
     return DefaultBatcher()
 
 
+def shape_key(config) -> Callable[[InferRequest], Hashable]:
+    """What requests must share to batch: the shapes of non-ragged inputs (and, where
+    inputs are optional, which inputs they carry). A closure: it runs per request."""
+    if config.max_batch_size <= 0:
+        return lambda req: None
+    # inputs allowed to differ in shape within a batch
+    ragged = frozenset(i.name for i in config.input if i.allow_ragged_batch)
+    # with optional inputs, only requests carrying the same inputs batch together
+    optional = any(i.optional for i in config.input)
+
+    def key(req: InferRequest) -> Hashable:
+        # sorted: the order a client lists its inputs in does not matter
+        k = tuple(sorted((t.name, tuple(t.shape[1:])) for t in req.inputs
+                         if t.name not in ragged))
+        return (k, frozenset(t.name for t in req.inputs)) if optional else k
+    return key
+
+
 def log_prefix(req: InferRequest) -> str:
     """Triton's InferenceRequest::LogRequest(), as its errors start (2.51 says
     `[request id: <id_unknown>] Exceeds maximum queue size` for a request with no id)."""
@@ -61,26 +80,26 @@ class DynamicBatchScheduler:
 
     def __init__(self, name: str, version: int, config, rate_limiter: RateLimiter,
                  callbacks: Callbacks, *, histograms: bool = True,
-                 environ: dict | None = None):
+                 environ: dict | None = None, batcher=None, ordered: bool | None = None):
+        """`batcher` and `ordered` (preserve_ordering) are given by a scheduler that
+        holds this one to form its own batches (the sequence batch scheduler); by
+        default they come from `dynamic_batching`."""
         self.name = name
         self.version = version
         self.config = config
-        self.batcher = make_batcher(config, environ)
+        self.batcher = make_batcher(config, environ) if batcher is None else batcher
         self.batching = config.max_batch_size > 0
-        # inputs allowed to differ in shape within a batch
-        self.ragged = frozenset(i.name for i in config.input if i.allow_ragged_batch)
-        # with optional inputs, only requests carrying the same inputs batch together
-        self.optional = any(i.optional for i in config.input)
+        self.shape_key = shape_key(config)
         self.rate_limiter = rate_limiter
         self._callbacks = callbacks
         self._send_batch = callbacks.send_batch
         self._fail = callbacks.fail
         self._pump_soon = callbacks.pump_soon
         # preserve_ordering: workers relay responses here, released in request order
-        self.order: ResponseOrder | None = None
-        if (config.HasField("dynamic_batching")
-                and config.dynamic_batching.preserve_ordering):
-            self.order = ResponseOrder()
+        if ordered is None:
+            ordered = (config.HasField("dynamic_batching")
+                       and config.dynamic_batching.preserve_ordering)
+        self.order: ResponseOrder | None = ResponseOrder() if ordered else None
         self.stats = ModelStats(name, version, histograms)
         self.in_flight: dict[int, tuple[InstanceSlot, list[InferRequest]]] = {}
         self.accepting = True
@@ -93,19 +112,6 @@ class DynamicBatchScheduler:
             collections.OrderedDict()
 
     # -- requests ---------------------------------------------------------------------
-
-    def shape_key(self, req: InferRequest):
-        """What requests must share to batch: the shapes of non-ragged inputs (and,
-        where inputs are optional, which inputs they carry)."""
-        if not self.batching:
-            return None
-        ragged = self.ragged
-        # sorted: the order a client lists its inputs in does not matter
-        key = tuple(sorted((t.name, tuple(t.shape[1:])) for t in req.inputs
-                           if t.name not in ragged))
-        if self.optional:
-            key = (key, frozenset(t.name for t in req.inputs))
-        return key
 
     def enqueue(self, req: InferRequest, now: int) -> None:
         if not self.accepting:
@@ -208,10 +214,6 @@ class DynamicBatchScheduler:
 
     def instance_back(self, slot: InstanceSlot) -> None:
         self.rate_limiter.back(slot)
-
-    @property
-    def live_instances(self) -> int:
-        return sum(1 for s in self.rate_limiter.slots(self) if s.alive)
 
     # -- leaving ------------------------------------------------------------------------
 
