@@ -18,9 +18,7 @@ import signal
 import tempfile
 import time
 
-import orjson
-
-from scheduler import bls, log_settings
+from scheduler import bls
 from scheduler.callbacks import LoopCallbacks, not_ready
 from scheduler.cache import ResponseCache
 from scheduler.processes.frontend_pool import FrontendHandle, FrontendPool, PortInUse
@@ -34,20 +32,18 @@ from scheduler.scheduling.interface import InstanceScheduler
 from scheduler.timer import PreciseTimer
 from scheduler.trace import TraceManager
 from scheduler.processes.worker_pool import WorkerPool
+from scheduler.settings import SettingsCalls
 from shm import devices
 from shm.arena import remove_segments
 from shm.channel import Inbox, Outbox, ipc_address
 from shm.errors import ErrorCode, InferError
-from shm.log import configure_logging
 from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
-                                   FrontendStopped, InferRequest, ServerState, StatsReply,
-                                   StatsRequest)
-from shm.messages.regions import SYSTEM, RegionGone, RegionReply, RegionRequest
-from shm.messages.repository import RepositoryReply, RepositoryRequest
+                                   FrontendStopped, InferRequest, ServerState, StatsRequest)
+from shm.messages.regions import RegionGone, RegionRequest
+from shm.messages.repository import RepositoryRequest
 from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.messages.scheduler import SCHEDULER_INBOX
-from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSettingReply,
-                                   TraceSettingRequest)
+from shm.messages.settings import LogSettingsRequest, TraceSettingRequest
 from shm.messages.worker import BatchDone, InstanceLoaded, ResponseStats, WorkerReady
 
 log = logging.getLogger("shmserve.scheduler")
@@ -73,7 +69,8 @@ class Server:
         self._deadlines: dict[InstanceScheduler, int] = {}  # when each must be pumped again
         self.timer = PreciseTimer(self.loop, self._on_timer)
         self.gpus = devices.gpu_count()  # SHMSERVE_FAKE_GPUS injects a count
-        self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone)
+        self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone,
+                                      send=self.outbox.send)
         self.trace = TraceManager(args.trace_config)
         self.cache = ResponseCache(args.cache_bytes) if args.cache_bytes > 0 else None
         self.rate_limiter = RateLimiter(args.rate_limit == "execution_count",
@@ -93,8 +90,9 @@ class Server:
             args, self.workers, self.rate_limiter, self.gpus,
             publish=self.frontends.broadcast, callbacks=self.callbacks)
         self.callbacks.models = self.manager.models
-        self.control = ModelControl(self.manager, args)
-        self._control_calls: set[asyncio.Task] = set()
+        self.control = ModelControl(self.manager, args, send=self.outbox.send)
+        settings = SettingsCalls(args, self.trace, self.manager, self.outbox.send,
+                                 (self.frontends.broadcast, self.workers.broadcast))
         self.handlers = {
             InferRequest: self.on_infer,
             CancelRequest: self.on_cancel,
@@ -106,12 +104,13 @@ class Server:
             InstanceLoaded: self.workers.on_instance_loaded,
             InferResponse: self.callbacks.on_response,
             ReleaseBlocks: self.callbacks.on_release,
-            RegionRequest: self.on_region_call,
-            StatsRequest: self.on_stats,
             CacheInsert: self.on_cache_insert,
-            LogSettingsRequest: self.on_log_settings,
-            TraceSettingRequest: self.on_trace_setting,
-            RepositoryRequest: self.on_repository,
+            # control calls, answered by their owners
+            RegionRequest: self.regions.on_call,
+            RepositoryRequest: self.control.on_call,
+            StatsRequest: settings.on_stats,
+            LogSettingsRequest: settings.on_log_settings,
+            TraceSettingRequest: settings.on_trace_setting,
         }
 
     # -- the loop -----------------------------------------------------------------------
@@ -302,29 +301,17 @@ class Server:
         self.manager.instances_lost(slots, how)
 
     def _quarantine_regions(self, slots: list[InstanceSlot]) -> None:
-        """A worker died of SIGBUS running requests that read client regions: a client
-        truncated its object while something read it through a mapping. Workers read
-        and write clients' objects with preadv/pwrite (shm/regions.py), so this is the
-        backstop for a path nobody foresaw (a backend reading a region in place). Those
-        regions are unregistered (their client's later requests fail), and the restart
-        is not held against the instance; the other requests in flight on that worker
-        still fail with it."""
-        faulted: set[str] = set()
-        for slot in slots:
-            sched = self.manager.by_instance.get(slot.key)
-            if sched is not None:
-                for req in sched.running(slot):
-                    for region in self.regions.users.get((req.reply_to, req.id), ()):
-                        if region.kind == SYSTEM and not region.gone:
-                            faulted.add(region.name)
-        if not faulted:
-            return
-        for slot in slots:
-            self.workers.restarts.forgive(slot.key)
-        for name in sorted(faulted):
-            log.warning("system shared memory region '%s' faulted a worker (its object "
-                        "was truncated while in use); unregistered it", name)
-            self.regions.unregister(SYSTEM, name, lambda *_: None)
+        """A worker died of SIGBUS running requests that read client regions. Workers
+        read and write clients' objects with preadv/pwrite (shm/regions.py), so this is
+        the backstop for a path nobody foresaw (a backend reading a region in place).
+        The regions are unregistered, and the restart is not held against the
+        instance; the other requests in flight on that worker still fail with it."""
+        running = [req for slot in slots
+                   if (sched := self.manager.by_instance.get(slot.key)) is not None
+                   for req in sched.running(slot)]
+        if self.regions.quarantine(running):
+            for slot in slots:
+                self.workers.restarts.forgive(slot.key)
 
     def _frontend_gone(self, msg) -> None:
         """A frontend died: workers forget it, and the ensemble outputs it held go back
@@ -341,98 +328,7 @@ class Server:
             log.warning("dropped %d queued request(s) of a frontend that died", dropped)
         self.callbacks.reader_gone(msg.address)
 
-    # -- control calls ------------------------------------------------------------------
-
-    def _answer(self, call, reply, fill) -> None:
-        """Answer a control call: `fill(reply)` sets its result, or the InferError it
-        raises goes back as the reply's error."""
-        try:
-            fill(reply)
-        except InferError as exc:
-            reply.error, reply.error_code = exc.message, int(exc.code)
-        self.outbox.send(call.reply_to, reply)
-
-    def on_stats(self, call: StatsRequest) -> None:
-        def fill(reply):
-            reply.body = orjson.dumps(self.manager.statistics(call.model, call.version))
-        self._answer(call, StatsReply(call.call_id), fill)
-
-    def on_log_settings(self, call: LogSettingsRequest) -> None:
-        def fill(reply):
-            if call.update is not None:
-                new = log_settings.apply_update(self.args.log_settings, call.update)
-                if new != self.args.log_settings:
-                    # children started from now on get these (the pools read args)
-                    self.args.log_settings = new
-                    configure_logging("scheduler", new)
-                    self.frontends.broadcast(new)
-                    self.workers.broadcast(new)
-                    log.info("log settings updated: %s", new)
-            reply.settings = self.args.log_settings
-        self._answer(call, LogSettingsReply(call.call_id), fill)
-
-    def on_trace_setting(self, call: TraceSettingRequest) -> None:
-        def fill(reply):
-            if call.model:
-                mv = self.manager.models.resolve(call.model, 0)
-                if mv is None or mv.state is not ModelReadyState.READY:
-                    raise InferError(ErrorCode.INVALID_ARG,
-                                     f"Request for unknown model : {call.model}")
-            if call.update is not None:
-                self.trace.update(call.model, call.update)
-            reply.settings = self.trace.settings(call.model)
-        self._answer(call, TraceSettingReply(call.call_id), fill)
-
-    def on_repository(self, call: RepositoryRequest) -> None:
-        """The model-repository extension. A load or unload takes as long as its
-        instances take to start or drain: it runs as a task, the loop goes on."""
-        task = self.loop.create_task(self._repository_call(call))
-        self._control_calls.add(task)
-        task.add_done_callback(self._control_calls.discard)
-
-    async def _repository_call(self, call: RepositoryRequest) -> None:
-        reply = RepositoryReply(call.call_id)
-        try:
-            if self.stopping:
-                raise InferError(ErrorCode.UNAVAILABLE, "Server is stopping")
-            if call.op == "index":
-                reply.models = self.control.index(call.ready)
-            elif call.op == "load":
-                await self.control.load(call.model, call.config, call.files)
-            elif call.op == "unload":
-                await self.control.unload(call.model, call.unload_dependents)
-            else:
-                raise InferError(ErrorCode.INVALID_ARG,
-                                 f"unknown model repository operation '{call.op}'")
-        except InferError as exc:
-            reply.error, reply.error_code = exc.message, int(exc.code)
-        except Exception as exc:
-            log.exception("model repository call '%s' of '%s' failed", call.op, call.model)
-            reply.error, reply.error_code = str(exc), int(ErrorCode.INTERNAL)
-        self.outbox.send(call.reply_to, reply)
-
-    def on_region_call(self, call: RegionRequest) -> None:
-        def answer(error: InferError | None = None, regions=()) -> None:
-            reply = RegionReply(call.call_id, regions=list(regions))
-            if error is not None:
-                reply.error, reply.error_code = error.message, int(error.code)
-            self.outbox.send(call.reply_to, reply)
-
-        try:
-            if call.op == "register":
-                self.regions.register(call)
-                log.info("registered %s shared memory region '%s'", call.kind, call.name)
-                answer()
-            elif call.op == "status":
-                answer(regions=self.regions.status(call.kind, call.name))
-            elif call.op == "unregister":
-                # answered once no request uses the region(s) any more
-                self.regions.unregister(call.kind, call.name, answer)
-            else:
-                raise InferError(ErrorCode.INVALID_ARG,
-                                 f"unknown shared memory operation '{call.op}'")
-        except InferError as exc:
-            answer(exc)
+    # -- processes ----------------------------------------------------------------------
 
     def _region_gone(self, region: Region) -> None:
         log.info("unregistered %s shared memory region '%s'", region.kind, region.name)
