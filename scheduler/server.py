@@ -4,7 +4,9 @@ One asyncio loop. The inbox delivers every message; after each burst the model
 schedulers it touched are pumped once, so requests that arrive together are batched
 together, and a precise timer wakes the loop for the earliest batching deadline. The
 rooms around it: the model manager (loading, states), the worker pool and the frontend
-pool (processes), the rate limiter (instances), the region registry (client shm), the response cache.
+pool (processes), the rate limiter (instances), the region registry (client shm), the
+response cache. Schedulers reach the process through one Callbacks object
+(callbacks.py); control calls go from the dispatch table straight to their owners.
 """
 
 from __future__ import annotations
