@@ -30,8 +30,9 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, Drain,
                                    InferRequest, ModelStateUpdate, RequestedOutput,
                                    ServerState, StatsReply, StatsRequest)
-from shm.messages.regions import RegionReply, RegionRequest
-from shm.messages.repository import IndexEntry, RepositoryReply, RepositoryRequest
+from shm.messages.regions import RegionOp, RegionReply, RegionRequest
+from shm.messages.repository import (IndexEntry, RepositoryOp, RepositoryReply,
+                                     RepositoryRequest)
 from shm.log import apply_log_settings
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
@@ -345,8 +346,8 @@ class SchedulerDataPlane:
                        offset: int = 0, byte_size: int = 0, device_id: int = 0,
                        raw_handle: bytes = b"") -> list:
         reply: RegionReply = await self._call(lambda call_id: RegionRequest(
-            call_id, self.address, op, kind, name, key, offset, byte_size, device_id,
-            raw_handle))
+            call_id, self.address, RegionOp(op), kind, name, key, offset, byte_size,
+            device_id, raw_handle))
         return reply.regions
 
     async def model_statistics(self, name: str = "", version: str = "") -> bytes:
@@ -375,17 +376,20 @@ class SchedulerDataPlane:
 
     async def repository_index(self, ready: bool = False) -> list[IndexEntry]:
         reply: RepositoryReply = await self._call(
-            lambda call_id: RepositoryRequest(call_id, self.address, "index", ready=ready))
+            lambda call_id: RepositoryRequest(call_id, self.address, RepositoryOp.INDEX,
+                                              ready=ready))
         return reply.models
 
     async def repository_load(self, name: str, config: str | None = None,
                               files: dict[str, bytes] | None = None) -> None:
         await self._call(lambda call_id: RepositoryRequest(
-            call_id, self.address, "load", name, config=config, files=files or {}))
+            call_id, self.address, RepositoryOp.LOAD, name, config=config,
+            files=files or {}))
 
     async def repository_unload(self, name: str, unload_dependents: bool = False) -> None:
         await self._call(lambda call_id: RepositoryRequest(
-            call_id, self.address, "unload", name, unload_dependents=unload_dependents))
+            call_id, self.address, RepositoryOp.UNLOAD, name,
+            unload_dependents=unload_dependents))
 
     async def _call(self, make):
         """Send the control call `make(call_id)` to the scheduler and wait for its

@@ -17,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from typing import Callable
+from typing import Callable, Iterable
 
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
-from shm.messages.regions import (CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, RegionRequest,
-                                  RegionStatus)
+from shm.messages.regions import (CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, RegionOp,
+                                  RegionReply, RegionRequest, RegionStatus)
 from shm.regions import NotSharedMemory, check_client_key, object_size
 from shm.tensor import TensorRef
 
@@ -51,8 +51,10 @@ class Region:
 
 class RegionRegistry:
     def __init__(self, allowed: bool, cuda_devices: int,
-                 on_gone: Callable[[Region], None]):
+                 on_gone: Callable[[Region], None],
+                 send: Callable[[str, RegionReply], None] | None = None):
         self.allowed = allowed
+        self._send = send  # answers a call (the loop's outbox)
         self.cuda_devices = cuda_devices
         self.on_gone = on_gone  # a region's last user finished after it was unregistered
         self.by_name: dict[str, Region] = {}
@@ -61,6 +63,42 @@ class RegionRegistry:
         self.users: dict[tuple[str, int], list[Region]] = {}
 
     # -- calls ------------------------------------------------------------------------
+
+    def on_call(self, call: RegionRequest) -> None:
+        """A frontend's shared-memory call, from the loop's dispatch table. An
+        unregister is answered once no request uses the region(s) any more."""
+        def answer(error: InferError | None = None, regions=()) -> None:
+            reply = RegionReply(call.call_id, regions=list(regions))
+            if error is not None:
+                reply.error, reply.error_code = error.message, int(error.code)
+            self._send(call.reply_to, reply)
+
+        try:
+            match call.op:
+                case RegionOp.REGISTER:
+                    self.register(call)
+                    log.info("registered %s shared memory region '%s'", call.kind,
+                             call.name)
+                    answer()
+                case RegionOp.STATUS:
+                    answer(regions=self.status(call.kind, call.name))
+                case RegionOp.UNREGISTER:
+                    self.unregister(call.kind, call.name, answer)
+        except InferError as exc:
+            answer(exc)
+
+    def quarantine(self, requests: Iterable[InferRequest]) -> list[str]:
+        """A worker died of SIGBUS running `requests`: a client truncated the object
+        of a system region while something read it through a mapping. Those regions
+        are unregistered (their client's later requests fail); returns their names."""
+        faulted = sorted({region.name for req in requests
+                          for region in self.users.get((req.reply_to, req.id), ())
+                          if region.kind == SYSTEM and not region.gone})
+        for name in faulted:
+            log.warning("system shared memory region '%s' faulted a worker (its object "
+                        "was truncated while in use); unregistered it", name)
+            self.unregister(SYSTEM, name, lambda *_: None)
+        return faulted
 
     def register(self, call: RegionRequest) -> None:
         self._check_allowed(call.kind)

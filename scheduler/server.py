@@ -3,18 +3,19 @@
 One asyncio loop. The inbox delivers every message; after each burst the model
 schedulers it touched are pumped once, so requests that arrive together are batched
 together, and a precise timer wakes the loop for the earliest batching deadline.
-Most batches end in a quiet inbox (`_send_batch`): their BatchDone wakes the loop only
+Most batches end in a quiet inbox (callbacks.send_batch): their BatchDone wakes the loop only
 while a request waits for an instance; otherwise it is read on the next wake, once what
 that wake sends is out, so at c=1 the scheduler wakes once per request, not twice. The
 rooms around it: the model manager (loading, states), the worker pool and the frontend
-pool (processes), the rate limiter (instances), the region registry (client shm), the response cache.
+pool (processes), the rate limiter (instances), the region registry (client shm), the
+response cache. Schedulers reach the process through one Callbacks object
+(callbacks.py); control calls go from the dispatch table straight to their owners.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
 import os
 import secrets
@@ -25,7 +26,8 @@ import time
 
 import orjson
 
-from scheduler import bls, log_settings
+from scheduler import bls
+from scheduler.callbacks import LoopCallbacks, not_ready
 from scheduler.cache import ResponseCache
 from scheduler.processes.frontend_pool import FrontendHandle, FrontendPool, PortInUse
 from scheduler.metrics import Metrics, MetricsServer
@@ -34,27 +36,24 @@ from scheduler.repository.manager import ModelRepositoryManager
 from scheduler.repository.models import ModelReadyState
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.regions import Region, RegionRegistry
-from scheduler.scheduling.interface import Scheduler
+from scheduler.scheduling.interface import InstanceScheduler
 from scheduler.timer import PreciseTimer
-from scheduler.trace import TraceManager, request_timestamps
+from scheduler.trace import TraceManager
 from scheduler.processes.worker_pool import WorkerPool
+from scheduler.settings import SettingsCalls
 from shm import devices
 from shm.arena import remove_segments
 from shm.channel import Inbox, Outbox, ipc_address
 from shm.errors import ErrorCode, InferError
-from shm.log import configure_logging
 from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
-                                   FrontendStopped, InferRequest, ServerState, StatsReply,
-                                   StatsRequest)
-from shm.messages.regions import SYSTEM, RegionGone, RegionReply, RegionRequest
-from shm.messages.repository import RepositoryReply, RepositoryRequest
+                                   FrontendStopped, InferRequest, ServerState, StatsRequest)
+from shm.messages.regions import RegionGone, RegionRequest
+from shm.messages.repository import RepositoryRequest
 from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.messages.scheduler import SCHEDULER_INBOX
-from shm.messages.settings import (LogSettingsReply, LogSettingsRequest, TraceSettingReply,
-                                   TraceSettingRequest)
-from shm.messages.worker import (BatchDone, ExecuteBatch, InstanceLoaded, ResponseStats,
-                                 WorkerReady, done_address)
-from shm.tensor import arena_blocks
+from shm.messages.settings import LogSettingsRequest, TraceSettingRequest
+from shm.messages.worker import (BatchDone, InstanceLoaded, ResponseStats, WorkerReady,
+                                 done_address)
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -71,22 +70,22 @@ class Server:
         self.run_dir = getattr(args, "run_dir", "") or tempfile.mkdtemp(prefix="shmserve-")
         self.address = ipc_address(self.run_dir, "scheduler")
         self.inbox = Inbox(self.address, SCHEDULER_INBOX)
-        # BatchDone of quiet batches (_send_batch): watched only while it matters
+        # BatchDone of quiet batches (callbacks.send_batch): watched only while it matters
         self.done_inbox = Inbox(done_address(self.address), (BatchDone,))
-        self._quiet: set[int] = set()  # quiet batches whose BatchDone is not read yet
         self._drained = False  # the quiet inbox was read in this burst
-        self._waiting: set[Scheduler] = set()  # pumped with requests still queued
+        self._waiting: set[InstanceScheduler] = set()  # pumped with requests still queued
         # SHMSERVE_WAKE_COUNTS=PATH: what woke this loop, as JSON at exit (tests, tools)
         self.wakes: collections.Counter = collections.Counter()
         self.outbox = Outbox(self.loop)
         self.stopping = False
         self.stop_requested = asyncio.Event()
         self.metrics: MetricsServer | None = None
-        self._dirty: set[Scheduler] = set()
-        self._deadlines: dict[Scheduler, int] = {}  # when each must be pumped again
+        self._dirty: set[InstanceScheduler] = set()
+        self._deadlines: dict[InstanceScheduler, int] = {}  # when each must be pumped again
         self.timer = PreciseTimer(self.loop, self._on_timer)
         self.gpus = devices.gpu_count()  # SHMSERVE_FAKE_GPUS injects a count
-        self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone)
+        self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone,
+                                      send=self.outbox.send)
         self.trace = TraceManager(args.trace_config)
         self.cache = ResponseCache(args.cache_bytes) if args.cache_bytes > 0 else None
         self.rate_limiter = RateLimiter(args.rate_limit == "execution_count",
@@ -98,17 +97,19 @@ class Server:
                                       self.outbox, self.workers.restarts,
                                       on_gone=self._frontend_gone,
                                       on_ready=self._frontend_ready)
-        # requests this process makes itself (ensemble steps): id -> who gets the
-        # answers; and blocks it hands on to clients: (segment, offset) -> their owner
-        self._internal_ids = itertools.count(1)
-        self.internal: dict[int, object] = {}
-        self.lent: dict[tuple[str, int], tuple[str, str]] = {}  # -> (owner, reader)
+        # what schedulers ask of this process, ensemble steps included
+        self.callbacks = LoopCallbacks(self.loop, self.address, self.outbox, self.workers,
+                                       self.trace, self.regions, self._dirty,
+                                       self._after_burst, self.on_cancel)
         self.manager = ModelRepositoryManager(
             args, self.workers, self.rate_limiter, self.gpus,
-            publish=self.frontends.broadcast, send_batch=self._send_batch, fail=self._fail,
-            on_ready=self._wake, respond=self._respond, host=self)
-        self.control = ModelControl(self.manager, args)
-        self._control_calls: set[asyncio.Task] = set()
+            publish=self.frontends.broadcast, callbacks=self.callbacks)
+        self.callbacks.models = self.manager.models
+        self.callbacks.by_instance = self.manager.by_instance
+        self._quiet = self.callbacks.quiet  # quiet batches whose BatchDone is not read yet
+        self.control = ModelControl(self.manager, args, send=self.outbox.send)
+        settings = SettingsCalls(args, self.trace, self.manager, self.outbox.send,
+                                 (self.frontends.broadcast, self.workers.broadcast))
         self.handlers = {
             InferRequest: self.on_infer,
             CancelRequest: self.on_cancel,
@@ -118,14 +119,15 @@ class Server:
             FrontendStopped: self.frontends.on_frontend_stopped,
             WorkerReady: self.workers.on_worker_ready,
             InstanceLoaded: self.workers.on_instance_loaded,
-            InferResponse: self.on_internal_response,
-            ReleaseBlocks: self.on_release,
-            RegionRequest: self.on_region_call,
-            StatsRequest: self.on_stats,
+            InferResponse: self.callbacks.on_response,
+            ReleaseBlocks: self.callbacks.on_release,
             CacheInsert: self.on_cache_insert,
-            LogSettingsRequest: self.on_log_settings,
-            TraceSettingRequest: self.on_trace_setting,
-            RepositoryRequest: self.on_repository,
+            # control calls, answered by their owners
+            RegionRequest: self.regions.on_call,
+            RepositoryRequest: self.control.on_call,
+            StatsRequest: settings.on_stats,
+            LogSettingsRequest: settings.on_log_settings,
+            TraceSettingRequest: settings.on_trace_setting,
         }
 
     # -- the loop -----------------------------------------------------------------------
@@ -173,7 +175,9 @@ class Server:
     def _pump_dirty(self) -> None:
         if self._dirty:
             now = time.monotonic_ns()
-            dirty, self._dirty = self._dirty, set()
+            # emptied in place: the callbacks hold the set (pump_soon)
+            dirty = tuple(self._dirty)
+            self._dirty.clear()
             for sched in dirty:
                 self._pump(sched, now)
             self._arm_timer()
@@ -187,7 +191,7 @@ class Server:
             waiting.difference_update([s for s in waiting if not s.pending])
         self.done_inbox.watch(bool(waiting) or bool(self.manager.retiring) or self.stopping)
 
-    def _pump(self, sched: Scheduler, now: int) -> None:
+    def _pump(self, sched: InstanceScheduler, now: int) -> None:
         """Run a scheduler and note when it must run again. Only a scheduler that was
         pumped can have a new deadline: every event that could move one earlier (a
         request, a finished batch, an instance back) marks its scheduler dirty."""
@@ -216,11 +220,6 @@ class Server:
         finally:
             self.outbox.uncork()
         self._after_burst()  # the batch ends that came, and what they free
-
-    def _wake(self, sched: Scheduler) -> None:
-        """A scheduler may run more now (an instance came back): pump it soon."""
-        self._dirty.add(sched)
-        self._after_burst()
 
     async def run(self) -> int:
         self.inbox.attach(self.loop, self._dispatch, after_burst=self._after_burst)
@@ -284,11 +283,10 @@ class Server:
             try:
                 bls.admit(req, mv)
             except InferError as exc:
-                self._fail(req, exc.code, bls.refusal(req, exc.message))
+                self.callbacks.fail(req, exc.code, bls.refusal(req, exc.message))
                 return
         if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
-            what = f"'{req.model}'" + (f" version {req.version}" if req.version else "")
-            self._fail(req, ErrorCode.UNAVAILABLE, f"model {what} is not ready")
+            self.callbacks.fail(req, ErrorCode.UNAVAILABLE, not_ready(req).message)
             return
         sched = mv.scheduler
         now = time.monotonic_ns()
@@ -302,10 +300,8 @@ class Server:
             self.regions.resolve(req)  # names of client regions, if the request has any
             sched.enqueue(req, now)
         except InferError as exc:
-            self._fail(req, exc.code,
-                       bls.refusal(req, exc.message) if from_model else exc.message)
-            return
-        self._dirty.add(sched)
+            self.callbacks.fail(req, exc.code,
+                                bls.refusal(req, exc.message) if from_model else exc.message)
 
     def _answer_from_cache(self, req: InferRequest, mv, now: int) -> bool:
         start = time.monotonic_ns()
@@ -335,14 +331,12 @@ class Server:
 
     def on_cancel(self, msg: CancelRequest) -> None:
         now = time.monotonic_ns()
-        schedulers = list(self.manager.schedulers())
-        for sched in schedulers:
+        for sched in list(self.manager.schedulers()):
             if sched.cancel(msg.reply_to, msg.id, now):
                 return
         # running: the model sees request.is_cancelled() in the worker running it
-        for sched in schedulers:
-            running_on = getattr(sched, "running_on", None)
-            address = running_on(msg.reply_to, msg.id) if running_on else None
+        for sched in self.manager.instance_schedulers():
+            address = sched.running_on(msg.reply_to, msg.id)
             if address:
                 self.outbox.send(address, msg)
                 return
@@ -361,58 +355,12 @@ class Server:
             return
         now = time.monotonic_ns()
         requests, woken = sched.batch_done(msg, now)
-        if self.internal:
+        if self.callbacks.internal:
+            self.callbacks.batch_ran(requests, msg)
+        if self.trace.pending or self.regions.users:  # else nothing to record per request
             for req in requests:
-                if req.reply_to == self.address:
-                    owner = self.internal.get(req.id)
-                    if owner is not None:
-                        owner.step_ran(req.id, msg)
-        if self.trace.pending:
-            for req in requests:
-                if req.trace_id:
-                    self.trace.complete(req.trace_id, request_timestamps(req, msg, now))
-        if self.regions.users:
-            for req in requests:
-                self.regions.finished(req)
+                self.callbacks.request_ended(req, msg, now)
         self._dirty.update(woken)
-
-    def _send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
-        # Quiet, unless something acts on its BatchDone by itself: responses relayed
-        # in it, an ensemble step's timings, a trace, client regions to release, an
-        # execute-timeout watch, a decoupled request's cancel routing
-        if not (batch.relay or self.regions.users or self.workers.timeouts.get(slot.key)
-                or not self._quiet_done(self.manager.by_instance.get(slot.key))
-                or any(r.trace_id or r.reply_to == self.address for r in batch.requests)):
-            batch.quiet = True
-            self._quiet.add(batch.batch_id)
-        self.outbox.send(slot.worker.address, batch)
-        self.workers.batch_sent(slot, batch.batch_id)  # the execute-timeout watch
-
-    @staticmethod
-    def _quiet_done(sched) -> bool:
-        return getattr(sched, "quiet_done", False) and not sched.decoupled
-
-    def _respond(self, req: InferRequest, response: InferResponse) -> None:
-        # a response its worker relayed through BatchDone (preserve_ordering); the
-        # batch's client regions were released when its BatchDone came
-        self._send_response(req.reply_to, response)
-
-    def _send_response(self, reply_to: str, response: InferResponse) -> None:
-        if reply_to == self.address:
-            # to a request of this process (an ensemble step): handled on the next turn
-            # of the loop, not inside the scheduler pass that produced it
-            self.loop.call_soon(self._deliver_internal, response)
-        else:
-            self.outbox.send(reply_to, response)
-
-    def _fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
-        self._send_response(req.reply_to, InferResponse(req.id, error=reason,
-                                                        error_code=int(code)))
-        if req.trace_id:
-            self.trace.complete(req.trace_id,
-                                request_timestamps(req, None, time.monotonic_ns()))
-        if self.regions.users:
-            self.regions.finished(req)
 
     def _instances_lost(self, slots: list[InstanceSlot], how: str) -> None:
         drained = bool(self._quiet)
@@ -426,103 +374,17 @@ class Server:
             self._after_burst()  # send what the drain answered; pump what it freed
 
     def _quarantine_regions(self, slots: list[InstanceSlot]) -> None:
-        """A worker died of SIGBUS running requests that read client regions: a client
-        truncated its object while something read it through a mapping. Workers read
-        and write clients' objects with preadv/pwrite (shm/regions.py), so this is the
-        backstop for a path nobody foresaw (a backend reading a region in place). Those
-        regions are unregistered (their client's later requests fail), and the restart
-        is not held against the instance; the other requests in flight on that worker
-        still fail with it."""
-        faulted: set[str] = set()
-        for slot in slots:
-            sched = self.manager.by_instance.get(slot.key)
-            for s, requests in getattr(sched, "in_flight", {}).values():
-                if s is not slot:
-                    continue
-                for req in requests:
-                    for region in self.regions.users.get((req.reply_to, req.id), ()):
-                        if region.kind == SYSTEM and not region.gone:
-                            faulted.add(region.name)
-        if not faulted:
-            return
-        for slot in slots:
-            self.workers.restarts.forgive(slot.key)
-        for name in sorted(faulted):
-            log.warning("system shared memory region '%s' faulted a worker (its object "
-                        "was truncated while in use); unregistered it", name)
-            self.regions.unregister(SYSTEM, name, lambda *_: None)
-
-    # -- requests this process makes (ensemble steps) -----------------------------------
-
-    def on_internal_response(self, msg: InferResponse) -> None:
-        """A response to a step request: its ensemble takes it on."""
-        owner = self.internal.get(msg.id)
-        if owner is None:
-            log.warning("response to unknown internal request %d", msg.id)
-            blocks = arena_blocks(msg.outputs)
-            if blocks and msg.owner:
-                self.release(msg.owner, blocks)
-            return
-        owner.on_response(msg, time.monotonic_ns())
-
-    def _deliver_internal(self, msg: InferResponse) -> None:
-        self.on_internal_response(msg)
-        self._after_burst()  # pump the models of the steps it started
-
-    def submit(self, owner, req: InferRequest) -> None:
-        """Enqueue a request of this process's own (ensemble.Host)."""
-        req.id = next(self._internal_ids)
-        req.reply_to = self.address
-        if req.callers:  # a step of an ensemble that a python model called
-            bls.check_chain(req)
-        mv = self.manager.models.resolve(req.model, req.version)
-        if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
-            what = f"'{req.model}'" + (f" version {req.version}" if req.version else "")
-            raise InferError(ErrorCode.UNAVAILABLE, f"model {what} is not ready")
-        now = time.monotonic_ns()
-        req.queue_ns = now
-        mv.scheduler.enqueue(req, now)
-        self.internal[req.id] = owner
-        self._dirty.add(mv.scheduler)
-
-    def forget(self, request_id: int) -> None:
-        self.internal.pop(request_id, None)
-
-    def cancel(self, request_id: int) -> None:
-        self.on_cancel(CancelRequest(request_id, self.address))
-
-    def finish(self, req: InferRequest, response: InferResponse,
-               lent: dict[tuple[str, int], str]) -> None:
-        """An ensemble's answer to its client. Its output blocks belong to the workers
-        that wrote them; the client releases them here and they are handed on."""
-        if lent:
-            for block, owner in lent.items():
-                self.lent[block] = (owner, req.reply_to)
-            response.owner = self.address
-        self._send_response(req.reply_to, response)
-        if not response.final:
-            return  # a decoupled ensemble's request goes on
-        if req.trace_id:
-            self.trace.complete(req.trace_id,
-                                request_timestamps(req, None, time.monotonic_ns()))
-        if self.regions.users:
-            self.regions.finished(req)
-
-    def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
-        if owner == self.address:  # lent by this process: to their real owners
-            self.on_release(ReleaseBlocks(self.address, blocks))
-            return
-        self.outbox.send(owner, ReleaseBlocks(self.address, blocks))
-
-    def on_release(self, msg: ReleaseBlocks) -> None:
-        """A client is done with ensemble outputs: give each block back to its owner."""
-        by_owner: dict[str, list[tuple[str, int]]] = {}
-        for segment, offset in msg.blocks:
-            owner, _ = self.lent.pop((segment, offset), (None, None))
-            if owner is not None:
-                by_owner.setdefault(owner, []).append((segment, offset))
-        for owner, blocks in by_owner.items():
-            self.release(owner, blocks)
+        """A worker died of SIGBUS running requests that read client regions. Workers
+        read and write clients' objects with preadv/pwrite (shm/regions.py), so this is
+        the backstop for a path nobody foresaw (a backend reading a region in place).
+        The regions are unregistered, and the restart is not held against the
+        instance; the other requests in flight on that worker still fail with it."""
+        running = [req for slot in slots
+                   if (sched := self.manager.by_instance.get(slot.key)) is not None
+                   for req in sched.running(slot)]
+        if self.regions.quarantine(running):
+            for slot in slots:
+                self.workers.restarts.forgive(slot.key)
 
     def _frontend_gone(self, msg) -> None:
         """A frontend died: workers forget it, and the ensemble outputs it held go back
@@ -534,108 +396,12 @@ class Server:
         for sched in self.manager.schedulers():
             for req in sched.drop_from(msg.address, now):
                 dropped += 1
-                if req.trace_id:
-                    self.trace.complete(req.trace_id, request_timestamps(req, None, now))
-                if self.regions.users:
-                    self.regions.finished(req)
+                self.callbacks.request_ended(req, None, now)
         if dropped:
             log.warning("dropped %d queued request(s) of a frontend that died", dropped)
-        held = [block for block, (_, reader) in self.lent.items() if reader == msg.address]
-        if held:
-            self.on_release(ReleaseBlocks(msg.address, held))
+        self.callbacks.reader_gone(msg.address)
 
-    # -- control calls ------------------------------------------------------------------
-
-    def _answer(self, call, reply, fill) -> None:
-        """Answer a control call: `fill(reply)` sets its result, or the InferError it
-        raises goes back as the reply's error."""
-        try:
-            fill(reply)
-        except InferError as exc:
-            reply.error, reply.error_code = exc.message, int(exc.code)
-        self.outbox.send(call.reply_to, reply)
-
-    def on_stats(self, call: StatsRequest) -> None:
-        def fill(reply):
-            reply.body = orjson.dumps(self.manager.statistics(call.model, call.version))
-        self._answer(call, StatsReply(call.call_id), fill)
-
-    def on_log_settings(self, call: LogSettingsRequest) -> None:
-        def fill(reply):
-            if call.update is not None:
-                new = log_settings.apply_update(self.args.log_settings, call.update)
-                if new != self.args.log_settings:
-                    # children started from now on get these (the pools read args)
-                    self.args.log_settings = new
-                    configure_logging("scheduler", new)
-                    self.frontends.broadcast(new)
-                    self.workers.broadcast(new)
-                    log.info("log settings updated: %s", new)
-            reply.settings = self.args.log_settings
-        self._answer(call, LogSettingsReply(call.call_id), fill)
-
-    def on_trace_setting(self, call: TraceSettingRequest) -> None:
-        def fill(reply):
-            if call.model:
-                mv = self.manager.models.resolve(call.model, 0)
-                if mv is None or mv.state is not ModelReadyState.READY:
-                    raise InferError(ErrorCode.INVALID_ARG,
-                                     f"Request for unknown model : {call.model}")
-            if call.update is not None:
-                self.trace.update(call.model, call.update)
-            reply.settings = self.trace.settings(call.model)
-        self._answer(call, TraceSettingReply(call.call_id), fill)
-
-    def on_repository(self, call: RepositoryRequest) -> None:
-        """The model-repository extension. A load or unload takes as long as its
-        instances take to start or drain: it runs as a task, the loop goes on."""
-        task = self.loop.create_task(self._repository_call(call))
-        self._control_calls.add(task)
-        task.add_done_callback(self._control_calls.discard)
-
-    async def _repository_call(self, call: RepositoryRequest) -> None:
-        reply = RepositoryReply(call.call_id)
-        try:
-            if self.stopping:
-                raise InferError(ErrorCode.UNAVAILABLE, "Server is stopping")
-            if call.op == "index":
-                reply.models = self.control.index(call.ready)
-            elif call.op == "load":
-                await self.control.load(call.model, call.config, call.files)
-            elif call.op == "unload":
-                await self.control.unload(call.model, call.unload_dependents)
-            else:
-                raise InferError(ErrorCode.INVALID_ARG,
-                                 f"unknown model repository operation '{call.op}'")
-        except InferError as exc:
-            reply.error, reply.error_code = exc.message, int(exc.code)
-        except Exception as exc:
-            log.exception("model repository call '%s' of '%s' failed", call.op, call.model)
-            reply.error, reply.error_code = str(exc), int(ErrorCode.INTERNAL)
-        self.outbox.send(call.reply_to, reply)
-
-    def on_region_call(self, call: RegionRequest) -> None:
-        def answer(error: InferError | None = None, regions=()) -> None:
-            reply = RegionReply(call.call_id, regions=list(regions))
-            if error is not None:
-                reply.error, reply.error_code = error.message, int(error.code)
-            self.outbox.send(call.reply_to, reply)
-
-        try:
-            if call.op == "register":
-                self.regions.register(call)
-                log.info("registered %s shared memory region '%s'", call.kind, call.name)
-                answer()
-            elif call.op == "status":
-                answer(regions=self.regions.status(call.kind, call.name))
-            elif call.op == "unregister":
-                # answered once no request uses the region(s) any more
-                self.regions.unregister(call.kind, call.name, answer)
-            else:
-                raise InferError(ErrorCode.INVALID_ARG,
-                                 f"unknown shared memory operation '{call.op}'")
-        except InferError as exc:
-            answer(exc)
+    # -- processes ----------------------------------------------------------------------
 
     def _region_gone(self, region: Region) -> None:
         log.info("unregistered %s shared memory region '%s'", region.kind, region.name)
@@ -676,9 +442,9 @@ class Server:
             if sched.stats.execution_count:
                 log.info("%s", sched.summary())
             sched.fail_all(ErrorCode.UNAVAILABLE, "server is stopping", now)
-        if self.lent:
+        if self.callbacks.lent:
             log.warning("%d ensemble output block(s) were never released by their clients",
-                        len(self.lent))
+                        len(self.callbacks.lent))
         await self.workers.stop_all()
         self.control.remove_files()
         self.trace.close()

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -60,8 +61,11 @@ def run(args) -> dict:
     sent: list = []
     sched = DynamicBatchScheduler(
         "identity", 1, model_config(args.max_batch, args.delay_us), limiter,
-        lambda slot, batch: sent.append(_frame(batch)),  # encoded as the outbox does
-        lambda req, code, why: None, histograms=not args.no_histograms, environ={})
+        types.SimpleNamespace(  # the loop's Callbacks, as far as the scheduler uses them
+            send_batch=lambda slot, batch: sent.append(_frame(batch)),  # as the outbox does
+            fail=lambda req, code, why: None, respond=None, pump_soon=set().add,
+            wake=lambda sched: None),
+        histograms=not args.no_histograms, environ={})
     slots = [InstanceSlot(f"identity/1/identity_0_{i}#1", f"identity_0_{i}", "KIND_CPU", 0)
              for i in range(args.instances)]
     for slot in slots:

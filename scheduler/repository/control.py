@@ -21,13 +21,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from scheduler.repository import disk, poller
 from scheduler.repository.journal import Journal, read_files
 from scheduler.repository.manager import ModelRepositoryManager, _Refused, _step_models
 from scheduler.repository.models import ModelReadyState, ModelVersion
 from shm.errors import ErrorCode, InferError
-from shm.messages.repository import IndexEntry
+from shm.messages.repository import (IndexEntry, RepositoryOp, RepositoryReply,
+                                     RepositoryRequest)
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -74,8 +76,11 @@ def file_path(key: str) -> str:
 
 
 class ModelControl:
-    def __init__(self, manager: ModelRepositoryManager, args):
+    def __init__(self, manager: ModelRepositoryManager, args,
+                 send: Callable[[str, RepositoryReply], None] | None = None):
         self.manager = manager
+        self._send = send  # answers a call (the loop's outbox)
+        self._calls: set[asyncio.Task] = set()
         self.mode = args.model_control_mode
         self._locks: dict[str, asyncio.Lock] = {}
         # model name -> the private directory holding the files its load carried
@@ -107,6 +112,35 @@ class ModelControl:
             for path in paths:
                 _remove(path)
         self.temp_dirs.clear()
+
+    # -- the extension's calls ------------------------------------------------------------
+
+    def on_call(self, call: RepositoryRequest) -> None:
+        """A model-repository call, from the loop's dispatch table. A load or unload
+        takes as long as its instances take to start or drain: it runs as a task, the
+        loop goes on."""
+        task = asyncio.get_running_loop().create_task(self._call(call))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _call(self, call: RepositoryRequest) -> None:
+        reply = RepositoryReply(call.call_id)
+        try:
+            if self.manager.stopping:
+                raise InferError(ErrorCode.UNAVAILABLE, "Server is stopping")
+            match call.op:
+                case RepositoryOp.INDEX:
+                    reply.models = self.index(call.ready)
+                case RepositoryOp.LOAD:
+                    await self.load(call.model, call.config, call.files)
+                case RepositoryOp.UNLOAD:
+                    await self.unload(call.model, call.unload_dependents)
+        except InferError as exc:
+            reply.error, reply.error_code = exc.message, int(exc.code)
+        except Exception as exc:
+            log.exception("model repository call '%s' of '%s' failed", call.op, call.model)
+            reply.error, reply.error_code = str(exc), int(ErrorCode.INTERNAL)
+        self._send(call.reply_to, reply)
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())

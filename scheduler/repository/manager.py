@@ -32,7 +32,7 @@ from scheduler.metrics import option_on
 from scheduler.repository.models import ModelReadyState, ModelTable, ModelVersion
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter, group_resources
 from scheduler.scheduling.factory import create_scheduler
-from scheduler.scheduling.interface import Fail, Respond, Scheduler, SendBatch
+from scheduler.scheduling.interface import Callbacks, InstanceScheduler, Scheduler
 from scheduler.processes.worker_pool import WorkerPool
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import ModelStateUpdate
@@ -46,25 +46,19 @@ RELOAD_FAILED = "reload failed, still serving the previous load: "
 
 class ModelRepositoryManager:
     def __init__(self, args, pool: WorkerPool, rate_limiter: RateLimiter, gpus: int,
-                 publish: Callable[[ModelStateUpdate], None], send_batch: SendBatch,
-                 fail: Fail, on_ready: Callable[[Scheduler], None],
-                 respond: Respond | None = None, host: ensemble.Host | None = None):
+                 publish: Callable[[ModelStateUpdate], None], callbacks: Callbacks):
         self.args = args
         self.pool = pool
         self.rate_limiter = rate_limiter
         self.gpus = gpus
         self._publish = publish
-        self._send_batch = send_batch
-        self._fail = fail
-        self._respond = respond  # relayed responses (preserve_ordering)
+        self._callbacks = callbacks  # the loop's, handed to each scheduler
         self._label_cache: dict[tuple[str, int], tuple[object, dict]] = {}
-        self._on_ready = on_ready  # a scheduler has instances again: pump it
-        self.host = host  # runs ensembles' steps (the scheduler process)
         # ensemble name -> the models its steps name; and every model's load, settled
         self.ensembles: dict[str, set[str]] = {}
         self._settled: dict[str, asyncio.Event] = {}
         self.models = ModelTable()
-        self.by_instance: dict[str, Scheduler] = {}  # instance key -> its scheduler
+        self.by_instance: dict[str, InstanceScheduler] = {}  # instance key -> its scheduler
         self.load_seconds: dict[tuple[str, int], float] = {}
         self.load_errors: dict[tuple[str, int], str] = {}  # the last failed load's reason
         self._generation = itertools.count(1)
@@ -214,8 +208,7 @@ class ModelRepositoryManager:
             self.load_errors[(plan.name, version)] = reason
             return False
         sched = create_scheduler(plan.name, version, mv.config, self.rate_limiter,
-                                 self._send_batch, self._fail, histograms=self.histograms,
-                                 respond=self._respond)
+                                 self._callbacks, histograms=self.histograms)
         sched.stats.cache_enabled = self.caches(mv.config)
         mv.scheduler = sched
         mv.slots = slots
@@ -244,7 +237,6 @@ class ModelRepositoryManager:
             return
         self.retiring.add(sched)
         sched.begin_unload()
-        self._on_ready(sched)  # pump it: what is queued goes on to its instances
         deadline = time.monotonic() + self.args.exit_timeout_secs
         while not sched.drained and time.monotonic() < deadline and not self.stopping:
             await asyncio.sleep(0.01)
@@ -282,7 +274,7 @@ class ModelRepositoryManager:
         # decoupled step is on its data flow, whatever the config said
         mv.config.model_transaction_policy.decoupled = decoupled
         mv.scheduler = ensemble.EnsembleScheduler(
-            plan.name, version, plan.config, self.host, histograms=self.histograms,
+            plan.name, version, plan.config, self._callbacks, histograms=self.histograms,
             decoupled_models=frozenset(name for name, c in configs.items()
                                        if c.model_transaction_policy.decoupled))
         mv.scheduler.stats.cache_enabled = self.caches(mv.config)
@@ -379,8 +371,8 @@ class ModelRepositoryManager:
                       slot.name, sched.name, how, failed)
             asyncio.get_running_loop().create_task(self._restart_instance(sched, slot))
 
-    async def _restart_instance(self, sched: Scheduler, slot: InstanceSlot) -> None:
-        if not getattr(sched, "accepting", True):
+    async def _restart_instance(self, sched: InstanceScheduler, slot: InstanceSlot) -> None:
+        if not sched.accepting:
             return  # an unloading or replaced version: its instances stop anyway
         if not self.pool.restarts.allow(slot.key):
             log.error("instance '%s' of '%s' keeps dying; not restarting it", slot.name,
@@ -398,10 +390,10 @@ class ModelRepositoryManager:
         if self.stopping:
             return
         sched.instance_back(slot)
-        self._on_ready(sched)
+        self._callbacks.wake(sched)
         log.info("instance '%s' of '%s' is back", slot.name, sched.name)
 
-    def _mark_unavailable_if_empty(self, sched: Scheduler, reason: str) -> None:
+    def _mark_unavailable_if_empty(self, sched: InstanceScheduler, reason: str) -> None:
         if any(s.alive for s in self.rate_limiter.slots(sched)):
             return
         mv = self.models.resolve(sched.name, sched.version)
@@ -460,6 +452,11 @@ class ModelRepositoryManager:
                 seen.add(mv.scheduler)
                 yield mv.scheduler
         yield from [s for s in self.retiring if s not in seen]
+
+    def instance_schedulers(self) -> list[InstanceScheduler]:
+        """Every scheduler with instances, once each (a retiring version's too, until
+        its instances stop)."""
+        return list(dict.fromkeys(self.by_instance.values()))
 
     def ready_versions(self, name: str = "") -> list[ModelVersion]:
         """READY versions, of one model or all, by name then version."""

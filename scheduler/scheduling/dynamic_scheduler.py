@@ -11,13 +11,14 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+from typing import Callable, Hashable
 
 from scheduler.scheduling.batcher import (DefaultBatcher, DynamicBatcher, QueueFull,
                                           QueuePolicy, waiting_since)
 from scheduler.scheduling.delay_hooks import SchedulerHold
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.scheduling.ordering import ResponseOrder
-from scheduler.scheduling.interface import Fail, Respond, SendBatch
+from scheduler.scheduling.interface import Callbacks
 from scheduler.stats import CANCELED, OTHER, REJECTED, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
@@ -49,6 +50,24 @@ def make_batcher(config, environ=None):
     return DefaultBatcher()
 
 
+def shape_key(config) -> Callable[[InferRequest], Hashable]:
+    """What requests must share to batch: the shapes of non-ragged inputs (and, where
+    inputs are optional, which inputs they carry). A closure: it runs per request."""
+    if config.max_batch_size <= 0:
+        return lambda req: None
+    # inputs allowed to differ in shape within a batch
+    ragged = frozenset(i.name for i in config.input if i.allow_ragged_batch)
+    # with optional inputs, only requests carrying the same inputs batch together
+    optional = any(i.optional for i in config.input)
+
+    def key(req: InferRequest) -> Hashable:
+        # sorted: the order a client lists its inputs in does not matter
+        k = tuple(sorted((t.name, tuple(t.shape[1:])) for t in req.inputs
+                         if t.name not in ragged))
+        return (k, frozenset(t.name for t in req.inputs)) if optional else k
+    return key
+
+
 def log_prefix(req: InferRequest) -> str:
     """Triton's InferenceRequest::LogRequest(), as its errors start (2.51 says
     `[request id: <id_unknown>] Exceeds maximum queue size` for a request with no id)."""
@@ -56,33 +75,31 @@ def log_prefix(req: InferRequest) -> str:
 
 
 class DynamicBatchScheduler:
-    """Requests of one model version in, ExecuteBatch messages to granted instances out."""
-
-    # its batches may end quietly (server._send_batch): a BatchDone only frees the
-    # instance and counts statistics, which can wait for the loop's next wake
-    quiet_done = True
+    """Requests of one model version in, ExecuteBatch messages to granted instances out
+    (an InstanceScheduler, scheduling/interface.py)."""
 
     def __init__(self, name: str, version: int, config, rate_limiter: RateLimiter,
-                 send_batch: SendBatch, fail: Fail, *, histograms: bool = True,
-                 environ: dict | None = None, respond: Respond | None = None):
+                 callbacks: Callbacks, *, histograms: bool = True,
+                 environ: dict | None = None, batcher=None, ordered: bool | None = None):
+        """`batcher` and `ordered` (preserve_ordering) are given by a scheduler that
+        holds this one to form its own batches (the sequence batch scheduler); by
+        default they come from `dynamic_batching`."""
         self.name = name
         self.version = version
         self.config = config
-        self.batcher = make_batcher(config, environ)
+        self.batcher = make_batcher(config, environ) if batcher is None else batcher
         self.batching = config.max_batch_size > 0
-        # inputs allowed to differ in shape within a batch
-        self.ragged = frozenset(i.name for i in config.input if i.allow_ragged_batch)
-        # with optional inputs, only requests carrying the same inputs batch together
-        self.optional = any(i.optional for i in config.input)
+        self.shape_key = shape_key(config)
         self.rate_limiter = rate_limiter
-        self._send_batch = send_batch
-        self._fail = fail
-        self._respond = respond
+        self._callbacks = callbacks
+        self._send_batch = callbacks.send_batch
+        self._fail = callbacks.fail
+        self._pump_soon = callbacks.pump_soon
         # preserve_ordering: workers relay responses here, released in request order
-        self.order: ResponseOrder | None = None
-        if (respond is not None and config.HasField("dynamic_batching")
-                and config.dynamic_batching.preserve_ordering):
-            self.order = ResponseOrder()
+        if ordered is None:
+            ordered = (config.HasField("dynamic_batching")
+                       and config.dynamic_batching.preserve_ordering)
+        self.order: ResponseOrder | None = ResponseOrder() if ordered else None
         self.stats = ModelStats(name, version, histograms)
         self.in_flight: dict[int, tuple[InstanceSlot, list[InferRequest]]] = {}
         self.accepting = True
@@ -91,23 +108,12 @@ class DynamicBatchScheduler:
         # decoupled requests may keep responding after their batch is done: the worker
         # that ran each of the last LINGER ones, so a cancel still reaches it
         self.decoupled = config.model_transaction_policy.decoupled
+        # a decoupled batch's BatchDone routes the cancels of requests still answering
+        self.quiet_done = not self.decoupled
         self.lingering: collections.OrderedDict[tuple[str, int], str] = \
             collections.OrderedDict()
 
     # -- requests ---------------------------------------------------------------------
-
-    def shape_key(self, req: InferRequest):
-        """What requests must share to batch: the shapes of non-ragged inputs (and,
-        where inputs are optional, which inputs they carry)."""
-        if not self.batching:
-            return None
-        ragged = self.ragged
-        # sorted: the order a client lists its inputs in does not matter
-        key = tuple(sorted((t.name, tuple(t.shape[1:])) for t in req.inputs
-                           if t.name not in ragged))
-        if self.optional:
-            key = (key, frozenset(t.name for t in req.inputs))
-        return key
 
     def enqueue(self, req: InferRequest, now: int) -> None:
         if not self.accepting:
@@ -121,6 +127,7 @@ class DynamicBatchScheduler:
                                  priority=req.priority, timeout_ns=req.timeout_us * 1000)
         except QueueFull as exc:
             raise InferError(ErrorCode.UNAVAILABLE, log_prefix(req) + str(exc)) from None
+        self._pump_soon(self)
 
     def pump(self, now: int) -> None:
         batcher = self.batcher
@@ -136,13 +143,19 @@ class DynamicBatchScheduler:
             if not batch:
                 limiter.unused(slot)
                 break
-            batch_id = next(_batch_ids)
-            limiter.started(slot, batch_id)
-            self.in_flight[batch_id] = (slot, batch)
-            if self.order is not None:
-                self.order.dispatched(batch_id, batch)
-            self._send_batch(slot, ExecuteBatch(batch_id, slot.key, batch,
-                                                relay=self.order is not None))
+            self.dispatch(slot, batch)
+
+    def dispatch(self, slot: InstanceSlot, requests: list[InferRequest], **fields) -> int:
+        """Send a batch to the granted instance `slot`; returns its batch id. `fields`
+        are the ExecuteBatch's own (a sequence batch's slots)."""
+        batch_id = next(_batch_ids)
+        self.rate_limiter.started(slot, batch_id)
+        self.in_flight[batch_id] = (slot, requests)
+        if self.order is not None:
+            self.order.dispatched(batch_id, requests)
+        self._send_batch(slot, ExecuteBatch(batch_id, slot.key, requests,
+                                            relay=self.order is not None, **fields))
+        return batch_id
 
     def next_deadline(self) -> int | None:
         # a partial batch's delay matters only if an instance could take it when it
@@ -176,7 +189,7 @@ class DynamicBatchScheduler:
             if isinstance(result, tuple):
                 self._fail(req, *result)
             else:
-                self._respond(req, result)
+                self._callbacks.respond(req, result)
 
     def _fail_dispatched(self, batch_id: int, requests, code: ErrorCode, reason: str,
                          now: int) -> None:
@@ -204,10 +217,6 @@ class DynamicBatchScheduler:
     def instance_back(self, slot: InstanceSlot) -> None:
         self.rate_limiter.back(slot)
 
-    @property
-    def live_instances(self) -> int:
-        return sum(1 for s in self.rate_limiter.slots(self) if s.alive)
-
     # -- leaving ------------------------------------------------------------------------
 
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
@@ -224,6 +233,10 @@ class DynamicBatchScheduler:
         for req in removed:
             self.stats.failed(req, OTHER, now)
         return removed
+
+    def running(self, slot: InstanceSlot) -> list[InferRequest]:
+        return [req for s, requests in self.in_flight.values() if s is slot
+                for req in requests]
 
     def running_on(self, reply_to: str, request_id: int) -> str | None:
         """The inbox of the worker running request `request_id` of `reply_to` (or,
@@ -250,6 +263,7 @@ class DynamicBatchScheduler:
 
     def begin_unload(self) -> None:
         self.accepting = False
+        self._callbacks.wake(self)  # what is queued goes on to its instances
 
     @property
     def drained(self) -> bool:

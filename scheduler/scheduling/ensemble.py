@@ -12,7 +12,7 @@ A block feeds any number of steps (and maybe the client), so it is reference cou
 here: it goes back to its owner (ReleaseBlocks) once every step reading it has
 answered. The ensemble's outputs go to the client as references too; the frontend
 releases them to this process, which hands each block back to its worker
-(`Host.finish` records who owns what).
+(`Callbacks.finish` records who owns what).
 
 A decoupled step answers any number of times: each response is a new set of tensors
 (an iteration) that runs the steps downstream of it once more, and the client gets one
@@ -27,43 +27,18 @@ scheduler/scheduling/ensemble_checks.py (re-exported here).
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
 
 import msgspec
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from scheduler.scheduling.ensemble_checks import EnsembleError, check_steps  # noqa: F401
+from scheduler.scheduling.interface import Callbacks
 from scheduler.stats import CANCELED, OTHER, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest, RequestedOutput
 from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
-
-
-class Host(Protocol):
-    """What the ensemble needs from the scheduler process."""
-
-    address: str  # its inbox: step responses come here
-
-    def submit(self, owner: "EnsembleScheduler", req: InferRequest) -> None:
-        """Give `req` an id, route its responses (and its batch's BatchDone) to
-        `owner`, and enqueue it to its model; raises InferError if it is refused."""
-
-    def forget(self, request_id: int) -> None:
-        """`owner` expects nothing more for this step request."""
-
-    def cancel(self, request_id: int) -> None:
-        """Drop a step request if it is still queued."""
-
-    def finish(self, req: InferRequest, response: InferResponse,
-               lent: dict[tuple[str, int], str]) -> None:
-        """Answer the client (a decoupled ensemble answers several times, the last
-        response carries `final`); `lent` maps each output block to its owner, to
-        which the client's release is handed on."""
-
-    def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
-        """Give blocks back to their owner: this process is done reading them."""
 
 
 @dataclasses.dataclass
@@ -151,7 +126,9 @@ class _Run:
 
 
 class EnsembleScheduler:
-    """The Scheduler of one ensemble version (see scheduler/scheduling/interface.py).
+    """The Scheduler of one ensemble version (see scheduler/scheduling/interface.py): it
+    has no instances, so it is no InstanceScheduler; the loop never pumps it, and it
+    is the RequestOwner of its step requests.
 
     `decoupled_models` names the step models that are decoupled: each of their
     responses runs the steps downstream once more. The ensemble itself is decoupled
@@ -159,12 +136,12 @@ class EnsembleScheduler:
     answers once per iteration that sets its outputs, as those come, and ends with
     the final flag once every step request it started is complete."""
 
-    def __init__(self, name: str, version: int, config: ModelConfig, host: Host, *,
+    def __init__(self, name: str, version: int, config: ModelConfig, callbacks: Callbacks, *,
                  histograms: bool = True, decoupled_models: frozenset[str] = frozenset()):
         self.name = name
         self.version = version
         self.config = config
-        self.host = host
+        self.callbacks = callbacks  # its steps are requests of the process's own
         self.stats = ModelStats(name, version, histograms)
         self.batching = config.max_batch_size > 0
         self.decoupled = config.model_transaction_policy.decoupled
@@ -237,7 +214,7 @@ class EnsembleScheduler:
             parameters=req.parameters, start_ns=now,
             callers=req.callers)  # BLS: a step may not call back into a waiting model
         try:
-            self.host.submit(self, step_req)
+            self.callbacks.submit(self, step_req)
         except InferError as exc:
             self._step_failed(run, step, exc.code, exc.message)
             self._inputs_done(run, step, it)
@@ -263,7 +240,7 @@ class EnsembleScheduler:
                 # cache hit ran no batch)
                 run.timed_early.discard(msg.id)
                 self.runs.pop(msg.id, None)
-                self.host.forget(msg.id)
+                self.callbacks.forget(msg.id)
             else:
                 run.timing_due.add(msg.id)
         error = (msg.error, ErrorCode(msg.error_code)) if msg.error else None
@@ -303,7 +280,7 @@ class EnsembleScheduler:
             return
         run.timing_due.discard(request_id)
         self.runs.pop(request_id, None)
-        self.host.forget(request_id)
+        self.callbacks.forget(request_id)
         self._maybe_count(run)
 
     def _outputs_ready(self, run: _Run, step: Step, msg: InferResponse, it: int,
@@ -321,7 +298,7 @@ class EnsembleScheduler:
                 if readers:
                     run.blocks[(tensor, it)] = _Block(ref, msg.owner, readers)
                 else:
-                    self.host.release(msg.owner, [(ref.segment, ref.offset)])
+                    self.callbacks.release(msg.owner, [(ref.segment, ref.offset)])
             ready.append(tensor)
         for tensor in ready:
             for index in self.readers.get(tensor, ()):
@@ -342,7 +319,7 @@ class EnsembleScheduler:
         block.readers -= 1
         if block.readers <= 0:
             del run.blocks[key]
-            self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+            self.callbacks.release(block.owner, [(block.ref.segment, block.ref.offset)])
 
     def _release_outputs(self, msg: InferResponse) -> None:
         for ref in msg.outputs:
@@ -350,7 +327,7 @@ class EnsembleScheduler:
 
     def _release_ref(self, ref: TensorRef, owner: str) -> None:
         if ref.data is None and not ref.region and owner:
-            self.host.release(owner, [(ref.segment, ref.offset)])
+            self.callbacks.release(owner, [(ref.segment, ref.offset)])
 
     def _step_failed(self, run: _Run, step: Step, code: ErrorCode, message: str) -> None:
         if not run.error:
@@ -389,7 +366,7 @@ class EnsembleScheduler:
             if block is not None:
                 lent[(ref.segment, ref.offset)] = block.owner
         run.answered += 1
-        self.host.finish(req, InferResponse(req.id, outputs=outputs, final=final,
+        self.callbacks.finish(req, InferResponse(req.id, outputs=outputs, final=final,
                                             model_version=self.version), lent)
 
     def _maybe_finish(self, run: _Run, now: int) -> None:
@@ -410,11 +387,11 @@ class EnsembleScheduler:
             self._release_all(run)
             self.stats.failed(req, CANCELED if run.error_code == ErrorCode.CANCELLED
                               else OTHER, now)
-            self.host.finish(req, InferResponse(req.id, error=run.error,
+            self.callbacks.finish(req, InferResponse(req.id, error=run.error,
                                                 error_code=run.error_code), {})
             for step_id in [i for i, r in self.runs.items() if r is run]:
                 self.runs.pop(step_id)
-                self.host.forget(step_id)
+                self.callbacks.forget(step_id)
             return
         # every step has answered: the client is the last reader of what it gets
         if not self.decoupled and not run.waiting:
@@ -424,7 +401,7 @@ class EnsembleScheduler:
                 it = run.waiting.pop(0)
                 self._send(run, it, final=not run.waiting)
         else:  # a decoupled ensemble with nothing more to say: the final flag alone
-            self.host.finish(req, InferResponse(req.id, empty=True,
+            self.callbacks.finish(req, InferResponse(req.id, empty=True,
                                                 model_version=self.version), {})
         self._release_all(run)
         run.end_ns = now
@@ -433,7 +410,7 @@ class EnsembleScheduler:
     def _release_all(self, run: _Run) -> None:
         for key in list(run.blocks):
             block = run.blocks.pop(key)
-            self.host.release(block.owner, [(block.ref.segment, block.ref.offset)])
+            self.callbacks.release(block.owner, [(block.ref.segment, block.ref.offset)])
 
     def _maybe_count(self, run: _Run) -> None:
         """Count a successful request once every step's timing is in."""
@@ -442,22 +419,7 @@ class EnsembleScheduler:
             self.stats.ensemble_ran(run.req, run.req.batch_size if self.batching else 1,
                                     run.end_ns, *run.compute)
 
-    # -- the rest of the Scheduler interface -------------------------------------------
-
-    def pump(self, now: int) -> None:
-        pass  # steps go to their models' schedulers as soon as they can run
-
-    def next_deadline(self) -> int | None:
-        return None
-
-    def batch_done(self, msg: BatchDone, now: int):
-        return [], []  # an ensemble runs no batches of its own
-
-    def instance_lost(self, slot, reason: str, now: int) -> int:
-        return 0
-
-    def instance_back(self, slot) -> None:
-        pass
+    # -- leaving ------------------------------------------------------------------------
 
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
         run = self.active.get((reply_to, request_id))
@@ -467,7 +429,7 @@ class EnsembleScheduler:
             run.error = f"in ensemble '{self.name}', request was cancelled"
             run.error_code = int(ErrorCode.CANCELLED)
         for step_id in list(run.running):
-            self.host.cancel(step_id)
+            self.callbacks.cancel(step_id)
         self._maybe_finish(run, now)
         return True
 

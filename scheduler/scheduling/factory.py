@@ -10,19 +10,16 @@ the schedulers import the interface, and only this module imports them.
 from __future__ import annotations
 
 from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
-from scheduler.scheduling.interface import Fail, Respond, Scheduler, SendBatch
+from scheduler.scheduling.interface import Callbacks, InstanceScheduler
 from scheduler.scheduling.rate_limiter import RateLimiter
 from scheduler.scheduling.sequence_scheduler import SequenceBatchScheduler
 
 
 def create_scheduler(name: str, version: int, config, rate_limiter: RateLimiter,
-                     send_batch: SendBatch, fail: Fail, *, histograms: bool = True,
-                     environ: dict | None = None, respond: Respond | None = None
-                     ) -> Scheduler:
+                     callbacks: Callbacks, *, histograms: bool = True,
+                     environ: dict | None = None) -> InstanceScheduler:
     """The scheduler Triton would give this model config."""
-    if config.HasField("sequence_batching"):
-        return SequenceBatchScheduler(name, version, config, rate_limiter, send_batch,
-                                      fail, histograms=histograms, environ=environ,
-                                      respond=respond)
-    return DynamicBatchScheduler(name, version, config, rate_limiter, send_batch, fail,
-                                 histograms=histograms, environ=environ, respond=respond)
+    kind = (SequenceBatchScheduler if config.HasField("sequence_batching")
+            else DynamicBatchScheduler)
+    return kind(name, version, config, rate_limiter, callbacks, histograms=histograms,
+                environ=environ)

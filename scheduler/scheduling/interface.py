@@ -1,17 +1,31 @@
-"""The one interface the scheduler loop drives every loaded model version through.
+"""The interfaces between the scheduler loop and the model schedulers.
 
-Triton core gives each model one scheduler (dynamic batch, sequence batch or
-ensemble); so does this process. The loop only ever calls what `Scheduler` declares;
-which requests form a batch is each scheduler's own business, and which instance runs
+Triton core gives each model one scheduler (dynamic batch, sequence batch or ensemble);
+so does this process. Three small declarations, typing.Protocols (structural: a
+scheduler, or a test's recorder, conforms without inheriting from anything, and nothing
+is checked at run time, so the hot path pays nothing for them):
+
+- `Scheduler`: what every scheduler has. Triton's core Scheduler has three pure
+  virtuals (Enqueue, InflightInferenceCount, Stop); ours adds what a request that
+  leaves early needs (cancel, a dead frontend) and the unload drain.
+- `InstanceScheduler`: what only the schedulers that run batches on instances have
+  (dynamic, sequence): pumping, deadlines, finished batches, instances lost and back.
+  An ensemble has no instances, so it implements none of it.
+- `Callbacks`: the one object the loop gives every scheduler and the model manager:
+  everything a scheduler asks of the process (send a batch, answer a request, pump me,
+  and for an ensemble's steps: make requests of its own and hand on their outputs).
+
+Which requests form a batch is each scheduler's own business, and which instance runs
 it is the shared RateLimiter's. A new kind of scheduler is a class in a module of its
-own beside this one that implements `Scheduler`, and one branch in
-scheduling/factory.py's `create_scheduler`: the frontends never see the difference.
-This module imports no scheduler, so every scheduler can import it.
+own beside this one that implements `Scheduler` (and `InstanceScheduler` if it runs
+batches on instances), and one branch in scheduling/factory.py's `create_scheduler`:
+the frontends never see the difference. This module imports no scheduler, so every
+scheduler can import it.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Protocol
+from typing import Hashable, Protocol
 
 from scheduler.scheduling.rate_limiter import InstanceSlot
 from scheduler.stats import ModelStats
@@ -20,51 +34,27 @@ from shm.messages.frontend import InferRequest
 from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone, ExecuteBatch
 
-# send_batch(slot, batch): hand a batch to the worker running `slot`
-SendBatch = Callable[[InstanceSlot, ExecuteBatch], None]
-# fail(request, code, message): answer a request with an error
-Fail = Callable[[InferRequest, ErrorCode, str], None]
-# respond(request, response): hand on a response a worker relayed (preserve_ordering)
-Respond = Callable[[InferRequest, InferResponse], None]
-
 
 class Scheduler(Protocol):
-    """A model version's scheduler, as the loop sees it. Times are CLOCK_MONOTONIC ns,
-    passed in: schedulers keep no clock, threads or sockets of their own."""
+    """A model version's scheduler, as the loop and the model manager see it. Times
+    are CLOCK_MONOTONIC ns, passed in: schedulers keep no clock, threads or sockets of
+    their own."""
 
     name: str
     version: int
     stats: ModelStats
+    accepting: bool  # False once the version unloads: new requests are refused
 
     def enqueue(self, req: InferRequest, now: int) -> None:
         """Take a request; raises InferError if it is refused (a full queue, a model
-        that is unloading)."""
-
-    def pump(self, now: int) -> None:
-        """Send every batch that can go now to an instance the rate limiter grants."""
-
-    def next_deadline(self) -> int | None:
-        """When `pump` must run again if nothing else happens (None: on an event)."""
-
-    def batch_done(self, msg: BatchDone, now: int) -> tuple[list[InferRequest], list[Hashable]]:
-        """A batch finished: returns its requests and the schedulers the freed
-        instance lets run (its own, and others waiting for the same resources)."""
-
-    def instance_lost(self, slot: InstanceSlot, reason: str, now: int) -> int:
-        """An instance's process died: fail what it ran; returns how many."""
-
-    def instance_back(self, slot: InstanceSlot) -> None:
-        """A restarted instance takes batches again."""
+        that is unloading). A scheduler with something to run asks to be pumped
+        (Callbacks.pump_soon)."""
 
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
         """Drop a queued request whose client went away; True if it was queued here."""
 
     def drop_from(self, reply_to: str, now: int) -> list[InferRequest]:
         """A frontend died: remove its queued requests without answering them."""
-
-    def running_on(self, reply_to: str, request_id: int) -> str | None:
-        """The worker inbox running that request, to forward a cancel to (optional:
-        the loop asks only schedulers that have it)."""
 
     def begin_unload(self) -> None:
         """Refuse new requests; queued and running ones still finish."""
@@ -83,3 +73,95 @@ class Scheduler(Protocol):
     def summary(self) -> str:
         """One log line of what ran."""
 
+
+class InstanceScheduler(Scheduler, Protocol):
+    """A scheduler whose batches run on model instances (Triton's dynamic and sequence
+    batch schedulers). The loop pumps it, and the worker messages of its instances
+    come back to it."""
+
+    # whether its batches may end quietly (callbacks.send_batch): a BatchDone that only
+    # frees the instance and counts statistics, which can wait for the loop's next wake
+    quiet_done: bool
+
+    def pump(self, now: int) -> None:
+        """Send every batch that can go now to an instance the rate limiter grants."""
+
+    def next_deadline(self) -> int | None:
+        """When `pump` must run again if nothing else happens (None: on an event)."""
+
+    def batch_done(self, msg: BatchDone, now: int) -> tuple[list[InferRequest], list[Hashable]]:
+        """A batch finished: returns its requests and the schedulers the freed
+        instance lets run (its own, and others waiting for the same resources)."""
+
+    def instance_lost(self, slot: InstanceSlot, reason: str, now: int) -> int:
+        """An instance's process died: fail what it ran; returns how many."""
+
+    def instance_back(self, slot: InstanceSlot) -> None:
+        """A restarted instance takes batches again."""
+
+    def running(self, slot: InstanceSlot) -> list[InferRequest]:
+        """The requests `slot` is running now."""
+
+    def running_on(self, reply_to: str, request_id: int) -> str | None:
+        """The worker inbox running that request (or, decoupled, that ran it lately),
+        to forward a cancel to; None if none is known."""
+
+    def request_complete(self, reply_to: str, request_id: int) -> None:
+        """The request sent its final response (ResponseStats)."""
+
+
+class RequestOwner(Protocol):
+    """Who gets the answers to a request the scheduler process makes itself (an
+    ensemble, for its steps)."""
+
+    def on_response(self, msg: InferResponse, now: int) -> None:
+        """A response to one of its requests (a decoupled step sends several)."""
+
+    def step_ran(self, request_id: int, msg: BatchDone) -> None:
+        """The batch that ran one of its requests finished (its timings)."""
+
+
+class Callbacks(Protocol):
+    """What schedulers (and the model manager) ask of the loop that drives them: one
+    object, given to each. The scheduler process implements it in
+    scheduler/callbacks.py; unit tests pass a recorder."""
+
+    address: str  # the process's inbox: responses to its own requests come here
+
+    def send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
+        """Hand a batch to the worker running `slot`."""
+
+    def fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
+        """Answer a request with an error; the request has ended."""
+
+    def respond(self, req: InferRequest, response: InferResponse) -> None:
+        """Hand on a response its worker relayed (preserve_ordering)."""
+
+    def pump_soon(self, sched: InstanceScheduler) -> None:
+        """Pump `sched` once the loop has read the messages at hand (batching what
+        arrives together)."""
+
+    def wake(self, sched: InstanceScheduler) -> None:
+        """Pump `sched` now: called outside the loop's message handling (an instance
+        came back, a version started to unload)."""
+
+    # -- requests of the process's own (an ensemble's steps) ----------------------------
+
+    def submit(self, owner: RequestOwner, req: InferRequest) -> None:
+        """Give `req` an id, route its responses (and its batch's BatchDone) to
+        `owner`, and enqueue it to its model; raises InferError if it is refused."""
+
+    def forget(self, request_id: int) -> None:
+        """The owner expects nothing more for this request."""
+
+    def cancel(self, request_id: int) -> None:
+        """Drop a request of the process's own if it is still queued."""
+
+    def finish(self, req: InferRequest, response: InferResponse,
+               lent: dict[tuple[str, int], str]) -> None:
+        """Answer a client (a decoupled ensemble answers several times, the last
+        response carries `final`); `lent` maps each output block to its owner, to
+        which the client's release is handed on."""
+
+    def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
+        """Give blocks back to their owner: this process is done reading them."""

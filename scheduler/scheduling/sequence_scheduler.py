@@ -1,4 +1,4 @@
-"""Triton's sequence batch scheduler: the `Scheduler` of a model with
+"""Triton's sequence batch scheduler: the `InstanceScheduler` of a model with
 `sequence_batching`.
 
 The SequenceBatcher (scheduler/scheduling/sequence_batcher.py) decides which requests
@@ -15,14 +15,14 @@ from __future__ import annotations
 import logging
 
 from scheduler.scheduling.delay_hooks import SchedulerHold
-from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler, _batch_ids
-from scheduler.scheduling.ordering import ResponseOrder
-from scheduler.scheduling.rate_limiter import InstanceSlot
+from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler, shape_key
+from scheduler.scheduling.interface import Callbacks
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.scheduling.sequence_batcher import SequenceBatcher
 from scheduler.stats import REJECTED
 from shm.errors import ErrorCode
 from shm.messages.frontend import InferRequest
-from shm.messages.worker import BatchDone, ExecuteBatch
+from shm.messages.worker import BatchDone
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -48,23 +48,33 @@ def make_sequence_batcher(config, shape_key=None, environ=None) -> SequenceBatch
                            min_slot_utilization=d.minimum_slot_utilization, **common)
 
 
-class SequenceBatchScheduler(DynamicBatchScheduler):
-    """Requests of one stateful model version in, slot-tagged batches out. What it
-    shares with the dynamic scheduler (statistics, failing, cancelling, response
-    ordering) it inherits; batch formation and instance choice are its own."""
+class SequenceBatchScheduler:
+    """Requests of one stateful model version in, slot-tagged batches out (an
+    InstanceScheduler, scheduling/interface.py). As Triton's oldest strategy holds a
+    dynamic batch scheduler rather than being one, this holds a DynamicBatchScheduler
+    (`batches`) over its SequenceBatcher for what the two share: the batches in flight,
+    response ordering, statistics, and the requests that leave early. Which requests
+    form each instance's batch, and on which instance, is its own."""
 
     quiet_done = False  # its slots and backlog move on BatchDone: read at once
 
-    def __init__(self, name, version, config, rate_limiter, send_batch, fail, *,
-                 histograms=True, environ=None, respond=None):
-        super().__init__(name, version, config, rate_limiter, send_batch, fail,
-                         histograms=histograms, environ=environ, respond=respond)
-        self.batcher = make_sequence_batcher(config, self.shape_key, environ)
+    def __init__(self, name: str, version: int, config, rate_limiter: RateLimiter,
+                 callbacks: Callbacks, *, histograms: bool = True,
+                 environ: dict | None = None):
+        self.name = name
+        self.version = version
+        self.rate_limiter = rate_limiter
+        self._callbacks = callbacks
+        self._fail = callbacks.fail
+        self._pump_soon = callbacks.pump_soon
+        self.batcher = make_sequence_batcher(config, shape_key(config), environ)
         seq = config.sequence_batching
-        self.order = None
-        if (respond is not None and seq.WhichOneof("strategy_choice") == "oldest"
-                and seq.oldest.preserve_ordering):
-            self.order = ResponseOrder()
+        self.batches = DynamicBatchScheduler(
+            name, version, config, rate_limiter, callbacks, histograms=histograms,
+            environ=environ, batcher=self.batcher,
+            ordered=seq.WhichOneof("strategy_choice") == "oldest"
+            and seq.oldest.preserve_ordering)
+        self.stats = self.batches.stats
         self.batch_slots: dict[int, list[int]] = {}  # batch id -> the slots it held
 
     def _sync_instances(self) -> None:
@@ -75,7 +85,8 @@ class SequenceBatchScheduler(DynamicBatchScheduler):
 
     def enqueue(self, req: InferRequest, now: int) -> None:
         self._sync_instances()
-        self.batcher.enqueue(req, now, accepting=self.accepting)
+        self.batcher.enqueue(req, now, accepting=self.batches.accepting)
+        self._pump_soon(self)
 
     def pump(self, now: int) -> None:
         batcher = self.batcher
@@ -97,18 +108,9 @@ class SequenceBatchScheduler(DynamicBatchScheduler):
             if batch is None or not batch.requests:
                 limiter.unused(slot)
                 continue
-            self._dispatch(slot, batch)
-
-    def _dispatch(self, slot: InstanceSlot, batch) -> None:
-        batch_id = next(_batch_ids)
-        self.rate_limiter.started(slot, batch_id)
-        self.in_flight[batch_id] = (slot, batch.requests)
-        self.batch_slots[batch_id] = batch.slots
-        if self.order is not None:
-            self.order.dispatched(batch_id, batch.requests)
-        self._send_batch(slot, ExecuteBatch(batch_id, slot.key, batch.requests,
-                                            relay=self.order is not None,
-                                            slots=batch.slots, fillers=batch.fillers))
+            batch_id = self.batches.dispatch(slot, batch.requests, slots=batch.slots,
+                                             fillers=batch.fillers)
+            self.batch_slots[batch_id] = batch.slots
 
     def next_deadline(self) -> int | None:
         limiter = self.rate_limiter
@@ -120,21 +122,64 @@ class SequenceBatchScheduler(DynamicBatchScheduler):
 
         return self.batcher.next_deadline(can_run)
 
+    def _slots_free(self, instance: str, batch_id: int) -> None:
+        """The batch left its instance: the batcher may fill its slots again."""
+        slots = self.batch_slots.pop(batch_id, None)
+        if slots is not None:
+            self.batcher.batch_done(instance, slots)
+
     def batch_done(self, msg: BatchDone, now: int):
-        entry = self.in_flight.get(msg.batch_id)
-        requests, woken = super().batch_done(msg, now)
-        if entry is not None:
-            self.batcher.batch_done(entry[0].key, self.batch_slots.pop(msg.batch_id, []))
+        requests, woken = self.batches.batch_done(msg, now)
+        self._slots_free(msg.instance, msg.batch_id)
         return requests, woken
 
     def instance_lost(self, slot: InstanceSlot, reason: str, now: int) -> int:
         batch = slot.batch
-        failed = super().instance_lost(slot, reason, now)
+        failed = self.batches.instance_lost(slot, reason, now)
         if batch is not None:
-            self.batcher.batch_done(slot.key, self.batch_slots.pop(batch, []))
+            self._slots_free(slot.key, batch)
         return failed
 
     def fail_all(self, code: ErrorCode, reason: str, now: int) -> None:
-        for batch_id, (slot, _) in list(self.in_flight.items()):
-            self.batcher.batch_done(slot.key, self.batch_slots.pop(batch_id, []))
-        super().fail_all(code, reason, now)
+        for batch_id, (slot, _) in list(self.batches.in_flight.items()):
+            self._slots_free(slot.key, batch_id)
+        self.batches.fail_all(code, reason, now)
+
+    def begin_unload(self) -> None:
+        self.batches.accepting = False
+        self._callbacks.wake(self)  # what is queued goes on to its instances
+
+    # -- the rest, as the dynamic batch scheduler does it -------------------------------
+
+    @property
+    def accepting(self) -> bool:
+        return self.batches.accepting
+
+    @property
+    def drained(self) -> bool:
+        return self.batches.drained
+
+    @property
+    def pending(self) -> int:
+        return self.batches.pending
+
+    def instance_back(self, slot: InstanceSlot) -> None:
+        self.batches.instance_back(slot)
+
+    def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
+        return self.batches.cancel(reply_to, request_id, now)
+
+    def drop_from(self, reply_to: str, now: int) -> list[InferRequest]:
+        return self.batches.drop_from(reply_to, now)
+
+    def running(self, slot: InstanceSlot) -> list[InferRequest]:
+        return self.batches.running(slot)
+
+    def running_on(self, reply_to: str, request_id: int) -> str | None:
+        return self.batches.running_on(reply_to, request_id)
+
+    def request_complete(self, reply_to: str, request_id: int) -> None:
+        self.batches.request_complete(reply_to, request_id)
+
+    def summary(self) -> str:
+        return self.batches.summary()

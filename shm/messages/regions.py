@@ -10,6 +10,8 @@ finishes; then workers hear RegionGone and unmap it.
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 SYSTEM = "system"
@@ -17,14 +19,22 @@ CUDA = "cuda"
 CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 
 
+class RegionOp(enum.StrEnum):
+    """A shared-memory call's operation (its value travels; an unknown one does not
+    decode)."""
+
+    REGISTER = "register"
+    STATUS = "status"
+    UNREGISTER = "unregister"
+
+
 class RegionRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """A shared-memory call. `op` is "register", "status" or "unregister"; `kind` is
-    SYSTEM or CUDA. An empty `name` means every region of that kind (status,
+    """A shared-memory call: `op` what it does; `kind` is SYSTEM or CUDA. An empty `name` means every region of that kind (status,
     unregister)."""
 
     call_id: int
     reply_to: str
-    op: str
+    op: RegionOp
     kind: str
     name: str = ""
     key: str = ""  # system: the POSIX shm name the client created

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 
+class RepositoryOp(enum.StrEnum):
+    """A model-repository call's operation (its value travels; an unknown one does not
+    decode)."""
+
+    INDEX = "index"
+    LOAD = "load"
+    UNLOAD = "unload"
+
+
 class RepositoryRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """One call of the model-repository extension. `op` is "index", "load" or
-    "unload". For a load, `config` is a JSON ModelConfig overriding config.pbtxt (None:
+    """One call of the model-repository extension. For a load, `config` is a JSON ModelConfig overriding config.pbtxt (None:
     none given) and `files` maps "file:<version>/<name>" to the file's bytes."""
 
     call_id: int
     reply_to: str
-    op: str
+    op: RepositoryOp
     model: str = ""
     ready: bool = False  # index: only READY versions
     config: str | None = None

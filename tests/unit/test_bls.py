@@ -24,6 +24,7 @@ from shm.tensor import TensorRef
 from workers.python_backend import pb_utils
 from workers.python_backend.bls import BlsClient, Cancellations
 from workers.tensors import Copies, TensorIO
+from tests.unit.fake_callbacks import FakeCallbacks
 
 
 def _config(max_batch_size=8, decoupled=False):
@@ -91,7 +92,7 @@ def _scheduler(decoupled=False):
     sent = []
     limiter = RateLimiter()
     s = DynamicBatchScheduler("callee", 1, _config(decoupled=decoupled), limiter,
-                              lambda slot, b: sent.append(b), lambda *a: None)
+                              FakeCallbacks(lambda slot, b: sent.append(b)))
     slot = InstanceSlot("callee/1/c_0#1", "c_0", "KIND_CPU", 0)
     slot.worker = types.SimpleNamespace(address="ipc://worker-0")
     limiter.add(s, slot)

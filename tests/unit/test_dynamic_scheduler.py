@@ -11,6 +11,7 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
+from tests.unit.fake_callbacks import FakeCallbacks
 
 US = 1_000
 MS = 1_000_000
@@ -35,8 +36,10 @@ class Harness:
         self.sent, self.failed = [], []
         self.limiter = limiter or RateLimiter()
         self.s = DynamicBatchScheduler(
-            "m", 1, config, self.limiter, lambda slot, b: self.sent.append((slot.key, b)),
-            lambda r, code, why: self.failed.append((r.id, code, why)), environ=environ or {})
+            "m", 1, config, self.limiter,
+            FakeCallbacks(lambda slot, b: self.sent.append((slot.key, b)),
+                          lambda r, code, why: self.failed.append((r.id, code, why))),
+            environ=environ or {})
         for slot in slots or [InstanceSlot(f"m/1/m_0_{i}#1", f"m_0_{i}", "KIND_CPU", 0)
                               for i in range(instances)]:
             self.limiter.add(self.s, slot)

@@ -11,6 +11,7 @@ from scheduler.repository.manager import ModelRepositoryManager
 from scheduler.repository.models import ModelReadyState
 from scheduler.scheduling.rate_limiter import RateLimiter
 from shm.messages.worker import InstanceLoaded
+from tests.unit.fake_callbacks import FakeCallbacks
 
 # without the onnx_identity the e2e tests build: ens_mixed cannot load
 REPO = Path(__file__).resolve().parents[1] / "models_ensemble"
@@ -31,8 +32,7 @@ def manager(*argv: str):
     args = parse_args(["--model-repository", str(REPO), "--allow-metrics=false", *argv])
     published = []
     mgr = ModelRepositoryManager(args, FakePool(), RateLimiter(), 0,
-                                 publish=published.append, send_batch=None, fail=None,
-                                 on_ready=lambda s: None, host=object())
+                                 publish=published.append, callbacks=FakeCallbacks())
     return mgr, published
 
 
@@ -88,8 +88,7 @@ def test_a_step_that_failed_to_load_is_named_with_its_error(tmp_path):
         'name: "py_double" backend: "python" max_batch_size: -1')
     args = parse_args(["--model-repository", str(repo), "--allow-metrics=false"])
     mgr = ModelRepositoryManager(args, FakePool(), RateLimiter(), 0, publish=lambda u: None,
-                                 send_batch=None, fail=None, on_ready=lambda s: None,
-                                 host=object())
+                                 callbacks=FakeCallbacks())
     load(mgr)
     state, reason = states(mgr)["ens_py_chain"]
     assert state == "UNAVAILABLE"

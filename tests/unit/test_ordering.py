@@ -15,6 +15,7 @@ from shm.messages.frontend import InferRequest
 from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
+from tests.unit.fake_callbacks import FakeCallbacks
 
 
 def test_a_batch_done_early_waits_for_every_batch_sent_before_it():
@@ -58,9 +59,9 @@ class Harness:
         self.limiter = RateLimiter()
         self.s = DynamicBatchScheduler(
             "m", 1, _config(preserve), self.limiter,
-            lambda slot, b: self.sent.append(b),
-            lambda r, code, why: self.out.append((r.id, code)),
-            environ={}, respond=lambda r, resp: self.out.append((r.id, resp.id)))
+            FakeCallbacks(lambda slot, b: self.sent.append(b),
+                          lambda r, code, why: self.out.append((r.id, code)),
+                          lambda r, resp: self.out.append((r.id, resp.id))), environ={})
         for i in range(2):
             self.limiter.add(self.s, InstanceSlot(f"m/1/m_0_{i}#1", f"m_0_{i}", "KIND_CPU", 0))
 

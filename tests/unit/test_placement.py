@@ -20,6 +20,7 @@ from shm.tensor import TensorRef
 from workers import tensors
 from workers.main import gpu_of
 from workers.tensors import Copies, TensorIO
+from tests.unit.fake_callbacks import FakeCallbacks
 
 PY_MODEL = """name: "{name}"
 backend: "python"
@@ -73,8 +74,7 @@ def load(tmp_path, gpus: int, **groups: str):
                        "--exit-on-error=false"])
     pool = RecordingPool()
     mgr = ModelRepositoryManager(args, pool, RateLimiter(), gpus, publish=lambda u: None,
-                                 send_batch=None, fail=None, on_ready=lambda s: None,
-                                 host=object())
+                                 callbacks=FakeCallbacks())
     asyncio.run(mgr.load_repository())
     return mgr, pool
 

@@ -13,6 +13,7 @@ from shm.messages.frontend import InferRequest
 from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
+from tests.unit.fake_callbacks import FakeCallbacks
 
 MS = 1_000_000
 
@@ -43,8 +44,10 @@ class Harness:
         self.sent, self.failed = [], []
         self.limiter = RateLimiter()
         self.s = create_scheduler(
-            "acc", 1, config, self.limiter, lambda slot, b: self.sent.append((slot.key, b)),
-            lambda r, code, why: self.failed.append((r.id, code, why)), environ={})
+            "acc", 1, config, self.limiter,
+            FakeCallbacks(lambda slot, b: self.sent.append((slot.key, b)),
+                          lambda r, code, why: self.failed.append((r.id, code, why))),
+            environ={})
         for i in range(instances):
             self.limiter.add(self.s, InstanceSlot(f"acc/1/acc_0_{i}#1", f"acc_0_{i}",
                                                   "KIND_CPU", 0))
@@ -138,9 +141,10 @@ def test_oldest_preserve_ordering_relays_in_request_order():
     cfg.sequence_batching.oldest.preserve_ordering = True
     sent, answered = [], []
     limiter = RateLimiter()
-    s = create_scheduler("acc", 1, cfg, limiter, lambda slot, b: sent.append(b),
-                         lambda r, code, why: None, environ={},
-                         respond=lambda r, resp: answered.append(r.sequence_id))
+    s = create_scheduler("acc", 1, cfg, limiter,
+                         FakeCallbacks(lambda slot, b: sent.append(b),
+                                       respond=lambda r, resp: answered.append(r.sequence_id)),
+                         environ={})
     for i in range(2):
         limiter.add(s, InstanceSlot(f"acc/1/acc_0_{i}#1", f"acc_0_{i}", "KIND_CPU", 0))
     s.enqueue(_req(1, start=True), 0)
