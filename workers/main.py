@@ -15,7 +15,6 @@ BatchDone (which carries the responses instead for models with preserve_ordering
 
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
 import json
@@ -27,8 +26,6 @@ import sys
 import threading
 import time
 
-import msgspec
-
 from shm import cuda  # noqa: F401 (its fake cupy, with SHMSERVE_FAKE_CUDA, before any model)
 from shm.arena import Arena
 from shm.channel import Inbox, Outbox
@@ -38,6 +35,7 @@ from shm.log import apply_log_settings, configure_logging
 from shm.messages.frontend import CancelRequest
 from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.roles import WorkerSpec
 from shm.messages.settings import LogSettings
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, ResponseStats, StopWorker, UnloadInstance,
@@ -502,19 +500,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="shmserve-worker")
-    p.add_argument("--name", required=True)
-    p.add_argument("--address", required=True)
-    p.add_argument("--scheduler", required=True)
-    p.add_argument("--segment-prefix", required=True)
-    p.add_argument("--arena-bytes", type=int, default=64 << 20)
-    p.add_argument("--arena-high-water", type=int, default=None,
-                   help="bytes of free arena segments kept for reuse (default: 4 chunks)")
-    p.add_argument("--device", default="cpu", help='"cpu" or "gpu:N"')
-    p.add_argument("--log-settings", default="{}", help="LogSettings as JSON")
-    args = p.parse_args(argv)
-    configure_logging(f"worker[{args.name}]",
-                      msgspec.json.decode(args.log_settings, type=LogSettings))
+    args = WorkerSpec.from_argv(sys.argv[1:] if argv is None else argv)
+    configure_logging(f"worker[{args.name}]", args.log_settings)
 
     def on_term(signum, frame):
         if parent_gone():  # the scheduler was killed: nobody waits for a clean stop

@@ -536,11 +536,11 @@ def test_aio_client(server, core):
 
 
 def test_the_servicer_is_tested_on_the_transport_production_runs(server):
-    from frontend.main import parse_args
     from frontend.transport.grpc_native import NativeGrpcServer
+    from shm.messages.roles import FrontendSpec
 
     argv = ["--index", "0", "--address", "a", "--scheduler", "s", "--segment-prefix", "p"]
-    assert parse_args(argv).grpc_frontend == "native"
+    assert FrontendSpec.from_argv(argv).grpc_frontend == "native"
     assert isinstance(server.server, NativeGrpcServer)
 
 
