@@ -5,18 +5,14 @@ from __future__ import annotations
 import json
 import os
 
+from shm.backends import BACKENDS, MODEL_FILES, SERVED_BACKENDS
 from shm.messages.worker import LoadInstance
 
-# backend -> (module, model class, default model file); imported only when used, so a
+# backend -> (module, model class) of the frameworks; imported only when used, so a
 # worker that runs python models never pays for onnxruntime or torch
 _FRAMEWORKS = {
-    "onnxruntime": ("workers.onnx_backend", "OnnxModel", "model.onnx"),
-    "pytorch": ("workers.torch_backend", "TorchModel", "model.pt"),
-}
-# what to install when a framework is missing (onnxruntime: either build, not both)
-_EXTRAS = {
-    "onnxruntime": " (pip install 'shmserve[cpu]' or 'shmserve[gpu]')",
-    "pytorch": " (pip install 'shmserve[pytorch]')",
+    "onnxruntime": ("workers.onnx_backend", "OnnxModel"),
+    "pytorch": ("workers.torch_backend", "TorchModel"),
 }
 
 
@@ -34,13 +30,13 @@ def create_instance(msg: LoadInstance):
     if backend in _FRAMEWORKS:
         import importlib
         from workers.framework import FrameworkInstance
-        module_name, class_name, default_file = _FRAMEWORKS[backend]
+        module_name, class_name = _FRAMEWORKS[backend]
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            extra = _EXTRAS[backend]
-            raise RuntimeError(f"backend '{backend}' is not available: {exc}{extra}") from None
-        filename = config.get("default_model_filename") or default_file
+            raise RuntimeError(f"backend '{backend}' is not available: {exc} "
+                               f"({BACKENDS[backend].install})") from None
+        filename = config.get("default_model_filename") or MODEL_FILES[backend]
         path = os.path.join(msg.model_dir, str(msg.version), filename)
         if msg.auto_complete and hasattr(module, "auto_complete"):
             if not os.path.exists(path):
@@ -51,4 +47,4 @@ def create_instance(msg: LoadInstance):
     if not backend:
         raise ValueError(f"model '{msg.model}' names no backend or platform")
     raise ValueError(f"unknown backend '{backend}' for model '{msg.model}' "
-                     "(this server runs: python, onnxruntime, pytorch)")
+                     f"(this server runs: {', '.join(SERVED_BACKENDS)})")

@@ -21,12 +21,13 @@ from scheduler.processes import exec_env
 from scheduler.scheduling.rate_limiter import InstanceSlot
 from scheduler.processes.supervisor import Child, describe_exit
 from shm.arena import remove_segments
+from shm.backends import DEVICE_WORKER_BACKENDS
 from shm.channel import Outbox, ipc_address
 from shm.devices import worker_device
 from shm.messages.results import PeerGone
 from shm.messages.roles import WorkerSpec
-from shm.messages.worker import (DEVICE_WORKER_BACKENDS, InstanceLoaded, LoadInstance,
-                                 StopWorker, UnloadInstance, WorkerReady)
+from shm.messages.worker import (InstanceLoaded, LoadInstance, StopWorker, UnloadInstance,
+                                 WorkerReady)
 
 log = logging.getLogger("shmserve.scheduler")
 
