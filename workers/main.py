@@ -43,6 +43,7 @@ from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, Instance
 from shm.tensor import arena_blocks
 from workers import warmup
 from workers.backends import create_instance
+from workers.instance import Instance, WorkerLinks
 from workers.python_backend import bls, pb_utils
 from workers.python_backend.bls import BlsClient
 from workers.sequence import SequenceContext
@@ -242,17 +243,14 @@ class Worker:
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, False,
                                                             error=_reason(exc)))
             return
-        if hasattr(inst, "bls"):
-            inst.bls = self.bls
-        if hasattr(inst, "responder"):
-            inst.responder = functools.partial(self.respond, inst)
-            inst.report_responses = functools.partial(self.report_responses, msg.instance)
+        inst.connect(WorkerLinks(self.bls, functools.partial(self.respond, inst),
+                                 functools.partial(self.report_responses, msg.instance)))
         # Registered before its warmup: after a failed one, the scheduler's
         # UnloadInstance (or StopWorker) finalizes it like any other instance.
         self.instances[msg.instance] = inst
         if seq is not None:
             self.sequences[msg.instance] = seq
-        if getattr(inst, "threaded", False):
+        if inst.threaded:
             thread = self.threads[msg.instance] = InstanceThread(self, msg.instance, inst)
             # on the instance's own thread, as Triton does, so this loop keeps feeding
             # the device's other instances while this one warms up
@@ -261,13 +259,14 @@ class Worker:
             self.warm_up(inst, msg, config, self.outbox)
 
     @staticmethod
-    def _sequence_context(msg: LoadInstance, inst, config: bytes) -> SequenceContext | None:
+    def _sequence_context(msg: LoadInstance, inst: Instance,
+                          config: bytes) -> SequenceContext | None:
         """A stateful model's instance gets its controls and state store."""
         parsed = json.loads(config)
         if not parsed.get("sequence_batching"):
             return None
         device_array = None
-        if getattr(inst, "stream", None) is not None:  # a GPU instance keeps state there
+        if inst.stream is not None:  # a GPU instance keeps state there
             from shm.cuda import cupy
             device_array = cupy().asarray
         return SequenceContext(parsed, msg.model_dir, device_array)
@@ -370,7 +369,7 @@ class Worker:
         thread = self.threads.get(msg.instance)
         if thread is None:
             self.run_batch(self.instances.get(msg.instance), msg, self.outbox)
-        elif getattr(thread.inst, "inline", False) and thread.idle():
+        elif thread.inst.inline and thread.idle():
             self.run_inline(thread, msg)
         else:
             thread.give(msg)
