@@ -7,7 +7,6 @@ kernel spreads connections across them, so protocol parsing scales with cores.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -17,7 +16,6 @@ import msgspec
 
 from frontend.dataplane import SchedulerDataPlane
 from frontend.transport.h2_keepalive import KeepaliveSettings
-from frontend.transport.sockets import reuseport_socket
 from shm.lifecycle import die_with_parent, keep_freed_heap, run_loop, watch_parent
 from shm.log import configure_logging
 from shm.messages.frontend import FrontendReady, FrontendStopped
@@ -43,56 +41,36 @@ async def serve(spec: FrontendSpec) -> int:
     loop.add_signal_handler(signal.SIGTERM, on_term)
     loop.add_signal_handler(signal.SIGINT, lambda: None)  # the scheduler coordinates
 
-    http_server = http_task = grpc_server = native_http = None
+    # Each protocol the same way round: what it serves is built over the data plane
+    # (the HTTP app, the gRPC handler table), then handed to its engine, native or
+    # fallback (transport/engines.py), bound now and started once the model table came.
     from frontend import EXTENSIONS, VERSION
+    from frontend.transport.engines import grpc_engine, http_engine
+    engines = []  # (engine, seconds its calls in flight get at the stop)
+    if spec.allow_grpc:
+        from frontend.grpc_server import handler_table
+        table = handler_table(core, server_name=spec.server_id, server_version=VERSION,
+                              extensions=EXTENSIONS,
+                              header_forward=spec.grpc_header_forward_pattern)
+        engines.append((grpc_engine(spec.grpc_frontend, table,
+                                    f"{spec.grpc_address}:{spec.grpc_port}", core,
+                                    restrictions=spec.grpc_restricted_protocol,
+                                    keepalive=keepalive_settings(spec),
+                                    tls=spec.grpc_tls), 0.5))
     if spec.allow_http:
         from frontend.http_server import make_http_app
-        http_sock = reuseport_socket(spec.http_address, spec.http_port)
-        http_app = make_http_app(core, server_name=spec.server_id, server_version=VERSION,
-                                 extensions=EXTENSIONS,
-                                 header_forward=spec.http_header_forward_pattern,
-                                 restrictions=spec.http_restricted_api,
-                                 max_input_size=spec.http_max_input_size)
-    if spec.allow_http and spec.http_frontend == "uvicorn":
-        import uvicorn
-
-        class _Server(uvicorn.Server):
-            # signals belong to this process's own handlers above
-            @contextlib.contextmanager
-            def capture_signals(self):
-                yield
-
-        config = uvicorn.Config(http_app, lifespan="off",
-                                http="httptools", loop="none", access_log=False,
-                                # log_config None: uvicorn's records go through
-                                # this process's handler (the shared --log-file)
-                                log_config=None,
-                                log_level="warning", timeout_keep_alive=300,
-                                # per-request work nobody asked for: proxy header
-                                # rewriting and a formatted Date/Server header
-                                proxy_headers=False, date_header=False,
-                                server_header=False)
-        http_server = _Server(config)
-    if spec.allow_grpc:
-        from frontend.grpc_server import make_grpc_server
-        grpc_server = make_grpc_server(core, f"{spec.grpc_address}:{spec.grpc_port}",
-                                       server_name=spec.server_id,
-                                       server_version=VERSION, extensions=EXTENSIONS,
-                                       header_forward=spec.grpc_header_forward_pattern,
-                                       restrictions=spec.grpc_restricted_protocol,
-                                       frontend=spec.grpc_frontend,
-                                       keepalive=keepalive_settings(spec),
-                                       tls=spec.grpc_tls)
+        app = make_http_app(core, server_name=spec.server_id, server_version=VERSION,
+                            extensions=EXTENSIONS,
+                            header_forward=spec.http_header_forward_pattern,
+                            restrictions=spec.http_restricted_api,
+                            max_input_size=spec.http_max_input_size)
+        engines.append((http_engine(spec.http_frontend, app, spec.http_address,
+                                    spec.http_port), 5.0))
 
     core.outbox.send(spec.scheduler, FrontendReady(spec.index, spec.address, os.getpid()))
     await core.got_state.wait()
-    if grpc_server is not None:
-        await grpc_server.start()
-    if http_server is not None:
-        http_task = loop.create_task(http_server.serve(sockets=[http_sock]))
-    elif spec.allow_http:
-        from frontend.transport import http1
-        native_http = await http1.serve(http_app, http_sock)
+    for engine, _ in engines:
+        await engine.start()
 
     timeout = await core.drain_requested
     # Draining: new requests are refused (core.stopping); wait for those in flight.
@@ -102,14 +80,8 @@ async def serve(spec: FrontendSpec) -> int:
         pass
     abandoned = len(core.pending)
     core.fail_pending()
-    if grpc_server is not None:
-        await grpc_server.stop(grace=0.5)
-    if http_server is not None:
-        http_server.should_exit = True
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(http_task, 5.0)
-    if native_http is not None:
-        await native_http.stop(5.0)
+    for engine, grace in engines:
+        await engine.stop(grace)
     core.outbox.send(spec.scheduler, FrontendStopped(spec.index, abandoned))
     core.close()
     return 0
