@@ -8,11 +8,12 @@ import os
 from shm.backends import BACKENDS, MODEL_FILES, SERVED_BACKENDS
 from shm.messages.worker import LoadInstance
 
-# backend -> (module, model class) of the frameworks; imported only when used, so a
-# worker that runs python models never pays for onnxruntime or torch
+# backend -> the module whose BACKEND (workers.instance.FrameworkBackend) implements
+# it; imported only when used, so a worker that runs python models never pays for
+# onnxruntime or torch
 _FRAMEWORKS = {
-    "onnxruntime": ("workers.onnx_backend", "OnnxModel"),
-    "pytorch": ("workers.torch_backend", "TorchModel"),
+    "onnxruntime": "workers.onnx_backend",
+    "pytorch": "workers.torch_backend",
 }
 
 
@@ -30,19 +31,18 @@ def create_instance(msg: LoadInstance):
     if backend in _FRAMEWORKS:
         import importlib
         from workers.framework import FrameworkInstance
-        module_name, class_name = _FRAMEWORKS[backend]
         try:
-            module = importlib.import_module(module_name)
+            framework = importlib.import_module(_FRAMEWORKS[backend]).BACKEND
         except ImportError as exc:
             raise RuntimeError(f"backend '{backend}' is not available: {exc} "
                                f"({BACKENDS[backend].install})") from None
         filename = config.get("default_model_filename") or MODEL_FILES[backend]
         path = os.path.join(msg.model_dir, str(msg.version), filename)
-        if msg.auto_complete and hasattr(module, "auto_complete"):
+        if msg.auto_complete and framework.auto_complete is not None:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"model file not found: {path}")
-            config = module.auto_complete(config, path, msg.backend_config)
-        inst = FrameworkInstance(msg, config, getattr(module, class_name), filename)
+            config = framework.auto_complete(config, path, msg.backend_config)
+        inst = FrameworkInstance(msg, config, framework.model_class, filename)
         return inst, json.dumps(config).encode()
     if not backend:
         raise ValueError(f"model '{msg.model}' names no backend or platform")

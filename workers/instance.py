@@ -2,7 +2,8 @@
 class (FrameworkInstance in workers/framework.py, PythonInstance in
 workers/python_backend/runner.py).
 
-The loop calls `execute` and `finalize`, reads the members below, and hands the
+A framework backend module declares its model class and optional auto-complete in a
+`FrameworkBackend`. The loop calls `execute` and `finalize`, reads the members below, and hands the
 instance the worker's services through `connect`. A capability an instance may lack
 is a declared member with the default that means "not this one", so the loop reads it
 instead of probing with hasattr. The instance classes derive from `Instance` to take
@@ -16,6 +17,17 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 if TYPE_CHECKING:
     from workers.python_backend.bls import BlsClient
     from workers.tensors import Copies, TensorIO
+
+
+class FrameworkBackend(NamedTuple):
+    """What a framework backend module (workers/onnx_backend.py, torch_backend.py)
+    declares as its `BACKEND`: the model class FrameworkInstance drives (made with
+    (config, path, device, backend_config, stream pointer); run(inputs, output names);
+    close()) and, if it has one, its config auto-complete (config, model path,
+    backend_config) -> config."""
+
+    model_class: type
+    auto_complete: Callable[[dict, str, dict], dict] | None = None
 
 
 class WorkerLinks(NamedTuple):

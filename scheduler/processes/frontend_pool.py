@@ -136,7 +136,7 @@ class FrontendPool:
             wanted.append(("--http-port", a.http_address, a.http_port))
         if a.allow_grpc:
             wanted.append(("--grpc-port", a.grpc_address, a.grpc_port))
-        if getattr(a, "allow_metrics", False):
+        if a.allow_metrics:
             wanted.append(("--metrics-port", a.metrics_address, a.metrics_port))
         seen = set()
         try:
