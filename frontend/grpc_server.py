@@ -1,6 +1,7 @@
-"""The gRPC front door: Triton's `inference.GRPCInferenceService` on grpc.aio.
+"""The gRPC front door: Triton's `inference.GRPCInferenceService` over a DataPlane.
 
-`make_grpc_server` returns a bound, not yet started `grpc.aio.Server`. Handlers are
+`handler_table` builds every RPC's handler once; main.py hands the table to an engine
+(transport.engines.grpc_engine: the native one, or grpc.aio). Handlers are
 registered as generic method handlers with no (de)serializers on the inference RPCs,
 so `grpc_codec` sees the wire bytes: it slices large raw inputs out of the request
 without protobuf copying them, and writes outputs into the reply with one copy. The
@@ -11,7 +12,7 @@ server does not offer yet answer UNIMPLEMENTED.
 The port is bound with SO_REUSEPORT so that every frontend process listens on it and
 the kernel spreads connections between them; message size limits are raised to 2 GiB
 as Triton does. Keepalive, PING abuse and connection age (transport.h2_keepalive) and
-TLS (frontend.grpc_tls) are Triton's flags, on either transport.
+TLS (frontend.grpc_tls) are Triton's flags, on either engine.
 """
 
 from __future__ import annotations
@@ -28,17 +29,14 @@ from shm.errors import ErrorCode, InferError
 
 from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_endpoints,
                settings_endpoints, shm_endpoints)
-from .grpc_tls import HANDSHAKE_TIMEOUT, TlsSettings, grpcio_credentials, server_context
-from .transport.h2_keepalive import KeepaliveSettings
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
-from .restricted import RestrictionInterceptor, Restrictions
+from .transport.engines import GrpcService
 from .types import DataPlane, not_ready_error
 
 log = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
-MAX_MESSAGE_BYTES = 2**31 - 1  # Triton: INT32_MAX both ways
 
 
 _DATA_TYPE_NAME = model_config_pb2.DataType.Name
@@ -52,93 +50,18 @@ def _default_version() -> str:
         return "0.1.0"
 
 
-def server_options(keepalive: KeepaliveSettings | None = None,
-                   tls_handshake_timeout: float | None = None) -> list[tuple[str, int]]:
-    """Channel arguments for the server: shared port, Triton's message size limits,
-    the keepalive flags as Triton passes them, the TLS handshake's deadline."""
-    opts = [
-        ("grpc.so_reuseport", 1),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ]
-    if keepalive is not None:
-        opts += keepalive.grpcio_options()
-    if tls_handshake_timeout is not None:
-        opts.append(("grpc.server_handshake_timeout_ms", int(tls_handshake_timeout * 1000)))
-    return opts
-
-
 def handler_table(core: DataPlane, *, server_name: str = "shmserve",
                   server_version: str | None = None, extensions=EXTENSIONS,
-                  header_forward: str = "") -> dict[str, dict[str, grpc.RpcMethodHandler]]:
-    """{service: {method: handler}}: every RPC this server offers, built once and
-    served by either transport (grpc.aio here, transport.grpc_native)."""
+                  header_forward: str = "") -> GrpcService:
+    """Every RPC this server offers ({service: {method: handler}}), built once and
+    served by either engine (transport.engines.grpc_engine)."""
     servicer = InferenceServicer(core, server_name, server_version or _default_version(),
                                  extensions, header_forward_pattern(header_forward))
-    return {SERVICE: servicer.method_handlers(),
-            grpc_health.SERVICE: grpc_health.HealthServicer(core).method_handlers()}
-
-
-def make_grpc_server(core: DataPlane, address: str, *, server_name: str = "shmserve",
-                     server_version: str | None = None,
-                     extensions=EXTENSIONS, header_forward: str = "",
-                     restrictions: Restrictions | None = None, frontend: str = "native",
-                     keepalive: KeepaliveSettings | None = KeepaliveSettings(),
-                     tls: TlsSettings | None = None,
-                     tls_handshake_timeout: float = HANDSHAKE_TIMEOUT):
-    """A gRPC server for `core`, bound to `address` ("host:port"), not started:
-    grpc.aio's (`frontend` "grpcio") or transport.grpc_native's ("native"), both with
-    `start()`, `stop(grace)` and `bound_port`. `restrictions` ({group: (metadata key,
-    value)}, --grpc-restricted-protocol) are checked on every method, this module's
-    and any added later. `keepalive` (Triton's defaults unless given) and `tls` (None:
-    cleartext) are Triton's gRPC flags; a TLS handshake not done within
-    `tls_handshake_timeout` seconds is dropped.
-
-    With port 0 the kernel picks one; the server's `bound_port` attribute says which.
-    Must be called with the event loop the server will run on set (grpc.aio's rule)."""
-    table = handler_table(core, server_name=server_name, server_version=server_version,
-                          extensions=extensions, header_forward=header_forward)
-    if frontend == "native":
-        from .transport.grpc_native import NativeGrpcServer
-        from .transport.sockets import reuseport_socket
-        host, _, port = address.rpartition(":")
-        sock = reuseport_socket(host.strip("[]"), int(port))
-        return NativeGrpcServer({f"/{service}/{method}": handler
-                                 for service, methods in table.items()
-                                 for method, handler in methods.items()},
-                                sock, restrictions,
-                                body_buffer=core.body_buffer,
-                                # the message and its 5-byte prefix in one block
-                                arena_body_max=core.body_block_max - 5,
-                                free_blocks=core.free_blocks,
-                                body_quota=core.body_quota,
-                                arena_paths=("/inference.GRPCInferenceService/ModelInfer",),
-                                message_checks={
-                                    f"/{SERVICE}/{method}": grpc_codec.malformed_prefix
-                                    for method in ("ModelInfer", "ModelStreamInfer")},
-                                keepalive=keepalive,
-                                ssl_context=server_context(tls) if tls else None,
-                                tls_handshake_timeout=tls_handshake_timeout)
-    if frontend != "grpcio":
-        raise ValueError(f"unknown gRPC frontend {frontend!r}")
-    # no interceptor at all when nothing is restricted: it would cost every RPC
-    interceptors = [RestrictionInterceptor(restrictions)] if restrictions else None
-    server = grpc.aio.server(options=server_options(
-                                 keepalive, tls_handshake_timeout if tls else None),
-                             interceptors=interceptors)
-    for service, handlers in table.items():
-        if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63: faster
-            server.add_registered_method_handlers(service, handlers)
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service, handlers),))
-    if tls is not None:
-        port = server.add_secure_port(address, grpcio_credentials(tls))
-    else:
-        port = server.add_insecure_port(address)
-    if port == 0:
-        raise RuntimeError(f"gRPC server could not bind {address}")
-    server.bound_port = port
-    return server
+    table = {SERVICE: servicer.method_handlers(),
+             grpc_health.SERVICE: grpc_health.HealthServicer(core).method_handlers()}
+    infer = f"/{SERVICE}/ModelInfer"
+    return GrpcService(table, arena_paths=(infer,), message_checks={
+        path: grpc_codec.malformed_prefix for path in (infer, f"/{SERVICE}/ModelStreamInfer")})
 
 
 class InferenceServicer:

@@ -12,23 +12,14 @@ grpc.ssl_server_credentials of the same files.
 
 from __future__ import annotations
 
-import dataclasses
 import ssl
+
+from shm.messages.roles import TlsSettings  # noqa: F401 (the frontend spec declares it)
 
 # A TLS handshake is a round trip or two; a client that has not finished one by then
 # (one that connects and sends nothing) is dropped rather than held. grpc-core's own
 # handshake deadline is 120 s; the grpc.aio fallback is given this one too.
 HANDSHAKE_TIMEOUT = 10.0
-
-
-@dataclasses.dataclass(frozen=True)
-class TlsSettings:
-    """PEM file paths; `mutual`: require and verify client certificates."""
-
-    server_cert: str
-    server_key: str
-    root_cert: str = ""
-    mutual: bool = False
 
 
 def server_context(tls: TlsSettings) -> ssl.SSLContext:

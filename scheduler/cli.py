@@ -13,6 +13,7 @@ from scheduler.log_settings import LOG_FORMATS, from_args
 from scheduler.metrics import parse_metrics_config
 from scheduler.scheduling.rate_limiter import parse_resource
 from scheduler.trace import parse_trace_config
+from shm.messages.roles import GrpcKeepalive
 
 
 def _bool(text: str) -> bool:
@@ -204,30 +205,38 @@ def _parse_limits(args: argparse.Namespace) -> None:
 
 def _add_grpc_transport(p: argparse.ArgumentParser) -> None:
     """Triton's gRPC keepalive, PING abuse, connection age and TLS flags, with its
-    defaults (grpc-core's server defaults); frontend.transport.h2_keepalive and
-    frontend.grpc_tls say what each does."""
-    p.add_argument("--grpc-keepalive-time", type=int, default=7_200_000, metavar="MS",
+    defaults (grpc-core's server defaults, declared once in GrpcKeepalive);
+    frontend.transport.h2_keepalive and frontend.grpc_tls say what each does."""
+    ka = GrpcKeepalive()
+    p.add_argument("--grpc-keepalive-time", type=int,
+                   default=ka.keepalive_time_ms, metavar="MS",
                    help="after this long without a byte from the client, a PING is sent "
                         "on a connection with calls running (default 2 hours)")
-    p.add_argument("--grpc-keepalive-timeout", type=int, default=20_000, metavar="MS",
+    p.add_argument("--grpc-keepalive-timeout", type=int,
+                   default=ka.keepalive_timeout_ms, metavar="MS",
                    help="a connection that answers no keepalive PING within this is "
                         "closed (default 20 s)")
-    p.add_argument("--grpc-keepalive-permit-without-calls", type=_bool, default=False,
+    p.add_argument("--grpc-keepalive-permit-without-calls", type=_bool,
+                   default=ka.keepalive_permit_without_calls,
                    help="keepalive PINGs both ways also while no call runs")
-    p.add_argument("--grpc-http2-max-pings-without-data", type=int, default=2,
-                   metavar="N", help="keepalive PINGs sent until HEADERS or DATA are "
-                                     "sent again (0: no limit; default 2)")
+    p.add_argument("--grpc-http2-max-pings-without-data", type=int,
+                   default=ka.http2_max_pings_without_data, metavar="N",
+                   help="keepalive PINGs sent until HEADERS or DATA are sent again "
+                        "(0: no limit; default 2)")
     p.add_argument("--grpc-http2-min-recv-ping-interval-without-data", type=int,
-                   default=300_000, metavar="MS",
+                   default=ka.http2_min_recv_ping_interval_without_data_ms, metavar="MS",
                    help="a client PING sooner than this after the last, while the "
                         "server sends nothing, is a strike (default 5 minutes)")
-    p.add_argument("--grpc-http2-max-ping-strikes", type=int, default=2, metavar="N",
+    p.add_argument("--grpc-http2-max-ping-strikes", type=int,
+                   default=ka.http2_max_ping_strikes, metavar="N",
                    help="one strike more and the connection gets GOAWAY "
                         "ENHANCE_YOUR_CALM too_many_pings (0: no limit; default 2)")
-    p.add_argument("--grpc-max-connection-age", type=int, default=0, metavar="MS",
+    p.add_argument("--grpc-max-connection-age", type=int,
+                   default=ka.max_connection_age_ms, metavar="MS",
                    help="a connection this old (+-10%%) gets GOAWAY and takes no more "
                         "calls (0, the default: no limit)")
-    p.add_argument("--grpc-max-connection-age-grace", type=int, default=0, metavar="MS",
+    p.add_argument("--grpc-max-connection-age-grace", type=int,
+                   default=ka.max_connection_age_grace_ms, metavar="MS",
                    help="then its calls get this long before it is closed (0, the "
                         "default: as long as they take)")
     p.add_argument("--grpc-use-ssl", type=_bool, default=False,

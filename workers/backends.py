@@ -5,18 +5,15 @@ from __future__ import annotations
 import json
 import os
 
+from shm.backends import BACKENDS, MODEL_FILES, SERVED_BACKENDS
 from shm.messages.worker import LoadInstance
 
-# backend -> (module, model class, default model file); imported only when used, so a
-# worker that runs python models never pays for onnxruntime or torch
+# backend -> the module whose BACKEND (workers.instance.FrameworkBackend) implements
+# it; imported only when used, so a worker that runs python models never pays for
+# onnxruntime or torch
 _FRAMEWORKS = {
-    "onnxruntime": ("workers.onnx_backend", "OnnxModel", "model.onnx"),
-    "pytorch": ("workers.torch_backend", "TorchModel", "model.pt"),
-}
-# what to install when a framework is missing (onnxruntime: either build, not both)
-_EXTRAS = {
-    "onnxruntime": " (pip install 'shmserve[cpu]' or 'shmserve[gpu]')",
-    "pytorch": " (pip install 'shmserve[pytorch]')",
+    "onnxruntime": "workers.onnx_backend",
+    "pytorch": "workers.torch_backend",
 }
 
 
@@ -34,21 +31,20 @@ def create_instance(msg: LoadInstance):
     if backend in _FRAMEWORKS:
         import importlib
         from workers.framework import FrameworkInstance
-        module_name, class_name, default_file = _FRAMEWORKS[backend]
         try:
-            module = importlib.import_module(module_name)
+            framework = importlib.import_module(_FRAMEWORKS[backend]).BACKEND
         except ImportError as exc:
-            extra = _EXTRAS[backend]
-            raise RuntimeError(f"backend '{backend}' is not available: {exc}{extra}") from None
-        filename = config.get("default_model_filename") or default_file
+            raise RuntimeError(f"backend '{backend}' is not available: {exc} "
+                               f"({BACKENDS[backend].install})") from None
+        filename = config.get("default_model_filename") or MODEL_FILES[backend]
         path = os.path.join(msg.model_dir, str(msg.version), filename)
-        if msg.auto_complete and hasattr(module, "auto_complete"):
+        if msg.auto_complete and framework.auto_complete is not None:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"model file not found: {path}")
-            config = module.auto_complete(config, path, msg.backend_config)
-        inst = FrameworkInstance(msg, config, getattr(module, class_name), filename)
+            config = framework.auto_complete(config, path, msg.backend_config)
+        inst = FrameworkInstance(msg, config, framework.model_class, filename)
         return inst, json.dumps(config).encode()
     if not backend:
         raise ValueError(f"model '{msg.model}' names no backend or platform")
     raise ValueError(f"unknown backend '{backend}' for model '{msg.model}' "
-                     "(this server runs: python, onnxruntime, pytorch)")
+                     f"(this server runs: {', '.join(SERVED_BACKENDS)})")

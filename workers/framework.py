@@ -36,6 +36,7 @@ from shm import datatypes
 from shm.errors import ErrorCode, InferError
 from shm.messages.worker import LoadInstance
 from workers import batch_io
+from workers.instance import Instance
 from workers.tensors import (DMA_MIN, Copies, TensorIO, copy_on_device, is_device_array,
                              targets_of)
 
@@ -71,12 +72,8 @@ class _RegionRows:
         return _RegionRows(self.ref, self.index, (datatypes.num_elements(self.shape),))
 
 
-class FrameworkInstance:
+class FrameworkInstance(Instance):
     """One instance of a framework model; runs on its own thread in a device worker."""
-
-    threaded = True
-    # when the last batch's inputs were ready and when the model returned (ns)
-    input_end_ns = output_start_ns = 0
 
     def __init__(self, msg: LoadInstance, config: dict, model_class, filename: str):
         self.model_name = msg.model

@@ -15,7 +15,6 @@ BatchDone (which carries the responses instead for models with preserve_ordering
 
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
 import json
@@ -27,8 +26,6 @@ import sys
 import threading
 import time
 
-import msgspec
-
 from shm import cuda  # noqa: F401 (its fake cupy, with SHMSERVE_FAKE_CUDA, before any model)
 from shm.arena import Arena
 from shm.channel import Inbox, Outbox
@@ -38,6 +35,7 @@ from shm.log import apply_log_settings, configure_logging
 from shm.messages.frontend import CancelRequest
 from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.roles import WorkerSpec
 from shm.messages.settings import LogSettings
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, ResponseStats, StopWorker, UnloadInstance,
@@ -45,6 +43,7 @@ from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, Instance
 from shm.tensor import arena_blocks
 from workers import warmup
 from workers.backends import create_instance
+from workers.instance import Instance, WorkerLinks
 from workers.python_backend import bls, pb_utils
 from workers.python_backend.bls import BlsClient
 from workers.sequence import SequenceContext
@@ -245,17 +244,14 @@ class Worker:
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, False,
                                                             error=_reason(exc)))
             return
-        if hasattr(inst, "bls"):
-            inst.bls = self.bls
-        if hasattr(inst, "responder"):
-            inst.responder = functools.partial(self.respond, inst)
-            inst.report_responses = functools.partial(self.report_responses, msg.instance)
+        inst.connect(WorkerLinks(self.bls, functools.partial(self.respond, inst),
+                                 functools.partial(self.report_responses, msg.instance)))
         # Registered before its warmup: after a failed one, the scheduler's
         # UnloadInstance (or StopWorker) finalizes it like any other instance.
         self.instances[msg.instance] = inst
         if seq is not None:
             self.sequences[msg.instance] = seq
-        if getattr(inst, "threaded", False):
+        if inst.threaded:
             thread = self.threads[msg.instance] = InstanceThread(self, msg.instance, inst)
             # on the instance's own thread, as Triton does, so this loop keeps feeding
             # the device's other instances while this one warms up
@@ -264,13 +260,14 @@ class Worker:
             self.warm_up(inst, msg, config, self.outbox)
 
     @staticmethod
-    def _sequence_context(msg: LoadInstance, inst, config: bytes) -> SequenceContext | None:
+    def _sequence_context(msg: LoadInstance, inst: Instance,
+                          config: bytes) -> SequenceContext | None:
         """A stateful model's instance gets its controls and state store."""
         parsed = json.loads(config)
         if not parsed.get("sequence_batching"):
             return None
         device_array = None
-        if getattr(inst, "stream", None) is not None:  # a GPU instance keeps state there
+        if inst.stream is not None:  # a GPU instance keeps state there
             from shm.cuda import cupy
             device_array = cupy().asarray
         return SequenceContext(parsed, msg.model_dir, device_array)
@@ -373,7 +370,7 @@ class Worker:
         thread = self.threads.get(msg.instance)
         if thread is None:
             self.run_batch(self.instances.get(msg.instance), msg, self.outbox)
-        elif getattr(thread.inst, "inline", False) and thread.idle():
+        elif thread.inst.inline and thread.idle():
             self.run_inline(thread, msg)
         else:
             thread.give(msg)
@@ -503,19 +500,8 @@ def _reason(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="shmserve-worker")
-    p.add_argument("--name", required=True)
-    p.add_argument("--address", required=True)
-    p.add_argument("--scheduler", required=True)
-    p.add_argument("--segment-prefix", required=True)
-    p.add_argument("--arena-bytes", type=int, default=64 << 20)
-    p.add_argument("--arena-high-water", type=int, default=None,
-                   help="bytes of free arena segments kept for reuse (default: 4 chunks)")
-    p.add_argument("--device", default="cpu", help='"cpu" or "gpu:N"')
-    p.add_argument("--log-settings", default="{}", help="LogSettings as JSON")
-    args = p.parse_args(argv)
-    configure_logging(f"worker[{args.name}]",
-                      msgspec.json.decode(args.log_settings, type=LogSettings))
+    args = WorkerSpec.from_argv(sys.argv[1:] if argv is None else argv)
+    configure_logging(f"worker[{args.name}]", args.log_settings)
 
     def on_term(signum, frame):
         if parent_gone():  # the scheduler was killed: nobody waits for a clean stop

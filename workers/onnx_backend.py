@@ -28,6 +28,7 @@ import onnxruntime as ort
 from shm import datatypes
 from shm.errors import ErrorCode, InferError
 from workers.batch_io import Reshaper
+from workers.instance import FrameworkBackend
 from workers.onnx_config import (GraphIO, complete, int_param, model_file, param, to_bool,
                                  to_int, validate)
 
@@ -468,3 +469,6 @@ def _import_cupy():
         raise RuntimeError("CUDA instances of the onnxruntime backend need cupy; install the "
                            "gpu extra") from None
     return cupy
+
+
+BACKEND = FrameworkBackend(OnnxModel, auto_complete)

@@ -50,6 +50,7 @@ import torch
 from shm import datatypes
 from shm.errors import ErrorCode, InferError
 from workers.batch_io import Reshaper
+from workers.instance import FrameworkBackend
 
 log = logging.getLogger("shmserve.pytorch")
 
@@ -626,3 +627,6 @@ def _release_shared(key) -> None:
             entry[1] -= 1
             if entry[1] <= 0:
                 del _shared[key]
+
+
+BACKEND = FrameworkBackend(TorchModel)  # TorchScript carries no config to complete

@@ -33,11 +33,12 @@ own timers, never per frame.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import random
 import struct
+
+from shm.messages.roles import GrpcKeepalive
 
 from . import h2
 
@@ -52,19 +53,9 @@ KEEPALIVE_PING = b"shmkeep\x00"
 GOAWAY_PING = b"shmgoaw\x00"
 
 
-@dataclasses.dataclass(frozen=True)
-class KeepaliveSettings:
-    """Triton's flags in milliseconds, with Triton's defaults (grpc-core's server
-    defaults; for the age, Triton passes nothing to grpc-core while the flag is 0)."""
-
-    keepalive_time_ms: int = 7_200_000
-    keepalive_timeout_ms: int = 20_000
-    keepalive_permit_without_calls: bool = False
-    http2_max_pings_without_data: int = 2
-    http2_min_recv_ping_interval_without_data_ms: int = 300_000
-    http2_max_ping_strikes: int = 2
-    max_connection_age_ms: int = 0
-    max_connection_age_grace_ms: int = 0
+class KeepaliveSettings(GrpcKeepalive, frozen=True):
+    """The frontend spec's GrpcKeepalive (its fields and Triton's defaults), with what
+    the transports make of it."""
 
     def grpcio_options(self) -> list[tuple[str, int]]:
         """The same settings as grpc.aio server channel arguments, as Triton sets them."""

@@ -684,3 +684,20 @@ class Server:
             if conn.transport is not None:
                 conn.transport.abort()
         await asyncio.sleep(0.05)  # the aborted connections' tasks see it and end
+
+
+class NativeHttpServer:
+    """serve() as an engine, started and stopped as the other engines are
+    (engines.py): `app` on the listening socket `sock`."""
+
+    def __init__(self, app, sock):
+        self.app = app
+        self.sock = sock
+        self.server: Server | None = None
+
+    async def start(self) -> None:
+        self.server = await serve(self.app, self.sock)
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        if self.server is not None:
+            await self.server.stop(grace or 0.0)

@@ -9,14 +9,13 @@ import logging
 import socket
 from typing import Callable
 
-import msgspec
-
 from scheduler.processes.supervisor import Child, describe_exit
-from scheduler.processes.worker_pool import RestartPolicy, arena_high_water
+from scheduler.processes.worker_pool import RestartPolicy, child_fields
 from shm.arena import remove_segments
 from shm.channel import Outbox, ipc_address
 from shm.messages.frontend import Drain, FrontendReady, FrontendStopped
 from shm.messages.results import PeerGone
+from shm.messages.roles import FrontendSpec, GrpcKeepalive, TlsSettings
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -59,26 +58,44 @@ def claim_port(flag: str, address: str, port: int) -> socket.socket:
     return lock
 
 
-# Triton's gRPC keepalive, age and TLS flags, handed to every frontend as given
-GRPC_TRANSPORT_FLAGS = (
-    "grpc_keepalive_time", "grpc_keepalive_timeout", "grpc_keepalive_permit_without_calls",
-    "grpc_http2_max_pings_without_data", "grpc_http2_min_recv_ping_interval_without_data",
-    "grpc_http2_max_ping_strikes", "grpc_max_connection_age",
-    "grpc_max_connection_age_grace", "grpc_use_ssl", "grpc_use_ssl_mutual",
-    "grpc_server_cert", "grpc_server_key", "grpc_root_cert")
+def grpc_keepalive(args) -> GrpcKeepalive:
+    """Triton's gRPC keepalive, PING abuse and age flags, as the frontends take them."""
+    return GrpcKeepalive(
+        keepalive_time_ms=args.grpc_keepalive_time,
+        keepalive_timeout_ms=args.grpc_keepalive_timeout,
+        keepalive_permit_without_calls=args.grpc_keepalive_permit_without_calls,
+        http2_max_pings_without_data=args.grpc_http2_max_pings_without_data,
+        http2_min_recv_ping_interval_without_data_ms=(
+            args.grpc_http2_min_recv_ping_interval_without_data),
+        http2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        max_connection_age_ms=args.grpc_max_connection_age,
+        max_connection_age_grace_ms=args.grpc_max_connection_age_grace)
 
 
-def grpc_transport_args(args) -> list[str]:
-    """The frontend's command line for those of GRPC_TRANSPORT_FLAGS that `args`
-    holds (a caller may build args without them: the frontend's defaults apply)."""
-    out = []
-    for name in GRPC_TRANSPORT_FLAGS:
-        value = getattr(args, name, None)
-        if value is None:
-            continue
-        out += ["--" + name.replace("_", "-"),
-                str(value).lower() if isinstance(value, bool) else str(value)]
-    return out
+def grpc_tls(args) -> TlsSettings | None:
+    """Triton's gRPC TLS flags (checked by the CLI); None: plain gRPC."""
+    if not (args.grpc_use_ssl or args.grpc_use_ssl_mutual):
+        return None
+    return TlsSettings(args.grpc_server_cert, args.grpc_server_key, args.grpc_root_cert,
+                       mutual=args.grpc_use_ssl_mutual)
+
+
+def frontend_spec(args, index: int, address: str, prefix: str,
+                  scheduler_address: str) -> FrontendSpec:
+    """What frontend `index` is told at its start, from the server's flags."""
+    return FrontendSpec(
+        index=index, address=address, scheduler=scheduler_address, segment_prefix=prefix,
+        http_address=args.http_address, http_port=args.http_port,
+        grpc_address=args.grpc_address, grpc_port=args.grpc_port,
+        allow_http=args.allow_http, allow_grpc=args.allow_grpc,
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
+        server_id=args.server_id, http_restricted_api=args.http_restricted_api,
+        grpc_restricted_protocol=args.grpc_restricted_protocol,
+        http_max_input_size=args.http_max_input_size,
+        grpc_frontend=args.grpc_frontend, http_frontend=args.http_frontend,
+        grpc_keepalive=grpc_keepalive(args), grpc_tls=grpc_tls(args),
+        **child_fields(args))
 
 
 class FrontendHandle:
@@ -119,7 +136,7 @@ class FrontendPool:
             wanted.append(("--http-port", a.http_address, a.http_port))
         if a.allow_grpc:
             wanted.append(("--grpc-port", a.grpc_address, a.grpc_port))
-        if getattr(a, "allow_metrics", False):
+        if a.allow_metrics:
             wanted.append(("--metrics-port", a.metrics_address, a.metrics_port))
         seen = set()
         try:
@@ -153,30 +170,12 @@ class FrontendPool:
         gen = next(self._gen)
         address = ipc_address(self.run_dir, f"f{index}g{gen}")
         fe = FrontendHandle(index, address, f"{self.shm_prefix}f{index}g{gen}")
-        a = self.args
-        fe.child = Child(f"frontend {index}", "frontend.main", [
-            "--index", str(index), "--address", address,
-            "--scheduler", self.scheduler_address,
-            "--segment-prefix", fe.prefix, "--arena-bytes", str(a.arena_mib << 20),
-            *arena_high_water(a),
-            "--http-address", a.http_address, "--http-port", str(a.http_port),
-            "--grpc-address", a.grpc_address, "--grpc-port", str(a.grpc_port),
-            "--allow-http", str(a.allow_http).lower(), "--allow-grpc", str(a.allow_grpc).lower(),
-            "--log-settings", msgspec.json.encode(a.log_settings).decode(),
-            "--http-header-forward-pattern", a.http_header_forward_pattern,
-            "--grpc-header-forward-pattern", a.grpc_header_forward_pattern,
-            "--server-id", a.server_id,
-            "--http-restricted-api", msgspec.json.encode(a.http_restricted_api).decode(),
-            "--grpc-restricted-protocol",
-            msgspec.json.encode(a.grpc_restricted_protocol).decode(),
-            "--http-max-input-size", str(a.http_max_input_size),
-            "--grpc-frontend", getattr(a, "grpc_frontend", "native"),
-            "--http-frontend", getattr(a, "http_frontend", "native"),
-            *grpc_transport_args(a),
-        ], on_exit=self._on_exit)
+        spec = frontend_spec(self.args, index, address, fe.prefix, self.scheduler_address)
+        fe.child = Child(f"frontend {index}", "frontend.main", spec.to_argv(),
+                         on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())
-        await asyncio.wait_for(fe.ready, a.startup_timeout_secs)
+        await asyncio.wait_for(fe.ready, self.args.startup_timeout_secs)
         return fe
 
     def on_frontend_ready(self, msg: FrontendReady) -> None:

@@ -15,18 +15,19 @@ import signal
 import time
 from typing import Callable
 
-import msgspec
 import orjson
 
 from scheduler.processes import exec_env
 from scheduler.scheduling.rate_limiter import InstanceSlot
 from scheduler.processes.supervisor import Child, describe_exit
 from shm.arena import remove_segments
+from shm.backends import DEVICE_WORKER_BACKENDS
 from shm.channel import Outbox, ipc_address
 from shm.devices import worker_device
 from shm.messages.results import PeerGone
-from shm.messages.worker import (DEVICE_WORKER_BACKENDS, InstanceLoaded, LoadInstance,
-                                 StopWorker, UnloadInstance, WorkerReady)
+from shm.messages.roles import WorkerSpec
+from shm.messages.worker import (InstanceLoaded, LoadInstance, StopWorker, UnloadInstance,
+                                 WorkerReady)
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -57,10 +58,13 @@ def execute_timeout(config_json: bytes, backend_config: dict[str, str]) -> float
         raise RuntimeError(f"execute timeout must be a number of seconds, got {value!r}")
 
 
-def arena_high_water(args) -> list[str]:
-    """The arena flag a frontend or worker gets: --arena-high-water-mib in bytes."""
-    mib = getattr(args, "arena_high_water_mib", None)
-    return [] if mib is None else ["--arena-high-water", str(mib << 20)]
+def child_fields(args) -> dict:
+    """The ChildSpec fields every child gets from the server's flags: its arena, and
+    the log settings in force now (a child restarted later logs as the others do)."""
+    mib = args.arena_high_water_mib
+    return {"arena_bytes": args.arena_mib << 20,
+            "arena_high_water": None if mib is None else mib << 20,
+            "log_settings": args.log_settings}
 
 
 class WorkerHandle:
@@ -238,26 +242,20 @@ class WorkerPool:
         gen = next(self._gen)
         address = ipc_address(self.run_dir, f"w{gen}")
         worker = WorkerHandle(label, address, f"{self.shm_prefix}w{gen}", device)
-        worker.child = Child(f"worker {label}", "workers.main", self._argv(worker),
+        worker.child = Child(f"worker {label}", "workers.main", self.spec(worker).to_argv(),
                              on_exit=self._on_exit, executable=executable, env=env)
         self.workers[address] = worker
         worker.child.start(self.loop)
         await asyncio.wait_for(worker.ready, self.args.startup_timeout_secs)
         return worker
 
-    def _argv(self, worker: WorkerHandle) -> list[str]:
-        """The worker's command line; `--device gpu:N` pins a device worker to GPU N
-        (it selects that device itself: see shm/devices.py for why not through
+    def spec(self, worker: WorkerHandle) -> WorkerSpec:
+        """What `worker` is told at its start; a device worker's `gpu:N` pins it to GPU
+        N (it selects that device itself: see shm/devices.py for why not through
         CUDA_VISIBLE_DEVICES)."""
-        a = self.args
-        return [
-            "--name", worker.name, "--address", worker.address,
-            "--scheduler", self.scheduler_address,
-            "--segment-prefix", worker.prefix, "--arena-bytes", str(a.arena_mib << 20),
-            *arena_high_water(a),
-            "--device", worker.device or "cpu",
-            "--log-settings", msgspec.json.encode(a.log_settings).decode(),
-        ]
+        return WorkerSpec(name=worker.name, address=worker.address,
+                          scheduler=self.scheduler_address, segment_prefix=worker.prefix,
+                          device=worker.device or "cpu", **child_fields(self.args))
 
     async def _stop(self, worker: WorkerHandle, timeout: float = 10.0) -> None:
         if worker.child is None or worker.child.returncode is not None:

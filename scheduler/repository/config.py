@@ -21,33 +21,13 @@ from tritonclient.grpc.model_config_pb2 import (
 )
 
 from shm import datatypes
+from shm.backends import BACKENDS, MODEL_FILES, PLATFORM_BACKEND
 
 CONFIG_FILENAME = "config.pbtxt"
 ENSEMBLE_PLATFORM = "ensemble"
 WILDCARD_DIM = -1
 # Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS.
 SEQUENCE_IDLE_DEFAULT_MICROSECONDS = 1_000_000
-
-# platform -> backend, for the platforms Triton maps (tensorflow and tensorrt are not
-# served here, but a config naming them should still print as Triton prints it).
-_PLATFORM_BACKEND = {
-    "tensorrt_plan": "tensorrt",
-    "onnxruntime_onnx": "onnxruntime",
-    "pytorch_libtorch": "pytorch",
-    "tensorflow_savedmodel": "tensorflow",
-    "tensorflow_graphdef": "tensorflow",
-}
-# backend -> the file Triton looks for in a version directory, in the order Triton
-# tries the backends.
-_BACKEND_FILENAME = {
-    "tensorrt": "model.plan",
-    "onnxruntime": "model.onnx",
-    "openvino": "model.xml",
-    "pytorch": "model.pt",
-    "python": "model.py",
-}
-# Backends whose CPU instance groups default to 2 instances (SetDefaultInstanceCount).
-_TWO_CPU_INSTANCES = {"onnxruntime", "tensorflow"}
 
 _KIND = ModelInstanceGroup.Kind
 _CONTROL = ModelSequenceBatching.Control.Kind
@@ -105,7 +85,7 @@ def model_filename(config: ModelConfig) -> str:
     Triton leaves `default_model_filename` empty when a config names the platform
     (e.g. `pytorch_libtorch`), and the backend then uses its own default.
     """
-    return config.default_model_filename or _BACKEND_FILENAME.get(config.backend, "")
+    return config.default_model_filename or MODEL_FILES.get(config.backend, "")
 
 
 # --- normalization ---------------------------------------------------------------
@@ -136,36 +116,36 @@ def _complete_backend_fields(config: ModelConfig, files: Collection[str] | None)
     backend = config.backend
     if backend in ("tensorrt", "onnxruntime"):
         if not config.platform:
-            config.platform = "tensorrt_plan" if backend == "tensorrt" else "onnxruntime_onnx"
+            config.platform = BACKENDS[backend].platforms[0]
         if not config.default_model_filename:
-            config.default_model_filename = _BACKEND_FILENAME[backend]
+            config.default_model_filename = MODEL_FILES[backend]
     elif backend == "pytorch":
         # Triton fills the filename only together with a platform it infers from the
         # backend; a config (or a model file) that gives the platform keeps it empty.
         if not config.platform:
-            config.platform = "pytorch_libtorch"
+            config.platform = BACKENDS[backend].platforms[0]
             if not config.default_model_filename:
-                config.default_model_filename = _BACKEND_FILENAME[backend]
+                config.default_model_filename = MODEL_FILES[backend]
     elif backend in ("openvino", "python"):
         if not config.default_model_filename:
-            config.default_model_filename = _BACKEND_FILENAME[backend]
+            config.default_model_filename = MODEL_FILES[backend]
 
 
 def _infer_backend(config: ModelConfig, files: set[str]) -> str:
     """The backend a config without one implies, or "" when nothing does."""
     platform, filename = config.platform, config.default_model_filename
     if platform.startswith("tensorflow_"):
-        return _PLATFORM_BACKEND.get(platform, "")
-    for backend, default in _BACKEND_FILENAME.items():
-        if filename == default or (platform and _PLATFORM_BACKEND.get(platform) == backend):
+        return PLATFORM_BACKEND.get(platform, "")
+    for backend, default in MODEL_FILES.items():
+        if filename == default or (platform and PLATFORM_BACKEND.get(platform) == backend):
             return backend
     if platform or filename:
         return ""
-    for backend, default in _BACKEND_FILENAME.items():
+    for backend, default in MODEL_FILES.items():
         # A bare config is completed from the files in the first version directory.
         if default in files:
             if backend == "pytorch":
-                config.platform = "pytorch_libtorch"
+                config.platform = BACKENDS[backend].platforms[0]
             return backend
     if "." in config.name:
         # A custom backend named by the model: "model.identity" -> backend "identity".
@@ -218,8 +198,9 @@ def _normalize_instance_groups(config: ModelConfig, gpus: list[int]) -> None:
             group.kind = _KIND.KIND_GPU if usable else _KIND.KIND_CPU
         if group.count < 1:
             # Triton replaces any count below 1, negative ones included.
-            two = group.kind == _KIND.KIND_CPU and config.backend in _TWO_CPU_INSTANCES
-            group.count = 2 if two else 1
+            backend = BACKENDS.get(config.backend)
+            group.count = backend.cpu_instances if (
+                backend and group.kind == _KIND.KIND_CPU) else 1
         if group.kind == _KIND.KIND_GPU and not group.gpus:
             group.gpus.extend(gpus)
 
@@ -269,8 +250,8 @@ def _validate_platform(config: ModelConfig) -> None:
         raise ConfigError(f"Ensemble model '{name}' must have platform type "
                           f"'{platform}' and empty backend type")
     # A known backend must agree with the platform; custom backends allow any platform.
-    known = set(_PLATFORM_BACKEND.values())
-    if backend in known and _PLATFORM_BACKEND.get(platform) != backend:
+    known = set(PLATFORM_BACKEND.values())
+    if backend in known and PLATFORM_BACKEND.get(platform) != backend:
         raise ConfigError(f"unexpected 'platform' and 'backend' pair, got:{platform}, {backend}")
 
 

@@ -10,12 +10,6 @@ from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
 
 
-# Backends whose instances share one worker process per device ("cpu", "gpu:N"), each
-# instance on its own thread (frameworks release the GIL while they compute). Every
-# other backend (python) gets a process per instance.
-DEVICE_WORKER_BACKENDS = frozenset({"onnxruntime", "pytorch"})
-
-
 class WorkerReady(msgspec.Struct, tag=True, array_like=True):
     """A worker process is up and listening on `address`."""
 

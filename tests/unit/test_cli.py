@@ -194,12 +194,12 @@ def test_process_policy(start, flag, after):
 
 
 def frontend_settings(args):
-    """What a frontend makes of the flags the frontend pool hands it."""
-    from frontend.main import keepalive_settings, parse_args as frontend_args, tls_settings
-    from scheduler.processes.frontend_pool import grpc_transport_args
-    fe = frontend_args(["--index", "0", "--address", "a", "--scheduler", "s",
-                        "--segment-prefix", "p", *grpc_transport_args(args)])
-    return keepalive_settings(fe), tls_settings(fe)
+    """What a frontend makes of the command line the frontend pool hands it."""
+    from frontend.main import keepalive_settings
+    from scheduler.processes.frontend_pool import frontend_spec
+    from shm.messages.roles import FrontendSpec
+    fe = FrontendSpec.from_argv(frontend_spec(args, 0, "a", "p", "s").to_argv())
+    return keepalive_settings(fe), fe.grpc_tls
 
 
 def test_grpc_keepalive_flags_reach_the_frontends_with_tritons_defaults():

@@ -20,7 +20,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from frontend.grpc_server import make_grpc_server, server_options
+from frontend.grpc_server import handler_table
+from frontend.transport.engines import grpc_engine
+from frontend.transport.fallbacks import server_options
 from frontend.validate import check_input_byte_size
 from frontend.types import InferResult, ModelView, OutputTensor
 from shm.errors import ErrorCode, InferError
@@ -166,7 +168,8 @@ class _OneResponse:
 
 
 class ServerThread:
-    """make_grpc_server on its own loop in a daemon thread."""
+    """The servicer on the native engine, as main.py builds it, on its own loop in a
+    daemon thread."""
 
     def __init__(self, core, address="127.0.0.1:0"):
         self.core = core
@@ -179,7 +182,8 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=T)
 
     async def _start(self, address):
-        self.server = make_grpc_server(self.core, address, server_version="9.9.9")
+        self.server = grpc_engine("native", handler_table(self.core, server_version="9.9.9"),
+                                  address, self.core)
         await self.server.start()
         return self.server.bound_port
 
@@ -536,11 +540,11 @@ def test_aio_client(server, core):
 
 
 def test_the_servicer_is_tested_on_the_transport_production_runs(server):
-    from frontend.main import parse_args
     from frontend.transport.grpc_native import NativeGrpcServer
+    from shm.messages.roles import FrontendSpec
 
     argv = ["--index", "0", "--address", "a", "--scheduler", "s", "--segment-prefix", "p"]
-    assert parse_args(argv).grpc_frontend == "native"
+    assert FrontendSpec.from_argv(argv).grpc_frontend == "native"
     assert isinstance(server.server, NativeGrpcServer)
 
 

@@ -15,8 +15,9 @@ import tritonclient.grpc as grpcclient
 import uvloop
 from tritonclient.utils import InferenceServerException
 
-from frontend.grpc_server import make_grpc_server
+from frontend.grpc_server import handler_table
 from frontend.grpc_tls import TlsSettings
+from frontend.transport.engines import grpc_engine
 from tests.tls_certs import make_certs
 from tests.unit.test_grpc_server import FakeCore, fp32_input
 
@@ -44,7 +45,8 @@ class ArenaCore(FakeCore):
 
 
 class TlsServer:
-    """make_grpc_server with `tls` on its own loop in a daemon thread."""
+    """The servicer on `frontend`'s engine with `tls`, on its own loop in a daemon
+    thread."""
 
     def __init__(self, frontend: str, tls: TlsSettings, handshake_timeout=10.0):
         self.core = ArenaCore()
@@ -58,8 +60,9 @@ class TlsServer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=T)
 
     async def _start(self, frontend, tls, handshake_timeout):
-        self.server = make_grpc_server(self.core, "127.0.0.1:0", frontend=frontend,
-                                       tls=tls, tls_handshake_timeout=handshake_timeout)
+        self.server = grpc_engine(frontend, handler_table(self.core), "127.0.0.1:0",
+                                  self.core, tls=tls,
+                                  tls_handshake_timeout=handshake_timeout)
         await self.server.start()
         return self.server.bound_port
 

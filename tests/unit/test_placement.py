@@ -170,7 +170,7 @@ def test_one_device_worker_per_gpu_each_told_its_device():
     pool, slots = asyncio.run(place())
     assert sorted(w.device for w in pool.spawned) == ["gpu:0", "gpu:1"]
     for worker in pool.spawned:
-        argv = pool._argv(worker)
+        argv = pool.spec(worker).to_argv()
         assert argv[argv.index("--device") + 1] == worker.device
     for slot in slots:
         assert slot.worker.device == f"gpu:{slot.device_id}"

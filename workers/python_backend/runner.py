@@ -20,6 +20,7 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.worker import LoadInstance
 from workers.batch_io import Reshaper
+from workers.instance import Instance, WorkerLinks
 from workers.python_backend import pb_utils
 from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, DeviceView,
                              is_device_array)
@@ -53,24 +54,17 @@ class ModelInitError(Exception):
 
 
 
-class PythonInstance:
-    """One TritonPythonModel object and the glue between it and the wire."""
+class PythonInstance(Instance):
+    """One TritonPythonModel object and the glue between it and the wire. Its batches
+    run on its own thread, so the worker's main thread keeps receiving (BLS answers,
+    cancels) while execute() runs."""
 
-    # when the last batch's inputs were ready and when execute() returned (ns)
-    input_end_ns = output_start_ns = 0
-    # batches run on the instance's own thread, so the worker's main thread keeps
-    # receiving (BLS answers, cancels) while execute() runs
-    threaded = True
-    # the worker's BlsClient (workers/python_backend/bls.py), set once loaded
+    # the worker's services (WorkerLinks), given by connect() once loaded; None until
+    # then (e.g. during warmup, when what the model sends is dropped)
     bls = None
-    _loop: asyncio.AbstractEventLoop | None = None
-    # responder(request, result, final, empty, parameters), callable from any thread:
-    # writes a response's outputs and sends it to the request's reply_to (set by the
-    # worker; None, e.g. during warmup, drops what the model sends)
     responder = None
-    # report_responses(request, entries): a decoupled request's per-response timings, once it
-    # is complete (shm.messages.worker.ResponseStats)
     report_responses = None
+    _loop: asyncio.AbstractEventLoop | None = None
 
     def __init__(self, msg: LoadInstance, config: dict):
         self.model_name = msg.model
@@ -130,6 +124,9 @@ class PythonInstance:
                 text = describe_model_error(exc)
                 log.error("initialize() of model '%s' raised %s", self.model_name, text)
                 raise ModelInitError(text) from exc
+
+    def connect(self, links: WorkerLinks) -> None:
+        self.bls, self.responder, self.report_responses = links
 
     def finalize(self) -> None:
         if hasattr(self.model, "finalize"):
