@@ -95,8 +95,10 @@ class FrontendPool:
     def __init__(self, args, run_dir: str, shm_prefix: str, scheduler_address: str,
                  outbox: Outbox, restarts: RestartPolicy,
                  on_gone: Callable[[PeerGone], None],
-                 on_ready: Callable[[FrontendHandle], None]):
+                 on_ready: Callable[[FrontendHandle], None],
+                 launcher: Callable[..., Child] = Child):
         self.args = args
+        self.launcher = launcher  # Child, or a test's in-process fake
         self.run_dir = run_dir
         self.shm_prefix = shm_prefix
         self.scheduler_address = scheduler_address
@@ -154,7 +156,7 @@ class FrontendPool:
         address = ipc_address(self.run_dir, f"f{index}g{gen}")
         fe = FrontendHandle(index, address, f"{self.shm_prefix}f{index}g{gen}")
         a = self.args
-        fe.child = Child(f"frontend {index}", "frontend.main", [
+        fe.child = self.launcher(f"frontend {index}", "frontend.main", [
             "--index", str(index), "--address", address,
             "--scheduler", self.scheduler_address,
             "--segment-prefix", fe.prefix, "--arena-bytes", str(a.arena_mib << 20),
