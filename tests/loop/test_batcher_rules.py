@@ -111,7 +111,7 @@ def test_rate_limiter_keeps_models_that_share_a_resource_apart(tmp_path, limited
 
     async def test(rig):
         a, b = rig.send("rl_a", cols=1), rig.send("rl_b", cols=1)
-        got = await rig.batches_sent(1)
+        await rig.batches_sent(1)
         await rig.settle()
         if not limited:
             assert sorted(ids(batch) for _, batch in rig.batches) == [[1], [2]]
