@@ -39,11 +39,12 @@ from scheduler.regions import Region, RegionRegistry
 from scheduler.scheduling.interface import InstanceScheduler
 from scheduler.timer import PreciseTimer
 from scheduler.trace import TraceManager
+from scheduler.processes.supervisor import Child
 from scheduler.processes.worker_pool import WorkerPool
 from scheduler.settings import SettingsCalls
 from shm import devices
 from shm.arena import remove_segments
-from shm.channel import Inbox, Outbox, ipc_address
+from shm.channel import ipc_address
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
                                    FrontendStopped, InferRequest, ServerState, StatsRequest)
@@ -54,12 +55,19 @@ from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.settings import LogSettingsRequest, TraceSettingRequest
 from shm.messages.worker import (BatchDone, InstanceLoaded, ResponseStats, WorkerReady,
                                  done_address)
+from shm.transport import SOCKETS, Transport
 
 log = logging.getLogger("shmserve.scheduler")
 
 
 class Server:
-    def __init__(self, args):
+    """`transport` makes the channels (Unix sockets; shm/transport.py's MemoryHub in
+    loop tests), `launcher` starts the children (scheduler/processes/supervisor.py's
+    Child, or an in-process fake), `timer` wakes the loop at a batching deadline
+    (PreciseTimer, or one a test fires)."""
+
+    def __init__(self, args, transport: Transport = SOCKETS, launcher=Child,
+                 timer=PreciseTimer):
         self.args = args
         self.loop = asyncio.get_running_loop()
         # Everything this server puts in /dev/shm starts with this prefix; the root
@@ -69,20 +77,20 @@ class Server:
             f"shmserve-{os.getpid():x}{secrets.token_hex(2)}-"
         self.run_dir = getattr(args, "run_dir", "") or tempfile.mkdtemp(prefix="shmserve-")
         self.address = ipc_address(self.run_dir, "scheduler")
-        self.inbox = Inbox(self.address, SCHEDULER_INBOX)
+        self.inbox = transport.inbox(self.address, SCHEDULER_INBOX)
         # BatchDone of quiet batches (callbacks.send_batch): watched only while it matters
-        self.done_inbox = Inbox(done_address(self.address), (BatchDone,))
+        self.done_inbox = transport.inbox(done_address(self.address), (BatchDone,))
         self._drained = False  # the quiet inbox was read in this burst
         self._waiting: set[InstanceScheduler] = set()  # pumped with requests still queued
         # SHMSERVE_WAKE_COUNTS=PATH: what woke this loop, as JSON at exit (tests, tools)
         self.wakes: collections.Counter = collections.Counter()
-        self.outbox = Outbox(self.loop)
+        self.outbox = transport.outbox(self.loop)
         self.stopping = False
         self.stop_requested = asyncio.Event()
         self.metrics: MetricsServer | None = None
         self._dirty: set[InstanceScheduler] = set()
         self._deadlines: dict[InstanceScheduler, int] = {}  # when each must be pumped again
-        self.timer = PreciseTimer(self.loop, self._on_timer)
+        self.timer = timer(self.loop, self._on_timer)
         self.gpus = devices.gpu_count()  # SHMSERVE_FAKE_GPUS injects a count
         self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone,
                                       send=self.outbox.send)
@@ -92,11 +100,11 @@ class Server:
                                         args.rate_limit_resource)
         self.workers = WorkerPool(args, self.run_dir, self.shm_prefix, self.address,
                                   self.outbox, peers=lambda: self.frontends.addresses(),
-                                  on_instances_lost=self._instances_lost)
+                                  on_instances_lost=self._instances_lost, launcher=launcher)
         self.frontends = FrontendPool(args, self.run_dir, self.shm_prefix, self.address,
                                       self.outbox, self.workers.restarts,
                                       on_gone=self._frontend_gone,
-                                      on_ready=self._frontend_ready)
+                                      on_ready=self._frontend_ready, launcher=launcher)
         # what schedulers ask of this process, ensemble steps included
         self.callbacks = LoopCallbacks(self.loop, self.address, self.outbox, self.workers,
                                        self.trace, self.regions, self._dirty,

@@ -112,8 +112,10 @@ class FrontendPool:
     def __init__(self, args, run_dir: str, shm_prefix: str, scheduler_address: str,
                  outbox: Outbox, restarts: RestartPolicy,
                  on_gone: Callable[[PeerGone], None],
-                 on_ready: Callable[[FrontendHandle], None]):
+                 on_ready: Callable[[FrontendHandle], None],
+                 launcher: Callable[..., Child] = Child):
         self.args = args
+        self.launcher = launcher  # Child, or a test's in-process fake
         self.run_dir = run_dir
         self.shm_prefix = shm_prefix
         self.scheduler_address = scheduler_address
@@ -171,8 +173,8 @@ class FrontendPool:
         address = ipc_address(self.run_dir, f"f{index}g{gen}")
         fe = FrontendHandle(index, address, f"{self.shm_prefix}f{index}g{gen}")
         spec = frontend_spec(self.args, index, address, fe.prefix, self.scheduler_address)
-        fe.child = Child(f"frontend {index}", "frontend.main", spec.to_argv(),
-                         on_exit=self._on_exit)
+        fe.child = self.launcher(f"frontend {index}", "frontend.main", spec.to_argv(),
+                                 on_exit=self._on_exit)
         self.frontends[index] = fe
         fe.child.start(asyncio.get_running_loop())
         await asyncio.wait_for(fe.ready, self.args.startup_timeout_secs)

@@ -111,8 +111,10 @@ class RestartPolicy:
 class WorkerPool:
     def __init__(self, args, run_dir: str, shm_prefix: str, scheduler_address: str,
                  outbox: Outbox, peers: Callable[[], list[str]],
-                 on_instances_lost: Callable[[list[InstanceSlot], str], None]):
+                 on_instances_lost: Callable[[list[InstanceSlot], str], None],
+                 launcher: Callable[..., Child] = Child):
         self.args = args
+        self.launcher = launcher  # Child, or a test's in-process fake
         self.run_dir = run_dir
         self.shm_prefix = shm_prefix
         self.scheduler_address = scheduler_address
@@ -242,7 +244,7 @@ class WorkerPool:
         gen = next(self._gen)
         address = ipc_address(self.run_dir, f"w{gen}")
         worker = WorkerHandle(label, address, f"{self.shm_prefix}w{gen}", device)
-        worker.child = Child(f"worker {label}", "workers.main", self.spec(worker).to_argv(),
+        worker.child = self.launcher(f"worker {label}", "workers.main", self.spec(worker).to_argv(),
                              on_exit=self._on_exit, executable=executable, env=env)
         self.workers[address] = worker
         worker.child.start(self.loop)

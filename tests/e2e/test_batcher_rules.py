@@ -1,10 +1,11 @@
-"""The dynamic batcher, instance groups and the rate limiter, end to end, over HTTP and
-gRPC with the official clients. The models (tests/models_batcher) report which
-execute() call of which instance ran each request and when, so every rule is proved
-from the responses and the statistics, not from timing: batches are held with Triton's
-TRITONSERVER_DELAY_SCHEDULER hook, and tests wait on the pending-request gauge or on
-marker files the model writes, never on sleeps. The configs were checked against
-Triton 2.51 (instance names, error texts and statuses)."""
+"""The dynamic batcher's queue policies and instance groups end to end, over HTTP and
+gRPC with the official clients: what the wire shows of them (statuses, messages,
+metrics, configs) and stopping with work queued. The rules of batch formation, queue
+policies, preserve_ordering and the rate limiter are proved in the scheduler's loop
+(tests/loop/test_batcher_rules.py). The models (tests/models_batcher) report which
+execute() call of which instance ran each request and when; tests wait on the
+pending-request gauge or on marker files the model writes, never on sleeps. The
+configs were checked against Triton 2.51 (instance names, error texts and statuses)."""
 
 import concurrent.futures as cf
 import re
@@ -21,8 +22,6 @@ from tests.models_batcher.repo import build
 
 pytestmark = pytest.mark.e2e
 
-HOLD = 4  # TRITONSERVER_DELAY_SCHEDULER for the held server
-
 
 def _serve(tmp_path_factory, name, models, *args, env=None):
     repo = build(tmp_path_factory.mktemp(f"{name}-repo"), models)
@@ -34,20 +33,9 @@ def _serve(tmp_path_factory, name, models, *args, env=None):
 
 
 @pytest.fixture(scope="module")
-def held(tmp_path_factory):
-    """Every dynamic batcher here forms no batch until HOLD requests are queued (once);
-    rl_a and rl_b have no dynamic batcher and no rate limiter on this server."""
-    srv = _serve(tmp_path_factory, "held", ["prio", "preferred", "shapes", "optional", "rl_a", "rl_b"],
-                 env={"TRITONSERVER_DELAY_SCHEDULER": str(HOLD)})
-    yield from srv.serve()
-
-
-@pytest.fixture(scope="module")
 def free(tmp_path_factory):
-    """No hold; the rate limiter on, with one unit of resource R."""
-    srv = _serve(tmp_path_factory, "free",
-                 ["queue_delay", "qfull", "qreject", "qdelay", "ordered", "unordered",
-                  "groups", "wire", "rl_a", "rl_b"],
+    """The rate limiter on, with one unit of resource R."""
+    srv = _serve(tmp_path_factory, "free", ["qfull", "qreject", "groups", "wire"],
                  "--rate-limit=execution_count", "--rate-limit-resource=R:1")
     yield from srv.serve()
 
@@ -132,114 +120,10 @@ def expect_error(fn, http_status=None, grpc_status=None, message=None):
     return err
 
 
-# -- batch formation (held) ---------------------------------------------------------------
-
-
-def test_priority_levels_first_batch_takes_the_high_priority_requests(held):
-    """Rule: with priority_levels, a batch is filled from the highest level (1) first;
-    priority 0 and a priority above priority_levels both mean default_priority_level
-    (InferenceRequest::SetPriority). Over both protocols, in one held queue."""
-    sends = [("http", 10, 9), ("grpc", 20, 0), ("http", 30, 1), ("grpc", 40, 1)]
-    with cf.ThreadPoolExecutor(HOLD) as pool:
-        futs = {v: pool.submit(infer, held, p, "prio", [[v, 0, 0, 0]], priority=prio)
-                for p, v, prio in sends}
-        got = {v: f.result(timeout=60) for v, f in futs.items()}
-    assert [got[v]["call"] for v in (30, 40)] == [1, 1]  # the two priority-1 requests
-    assert [got[v]["call"] for v in (10, 20)] == [2, 2]  # then the default level
-    assert all(r["in_call"] == 2 for r in got.values())
-    s = settled(held, "prio", 4)
-    assert (s["execution_count"], s["inference_count"], s["success"], s["fail"]) == (2, 4, 4, 0)
-    assert s["batch_stats"] == {2: 2}
-
-
-def test_preferred_batch_size_goes_at_once_not_after_the_delay(held):
-    """Rule (batcher.md): a batch that reaches a preferred size is sent at once; the
-    30 s max_queue_delay never comes into it."""
-    start = time.monotonic()
-    with cf.ThreadPoolExecutor(HOLD) as pool:
-        got = list(pool.map(lambda i: infer(held, ("http", "grpc")[i % 2], "preferred",
-                                            [[i, 1, 2]]), range(HOLD), timeout=60))
-    assert time.monotonic() - start < 20  # not held for the 30 s delay
-    assert sorted(r["call"] for r in got) == [1, 1, 2, 2]
-    assert all(r["in_call"] == 2 for r in got)
-    s = settled(held, "preferred", 4)
-    assert (s["execution_count"], s["inference_count"], s["batch_stats"]) == (2, 4, {2: 2})
-
-
-def test_a_request_of_another_shape_cuts_the_batch_short(held):
-    """Rule: without allow_ragged_batch, requests batch only with equal shapes; the first
-    request that differs ends the batch (GetDynamicBatch's send_now), even though more
-    of the first shape wait behind it. Queue: [1,4] [1,4] [1,6] [1,4]."""
-    shapes = [4, 4, 6, 4]
-    with cf.ThreadPoolExecutor(HOLD) as pool:
-        futs = []
-        for i, cols in enumerate(shapes):  # queued one by one, in this order
-            x = np.full((1, cols), i, dtype=np.float32)
-            futs.append(pool.submit(infer, held, ("http", "grpc")[i % 2], "shapes", x))
-            if i < len(shapes) - 1:
-                wait_pending(held, "shapes", i + 1)
-        got = [f.result(timeout=60) for f in futs]
-    assert [(r["call"], r["in_call"]) for r in got] == [(1, 2), (1, 2), (2, 1), (3, 1)]
-    s = settled(held, "shapes", 4)
-    assert (s["execution_count"], s["inference_count"], s["batch_stats"]) == (3, 4, {2: 1, 1: 2})
-
-
-def test_optional_inputs_batch_only_with_the_same_set_of_inputs(held):
-    """Rule: when a model has optional inputs, requests batch only with requests that
-    carry the same inputs; one carrying another set ends the batch, as a shape does.
-    Queue: [INPUT0] [INPUT0] [INPUT0+INPUT1] [INPUT0+INPUT1]."""
-    with cf.ThreadPoolExecutor(HOLD) as pool:
-        futs = []
-        for i in range(HOLD):
-            extra = [[float(i)]] if i >= 2 else None
-            futs.append(pool.submit(infer, held, ("grpc", "http")[i % 2], "optional",
-                                    [[float(i), 0.0]], extra))
-            if i < HOLD - 1:
-                wait_pending(held, "optional", i + 1)
-        got = [f.result(timeout=60) for f in futs]
-    assert [(r["call"], r["in_call"]) for r in got] == [(1, 2), (1, 2), (2, 2), (2, 2)]
-    s = settled(held, "optional", 4)
-    assert (s["execution_count"], s["batch_stats"]) == (2, {2: 2})
-
-
-def _spans(srv):
-    with cf.ThreadPoolExecutor(2) as pool:
-        a = pool.submit(infer, srv, "http", "rl_a", [1.0])
-        b = pool.submit(infer, srv, "grpc", "rl_b", [2.0])
-        return a.result(timeout=60)["span"], b.result(timeout=60)["span"]
-
-
-def test_without_the_rate_limiter_two_models_run_at_once(held):
-    """Control for the next test: the same two 600 ms models overlap in time when the
-    server does not limit rates (their rate_limiter resources are then ignored)."""
-    a, b = _spans(held)
-    assert a[0] < b[1] and b[0] < a[1], (a, b)
-
-
-def test_rate_limiter_keeps_models_that_share_a_resource_apart(free):
-    """Rule: --rate-limit=execution_count runs an instance only when its rate_limiter
-    resources are free; with --rate-limit-resource=R:1 the two models each needing R
-    never execute at the same time."""
-    a, b = _spans(free)
-    assert a[1] <= b[0] or b[1] <= a[0], (a, b)
-
-
 # -- queue rules (free) ---------------------------------------------------------------------
 
 
-def test_max_queue_delay_gathers_one_batch(free):
-    """Rule: a batch below every preferred size waits up to max_queue_delay_microseconds
-    (1.5 s here) for more requests, then goes as it is: three requests, one call."""
-    start = time.time()
-    with cf.ThreadPoolExecutor(3) as pool:
-        got = list(pool.map(lambda i: infer(free, ("http", "grpc")[i % 2], "queue_delay",
-                                            [[i, 0]]), range(3), timeout=60))
-    assert {(r["call"], r["in_call"]) for r in got} == {(1, 3)}
-    assert got[0]["span"][0] - start >= 1.4  # it waited for the delay
-    assert settled(free, "queue_delay", 3)["batch_stats"] == {3: 1}
-
-
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http"])  # the rule: tests/loop/
 def test_full_queue_rejects_with_unavailable(free, protocol):
     """Rule: max_queue_size requests waiting -> the next is refused with UNAVAILABLE (HTTP
     503) and Triton's message; it counts as neither success nor failure."""
@@ -259,7 +143,7 @@ def test_full_queue_rejects_with_unavailable(free, protocol):
     assert after["fail"] == before["fail"]
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http"])  # the rule: tests/loop/
 def test_queue_timeout_reject(free, protocol):
     """Rule: timeout_action REJECT: a request queued longer than its timeout (0.5 s
     default_timeout_microseconds) fails with UNAVAILABLE "Request timeout expired" while
@@ -279,46 +163,6 @@ def test_queue_timeout_reject(free, protocol):
     assert after["execution_count"] - before["execution_count"] == 1  # never ran
     assert metric(free, "nv_inference_request_failure", "qreject",
                   reason="REJECTED") == rejected + 1
-
-
-def test_queue_timeout_delay_and_override(free):
-    """Rules: allow_timeout_override lets a request's own `timeout` shorten the default;
-    timeout_action DELAY keeps an expired request but moves it behind every unexpired
-    one. B (0.3 s timeout) is queued before C (30 s default) yet runs after it."""
-    seen = markers(free, "started-qdelay_*")
-    with cf.ThreadPoolExecutor(3) as pool:
-        a = pool.submit(infer, free, "http", "qdelay", [[2000.0]])
-        wait_started(free, "started-qdelay_*", seen)
-        b = pool.submit(infer, free, "grpc", "qdelay", [[0.0]], timeout=300000)
-        wait_pending(free, "qdelay", 1)
-        c = pool.submit(infer, free, "http", "qdelay", [[1.0]])
-        wait_pending(free, "qdelay", 2)
-        a, b, c = (f.result(timeout=60) for f in (a, b, c))
-    assert (a["call"], c["call"], b["call"]) == (1, 2, 3)
-    s = settled(free, "qdelay", 3)
-    assert (s["success"], s["fail"]) == (3, 0)  # DELAY never fails a request
-
-
-# -- preserve_ordering ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("model,ordered", [("ordered", True), ("unordered", False)])
-def test_preserve_ordering_holds_a_fast_response_behind_a_slow_one(free, model, ordered):
-    """Rule: with preserve_ordering, responses return in the order requests were sent
-    to the model, even when a later one finishes first on another instance; without
-    it, the fast one comes back first."""
-    seen = markers(free, f"started-{model}_*")
-    with cf.ThreadPoolExecutor(2) as pool:
-        slow = pool.submit(infer, free, "grpc", model, [[1500.0]])
-        wait_started(free, f"started-{model}_*", seen)
-        fast = pool.submit(infer, free, "http", model, [[0.0]])
-        slow, fast = slow.result(timeout=60), fast.result(timeout=60)
-    assert slow["instance"] != fast["instance"]  # two instances, run side by side
-    assert fast["span"][1] < slow["span"][1]  # the fast one did finish first
-    if ordered:
-        assert fast["received"] >= slow["span"][1]
-    else:
-        assert fast["received"] < slow["span"][1]
 
 
 # -- instances ----------------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Dynamic batching and parallel instances, seen from the models' side."""
+"""Dynamic batching and parallel instances, seen from the models' side: a batch's rows
+split back to their requests, instances in processes of their own. Which requests form
+a batch is proved in the scheduler's loop (tests/loop/test_scheduling.py)."""
 
 import concurrent.futures as cf
 
@@ -10,7 +12,7 @@ from tests.e2e.clients import client, infer_input
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http"])
 def test_concurrent_requests_reach_one_execute_call(server, protocol):
     # batch_probe waits up to 2 s for preferred size 4: four concurrent requests
     # must arrive in one execute() call, and each must get its own rows back.
@@ -24,19 +26,6 @@ def test_concurrent_requests_reach_one_execute_call(server, protocol):
     for x, out, calls in results:
         np.testing.assert_array_equal(out, x)
         assert calls == 4
-
-
-def test_batch_respects_max_batch_size(server):
-    # 3 requests of 3 rows each: at most 8 rows fit, so no call may hold all three
-    def one(i):
-        x = np.full((3, 4), i, dtype=np.float32)
-        r = client(server, "grpc").infer("batch_probe", [infer_input("grpc", "INPUT0", x, "FP32")])
-        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)
-        return int(r.as_numpy("REQUESTS_IN_CALL")[0, 0])
-
-    with cf.ThreadPoolExecutor(3) as pool:
-        calls = list(pool.map(one, range(3), timeout=60))
-    assert max(calls) <= 2
 
 
 def test_two_instances_run_at_once(server):

@@ -238,7 +238,8 @@ def test_changed_configs_load_or_are_refused_with_a_config_error():
     refusals = []
     loaded = []
 
-    @settings(max_examples=2 * settings.default.max_examples)
+    # the mutations reach every refusal checked below only in 300 examples or so
+    @settings(max_examples=max(300, 2 * settings.default.max_examples))
     @given(config=mutated_message(), has_gpu=st.booleans())
     def prop(config, has_gpu):
         out = outcome(check, config, has_gpu)

@@ -1,0 +1,262 @@
+"""A scheduler `Server` on one event loop with in-memory channels and fake children.
+
+The Server is the real one (model repository from disk, manager, schedulers, rate
+limiter, statistics, the quiet inbox); what it talks to is not: a `MemoryHub` carries
+the messages (encoded and decoded as on the sockets), `FakeLauncher` starts in-process
+`FakeWorker`s and one `FakeFrontend` instead of processes, and `ManualTimer` fires a
+batching deadline only when the test says so. A test sends InferRequests as a frontend
+would and sees each ExecuteBatch the workers get: which requests, in which order, on
+which instance; it finishes batches when it chooses. No tensors move: inputs are
+inline and the fake workers answer without outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from pathlib import Path
+
+import orjson
+
+from scheduler.cli import parse_args
+from scheduler.server import Server
+from shm.messages.frontend import (FRONTEND_INBOX, Drain, FrontendReady, FrontendStopped,
+                                   InferRequest, StatsRequest)
+from shm.messages.results import InferResponse
+from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
+                                 LoadInstance, StopWorker, WorkerReady, done_address)
+from shm.tensor import TensorRef
+from shm.transport import MemoryHub
+
+DEADLINE_S = 10.0  # every wait in these tests
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+class ManualTimer:
+    """PreciseTimer's interface; fires only from `fire()` (the test's clock)."""
+
+    def __init__(self, loop, callback):
+        self._callback = callback
+        self.deadline: int | None = None
+
+    def set(self, deadline_ns: int | None) -> None:
+        if deadline_ns is not None and (self.deadline is None or deadline_ns < self.deadline):
+            self.deadline = deadline_ns
+
+    def fire(self) -> None:
+        """Run the callback as the timer would at its deadline (waiting out the real
+        clock to it first: the server compares deadlines with time.monotonic_ns)."""
+        assert self.deadline is not None, "no deadline is armed"
+        while time.monotonic_ns() < self.deadline:
+            time.sleep(max(self.deadline - time.monotonic_ns(), 0) / 1e9)
+        self.deadline = None
+        self._callback()
+
+    def close(self) -> None:
+        pass
+
+
+class FakeChild:
+    """supervisor.Child's interface for an in-process fake of a worker or frontend."""
+
+    def __init__(self, rig: "Rig", name, module, args, on_exit, executable="", env=None):
+        self.rig, self.name, self.module, self.args = rig, name, module, args
+        self.on_exit = on_exit
+        self.returncode: int | None = None
+        self.exited = asyncio.Event()
+        self.pid = 0
+        self.process = None
+
+    def start(self, loop) -> None:
+        kind = FakeWorker if self.module == "workers.main" else FakeFrontend
+        self.process = kind(self.rig, self, self.args)
+
+    def exit(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+            self.process.inbox.close()
+            self.exited.set()
+            self.on_exit(self, code)
+
+    def signal(self, sig) -> None:
+        self.exit(-int(sig))
+
+    async def stop(self, timeout: float) -> None:
+        self.exit(-15)
+
+    async def wait(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self.exited.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+
+class FakeWorker:
+    """Loads every instance, and keeps each ExecuteBatch until the test finishes it
+    (or answers it at once when `rig.auto_finish`)."""
+
+    def __init__(self, rig: "Rig", child: FakeChild, argv: list[str]):
+        self.rig, self.child = rig, child
+        self.address, self.scheduler = _flag(argv, "--address"), _flag(argv, "--scheduler")
+        self.inbox = rig.hub.inbox(self.address, WORKER_INBOX)
+        self.outbox = rig.hub.outbox(rig.loop)
+        self.inbox.attach(rig.loop, self.on_message, self.outbox.uncork)
+        self.outbox.send(self.scheduler, WorkerReady(_flag(argv, "--name"), self.address, 0))
+        rig.workers.append(self)
+
+    def on_message(self, msg) -> None:
+        self.outbox.cork()
+        if isinstance(msg, LoadInstance):
+            self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, True))
+        elif isinstance(msg, ExecuteBatch):
+            self.rig.batches.append((self, msg))
+            if self.rig.auto_finish:
+                self.finish(msg)
+        elif isinstance(msg, StopWorker):
+            self.rig.loop.call_soon(self.child.exit, 0)
+
+    def finish(self, batch: ExecuteBatch, failed=()) -> None:
+        """Answer every request of `batch` (those in `failed` with an error), then tell
+        the scheduler the batch is done, as workers/main.py's run_batch does."""
+        now = time.monotonic_ns()
+        responses = [InferResponse(r.id, owner=self.address) if i not in failed else
+                     InferResponse(r.id, error="failed", error_code=13)
+                     for i, r in enumerate(batch.requests)]
+        done = BatchDone(batch.batch_id, batch.instance, now, now, now, now, list(failed))
+        if batch.relay:
+            done.responses = responses
+            self.outbox.send(self.scheduler, done)
+        else:
+            self.outbox.send_many([*((r.reply_to, resp) for r, resp in
+                                     zip(batch.requests, responses)),
+                                   (done_address(self.scheduler) if batch.quiet
+                                    else self.scheduler, done)])
+        self.outbox.uncork()
+
+
+class FakeFrontend:
+    """The requests' frontend: the test sends through it and reads its answers."""
+
+    def __init__(self, rig: "Rig", child: FakeChild, argv: list[str]):
+        self.rig, self.child = rig, child
+        self.index = int(_flag(argv, "--index"))
+        self.address, self.scheduler = _flag(argv, "--address"), _flag(argv, "--scheduler")
+        self.inbox = rig.hub.inbox(self.address, FRONTEND_INBOX)
+        self.outbox = rig.hub.outbox(rig.loop)
+        self.inbox.attach(rig.loop, self.on_message)
+        self.replies: dict[int, asyncio.Future] = {}
+        self.outbox.send(self.scheduler, FrontendReady(self.index, self.address, 0))
+        rig.frontend = self
+
+    def on_message(self, msg) -> None:
+        if isinstance(msg, InferResponse) or hasattr(msg, "call_id"):
+            key = msg.id if isinstance(msg, InferResponse) else msg.call_id
+            fut = self.replies.pop(key, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, Drain):
+            self.outbox.send(self.scheduler, FrontendStopped(self.index, 0))
+            self.rig.loop.call_soon(self.child.exit, 0)
+
+    def expect(self, key: int) -> asyncio.Future:
+        fut = self.replies[key] = self.rig.loop.create_future()
+        return fut
+
+
+class Rig:
+    def __init__(self, loop, repo: Path, *flags: str):
+        self.loop = loop
+        self.hub = MemoryHub()
+        self.workers: list[FakeWorker] = []
+        self.frontend: FakeFrontend | None = None
+        self.batches: list[tuple[FakeWorker, ExecuteBatch]] = []
+        self.auto_finish = False
+        self._ids = itertools.count(1)
+        args = parse_args(["--model-repository", str(repo), "--frontend-processes", "1",
+                           "--http-port", "0", "--grpc-port", "0", "--allow-metrics",
+                           "false", *flags])
+        self.server = Server(args, transport=self.hub,
+                             launcher=lambda *a, **kw: FakeChild(self, *a, **kw),
+                             timer=ManualTimer)
+        self.timer: ManualTimer = self.server.timer
+
+    async def start(self) -> None:
+        self._run = self.loop.create_task(self.server.run())
+        await self.until(lambda: self.frontend is not None and self.server.frontends
+                         .frontends[0].ready.done(), "the server to be ready")
+
+    async def stop(self) -> int:
+        self.auto_finish = True
+        for worker, batch in self.take_batches():
+            worker.finish(batch)
+        self.server.request_stop()
+        return await asyncio.wait_for(self._run, DEADLINE_S)
+
+    async def until(self, cond, what: str) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.0005)  # a poll: the loop runs what is queued
+
+    # -- as a frontend ----------------------------------------------------------------
+
+    def send(self, model: str, rows: int = 1, cols: int = 4, inputs=("INPUT0",),
+             **kw) -> asyncio.Future:
+        """An InferRequest as a frontend makes it; the future gets its response. Sent
+        with the next pass of the loop, with whatever else is sent before it."""
+        rid = next(self._ids)
+        fe = self.frontend
+        tensors = [TensorRef(name, "FP32", [rows, cols], data=bytes(rows * cols * 4))
+                   for name in inputs]
+        fut = fe.expect(rid)
+        fe.outbox.send(fe.scheduler, InferRequest(rid, fe.address, model, 0, tensors,
+                                                  batch_size=rows,
+                                                  start_ns=time.monotonic_ns(), **kw))
+        fut.request_id = rid
+        return fut
+
+    async def stats(self, model: str = "") -> dict:
+        fe = self.frontend
+        cid = next(self._ids)
+        fut = fe.expect(cid)
+        fe.outbox.send(fe.scheduler, StatsRequest(cid, fe.address, model))
+        reply = await asyncio.wait_for(fut, DEADLINE_S)
+        assert not reply.error, reply.error
+        return orjson.loads(reply.body)
+
+    # -- as the workers ---------------------------------------------------------------
+
+    async def batches_sent(self, n: int) -> list[tuple[FakeWorker, ExecuteBatch]]:
+        """Wait until `n` batches (in all) have reached the workers; all of them."""
+        await self.until(lambda: len(self.batches) >= n, f"{n} batch(es)")
+        return list(self.batches)
+
+    def take_batches(self) -> list[tuple[FakeWorker, ExecuteBatch]]:
+        got, self.batches[:] = list(self.batches), []
+        return got
+
+    async def settle(self) -> None:
+        """Let every message now in flight be handled (the loop runs dry)."""
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+
+def ids(batch: ExecuteBatch) -> list[int]:
+    return [r.id for r in batch.requests]
+
+
+def run(repo: Path, test, *flags: str) -> None:
+    """Run `await test(rig)` against a started server, then stop it cleanly."""
+    async def main():
+        rig = Rig(asyncio.get_running_loop(), repo, *flags)
+        await rig.start()
+        try:
+            await asyncio.wait_for(test(rig), 3 * DEADLINE_S)  # a response that never comes
+        finally:
+            assert await rig.stop() == 0
+    asyncio.run(main())

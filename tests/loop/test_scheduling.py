@@ -1,0 +1,105 @@
+"""Batch formation and the statistics that count it, in the scheduler's loop
+(tests/loop/rig.py), for the models e2e tests/e2e/test_scheduling.py and
+test_statistics.py serve (tests/models/batch_probe, tests/models_sched/delayed_batch)."""
+
+import asyncio
+import shutil
+from pathlib import Path
+
+from tests.loop.rig import ids, run
+
+MODELS = Path(__file__).parents[1]
+
+
+def _repo(tmp_path, *models: str) -> Path:
+    for model in models:
+        src = MODELS / model
+        shutil.copytree(src, tmp_path / src.name)
+        # the timer fires when a test says, but not before the real clock reaches the
+        # deadline (rig.ManualTimer): batch_probe's 2 s delay is made 20 ms here
+        config = tmp_path / src.name / "config.pbtxt"
+        config.write_text(config.read_text().replace(
+            "max_queue_delay_microseconds: 2000000", "max_queue_delay_microseconds: 20000"))
+    return tmp_path
+
+
+def _stats(reply: dict) -> dict:
+    m = reply["model_stats"][0]
+    inf = m["inference_stats"]
+    return {"execution_count": m["execution_count"], "inference_count": m["inference_count"],
+            **{k: v["count"] for k, v in inf.items()},
+            "batch_stats": {b["batch_size"]: b["compute_infer"]["count"]
+                            for b in m["batch_stats"]}}
+
+
+def test_concurrent_requests_reach_one_batch_at_the_preferred_size(tmp_path):
+    """batch_probe waits up to 2 s for preferred size 4: four requests that arrive
+    together go in one batch at once, in their order. (Was e2e
+    test_scheduling.py::test_concurrent_requests_reach_one_execute_call[grpc]; [http]
+    stays e2e, proving each request gets its own rows back.)"""
+    async def test(rig):
+        futs = [rig.send("batch_probe") for _ in range(4)]
+        (worker, batch), = await rig.batches_sent(1)
+        assert ids(batch) == [1, 2, 3, 4]
+        worker.finish(batch)
+        await asyncio.gather(*futs)
+    run(_repo(tmp_path, "models/batch_probe"), test)
+
+
+def test_batch_respects_max_batch_size(tmp_path):
+    """Three requests of three rows: at most 8 rows fit, so no batch holds all
+    three; each request runs once, in order. (Was e2e
+    test_scheduling.py::test_batch_respects_max_batch_size.)"""
+    async def test(rig):
+        futs = [rig.send("batch_probe", rows=3) for _ in range(3)]
+        seen = []
+        while len(seen) < 3:
+            await rig.until(lambda: rig.batches or rig.timer.deadline, "a batch or a deadline")
+            if not rig.batches:
+                rig.timer.fire()  # below the preferred size: it goes at the delay
+            (worker, batch), = await rig.batches_sent(1)
+            assert sum(r.batch_size for r in batch.requests) <= 8
+            seen += ids(batch)
+            rig.take_batches()
+            worker.finish(batch)
+        assert seen == [1, 2, 3]
+        await asyncio.gather(*futs)
+    run(_repo(tmp_path, "models/batch_probe"), test)
+
+
+def test_statistics_count_one_batch_exactly_and_a_failed_request_as_a_failure(tmp_path):
+    """Rule: execution_count counts executions, inference_count batch items, batch_stats
+    executions by batch size; success, queue and compute count successful requests; a
+    request the backend fails counts in fail, not in inference_count, while its
+    execution still counts. (The counts of e2e
+    test_statistics.py::test_held_batcher_forms_one_batch_and_statistics_count_it_exactly,
+    which still checks the timings and both protocols' answers.)"""
+    async def test(rig):
+        futs = [rig.send("delayed_batch") for _ in range(4)]
+        await rig.until(lambda: rig.batches or rig.timer.deadline, "a batch or a deadline")
+        if not rig.batches:
+            rig.timer.fire()
+        (worker, batch), = await rig.batches_sent(1)
+        assert len(batch.requests) == 4
+        rig.take_batches()
+        worker.finish(batch)
+        await asyncio.gather(*futs)
+        s = _stats(await rig.stats("delayed_batch"))
+        assert (s["execution_count"], s["inference_count"], s["batch_stats"]) == (1, 4, {4: 1})
+        assert s["success"] == s["queue"] == s["compute_infer"] == 4
+        assert s["fail"] == s["cache_hit"] == 0
+
+        for failed in (True, False):
+            fut = rig.send("delayed_batch")
+            await rig.until(lambda: rig.batches or rig.timer.deadline, "a deadline")
+            if not rig.batches:
+                rig.timer.fire()
+            (worker, batch), = await rig.batches_sent(1)
+            rig.take_batches()
+            worker.finish(batch, failed=[0] if failed else [])
+            assert bool((await fut).error) == failed
+        s = _stats(await rig.stats("delayed_batch"))
+        assert (s["execution_count"], s["inference_count"]) == (3, 5)
+        assert s["batch_stats"] == {1: 2, 4: 1}
+        assert (s["success"], s["fail"]) == (5, 1)
+    run(_repo(tmp_path, "models_sched/delayed_batch"), test)
