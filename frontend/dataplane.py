@@ -31,8 +31,8 @@ from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, D
                                    InferRequest, ModelStateUpdate, RequestedOutput,
                                    ServerState, StatsReply, StatsRequest)
 from shm.messages.regions import RegionOp, RegionReply, RegionRequest
-from shm.messages.repository import (IndexEntry, RepositoryOp, RepositoryReply,
-                                     RepositoryRequest)
+from shm.messages.repository import (IndexEntry, ModelReadyState, RepositoryOp,
+                                     RepositoryReply, RepositoryRequest)
 from shm.log import apply_log_settings
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
@@ -117,8 +117,8 @@ def all_models_ready(models: dict[str, dict[int, ModelView]]) -> bool:
     """Triton's --strict-readiness rule: every model the server knows has a version,
     and each version is READY or was unloaded on purpose; a failed load, LOADING and
     UNAVAILABLE all make the server not ready."""
-    return all(versions and all(v.state == "READY" or v.reason == "unloaded"
-                                for v in versions.values())
+    return all(versions and all(v.state == ModelReadyState.READY
+                                or v.reason == "unloaded" for v in versions.values())
                for versions in models.values())
 
 
@@ -192,7 +192,7 @@ class SchedulerDataPlane:
                 raise InferError(ErrorCode.NOT_FOUND,
                                  f"Request for unknown model: '{name}' version {v} is not found")
             return view
-        ready = [v for v, view in versions.items() if view.state == "READY"]
+        ready = [v for v, view in versions.items() if view.state == ModelReadyState.READY]
         if ready:
             return versions[max(ready)]
         # nothing ready: report the most telling entry (a reason, if there is one)
@@ -314,7 +314,7 @@ class SchedulerDataPlane:
         view = self.get_model(request.model_name, request.model_version)
         if decoupled_refusal and view.decoupled:
             raise InferError(ErrorCode.UNSUPPORTED, decoupled_refusal)
-        if view.state != "READY":
+        if view.state != ModelReadyState.READY:
             raise not_ready_error(view, request.model_version)
         return view, validate_request(request, view.config)
 

@@ -170,7 +170,7 @@ class ModelControl:
             for mv in versions:
                 if ready and mv.state is not ModelReadyState.READY:
                     continue
-                rows.append(IndexEntry(name, mv.version, mv.state.value, mv.reason))
+                rows.append(IndexEntry(name, mv.version, mv.state, mv.reason))
         return rows
 
     # -- load ----------------------------------------------------------------------------

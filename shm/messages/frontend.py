@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from shm.messages.regions import RegionReply, RegionRequest
-from shm.messages.repository import RepositoryReply, RepositoryRequest
+from shm.messages.repository import ModelReadyState, RepositoryReply, RepositoryRequest
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
@@ -81,7 +81,7 @@ class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=
 
     name: str
     version: int
-    state: str  # READY, UNAVAILABLE, LOADING, UNLOADING
+    state: ModelReadyState
     reason: str = ""
     config: bytes = b""
     config_json: bytes = b""

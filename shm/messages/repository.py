@@ -16,6 +16,17 @@ class RepositoryOp(enum.StrEnum):
     UNLOAD = "unload"
 
 
+class ModelReadyState(enum.StrEnum):
+    """A model version's state, as Triton names it (its value travels: the bytes on
+    the wire are the name's; an unknown one does not decode)."""
+
+    UNKNOWN = "UNKNOWN"
+    READY = "READY"
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    UNLOADING = "UNLOADING"
+
+
 class RepositoryRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     """One call of the model-repository extension. For a load, `config` is a JSON ModelConfig overriding config.pbtxt (None:
     none given) and `files` maps "file:<version>/<name>" to the file's bytes."""
@@ -37,7 +48,7 @@ class IndexEntry(msgspec.Struct, array_like=True, omit_defaults=True):
 
     name: str
     version: int = 0
-    state: str = ""
+    state: ModelReadyState | None = None  # None: never loaded
     reason: str = ""
 
 

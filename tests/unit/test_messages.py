@@ -10,7 +10,8 @@ from frontend.dataplane import put_inputs
 from frontend.types import DecodedInput
 from shm.arena import Arena
 from shm.channel import encode
-from shm.messages.frontend import InferRequest
+from shm.messages.frontend import FRONTEND_INBOX, InferRequest, ModelStateUpdate
+from shm.messages.repository import ModelReadyState
 from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.worker import WORKER_INBOX, ExecuteBatch
 from shm.tensor import INLINE_MAX
@@ -60,3 +61,13 @@ def test_an_inbox_rejects_types_it_does_not_expect():
         decoder.decode(encode(req))  # workers get ExecuteBatch, never a bare request
     with pytest.raises(msgspec.DecodeError):
         decoder.decode(b"\x93garbage")
+
+
+def test_a_model_state_travels_as_its_name_and_only_a_known_one_decodes():
+    decoder = msgspec.msgpack.Decoder(typing.Union[FRONTEND_INBOX])
+    update = ModelStateUpdate("m", 1, ModelReadyState.READY)
+    frame = encode(update)
+    assert b"READY" in frame  # a StrEnum keeps the bytes a plain string had
+    assert decoder.decode(frame).state is ModelReadyState.READY
+    with pytest.raises(msgspec.ValidationError):
+        decoder.decode(frame.replace(b"READY", b"READX"))
