@@ -35,7 +35,7 @@ from scheduler.scheduling.ensemble_checks import EnsembleError, check_steps  # n
 from scheduler.scheduling.interface import Callbacks
 from scheduler.stats import CANCELED, OTHER, ModelStats
 from shm.errors import ErrorCode, InferError
-from shm.messages.frontend import InferRequest, RequestedOutput
+from shm.messages.frontend import InferRequest, RequestedOutput, RequestOrigin
 from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
@@ -212,6 +212,7 @@ class EnsembleScheduler:
             batch_size=req.batch_size, priority=req.priority, timeout_us=req.timeout_us,
             sequence_id=seq[0], sequence_start=seq[1], sequence_end=seq[2],
             parameters=req.parameters, start_ns=now,
+            origin=RequestOrigin.ENSEMBLE,
             callers=req.callers)  # BLS: a step may not call back into a waiting model
         try:
             self.callbacks.submit(self, step_req)

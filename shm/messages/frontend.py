@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 from shm.messages.regions import RegionReply, RegionRequest
@@ -19,6 +21,17 @@ class RequestedOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     name: str
     parameters: dict = {}
     target: TensorRef | None = None
+
+
+class RequestOrigin(enum.IntEnum):
+    """Who made a request: a client through a frontend, a python model's execute()
+    (BLS), an ensemble's step, or a model's warmup (an unknown one does not
+    decode)."""
+
+    CLIENT = 0
+    BLS = 1
+    ENSEMBLE = 2
+    WARMUP = 3
 
 
 class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -52,9 +65,11 @@ class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     trace_id: int = 0
     # BLS: the models whose execute() made this call, outermost first (empty for a
     # client's request); the scheduler refuses a call to a model already in it, which
-    # would wait for itself. A BLS request carries batch_size 0: the scheduler derives
-    # it from the callee's config, as a frontend does from the one it was pushed.
+    # would wait for itself.
     callers: list[str] = []
+    # a BLS request's batch size is the scheduler's to derive from the callee's config,
+    # as a frontend does from the one it was pushed
+    origin: RequestOrigin = RequestOrigin.CLIENT
 
 
 class CancelRequest(msgspec.Struct, tag=True, array_like=True):

@@ -10,7 +10,7 @@ from frontend.dataplane import put_inputs
 from frontend.types import DecodedInput
 from shm.arena import Arena
 from shm.channel import encode
-from shm.messages.frontend import FRONTEND_INBOX, InferRequest, ModelStateUpdate
+from shm.messages.frontend import FRONTEND_INBOX, InferRequest, ModelStateUpdate, RequestOrigin
 from shm.messages.repository import ModelReadyState
 from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.worker import WORKER_INBOX, ExecuteBatch
@@ -71,3 +71,14 @@ def test_a_model_state_travels_as_its_name_and_only_a_known_one_decodes():
     assert decoder.decode(frame).state is ModelReadyState.READY
     with pytest.raises(msgspec.ValidationError):
         decoder.decode(frame.replace(b"READY", b"READX"))
+
+
+def test_a_request_carries_its_origin_and_only_a_known_one_decodes():
+    decoder = msgspec.msgpack.Decoder(typing.Union[SCHEDULER_INBOX])
+    assert decoder.decode(encode(InferRequest(1, "x", "m", 0, []))).origin \
+        is RequestOrigin.CLIENT
+    frame = encode(InferRequest(1, "x", "m", 0, [], origin=RequestOrigin.BLS))
+    assert decoder.decode(frame).origin is RequestOrigin.BLS
+    assert frame.endswith(b"\x01")  # the last field: one byte on the wire
+    with pytest.raises(msgspec.ValidationError):
+        decoder.decode(frame[:-1] + b"\x7f")

@@ -31,7 +31,7 @@ import numpy as np
 from shm import datatypes
 from shm.channel import Outbox
 from shm.errors import ErrorCode
-from shm.messages.frontend import CancelRequest, InferRequest, RequestedOutput
+from shm.messages.frontend import CancelRequest, InferRequest, RequestedOutput, RequestOrigin
 from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.tensor import TensorRef, arena_blocks
 from workers.python_backend import pb_utils
@@ -218,7 +218,7 @@ class BlsClient:
         msg = InferRequest(
             call.id, self.address, request._model_name, max(request._model_version, 0),
             refs, outputs=None, request_id=request.request_id(),
-            batch_size=0,  # the scheduler derives it from the callee's config
+            origin=RequestOrigin.BLS,  # the scheduler derives its batch size
             timeout_us=request.timeout(), sequence_id=correlation,
             sequence_start=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
             sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
