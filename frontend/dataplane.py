@@ -34,7 +34,7 @@ from shm.messages.regions import RegionOp, RegionReply, RegionRequest
 from shm.messages.repository import (IndexEntry, ModelReadyState, RepositoryOp,
                                      RepositoryReply, RepositoryRequest)
 from shm.log import apply_log_settings
-from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.results import Error, InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
 from shm.tensor import INLINE_MAX, TensorRef
@@ -84,9 +84,8 @@ class ResponseStream:
         msg: InferResponse = self.items.popleft()
         if msg.final:
             self.done = True
-        if msg.error:
-            # every sender sets the code: 0 is Triton's UNKNOWN, not "unset"
-            return InferError(ErrorCode(msg.error_code), msg.error), msg.final
+        if msg.error is not None:
+            return InferError(msg.error.code, msg.error.message), msg.final
         if msg.empty:
             return None, msg.final
         return self.core._result(self.view, self.request, msg), msg.final
@@ -402,8 +401,9 @@ class SchedulerDataPlane:
             reply = await fut
         finally:
             self.calls.pop(call_id, None)
-        if reply.error:
-            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+        if reply.error is not None:
+            error = reply.error
+            raise InferError(error.code or ErrorCode.INTERNAL, error.message)
         return reply
 
     def on_call_reply(self, msg) -> None:
@@ -483,8 +483,8 @@ class SchedulerDataPlane:
             if rid in failed:
                 continue  # answered by an earlier call: once is enough
             failed.add(rid)
-            stream._deliver(InferResponse(stream.rid, error="Server is stopping",
-                                          error_code=int(ErrorCode.UNAVAILABLE)))
+            stream._deliver(InferResponse(
+                stream.rid, error=Error(ErrorCode.UNAVAILABLE, "Server is stopping")))
 
     def close(self) -> None:
         self.fail_pending()

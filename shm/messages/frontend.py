@@ -8,7 +8,7 @@ import msgspec
 
 from shm.messages.regions import RegionReply, RegionRequest
 from shm.messages.repository import ModelReadyState, RepositoryReply, RepositoryRequest
-from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.results import Error, InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
 from shm.tensor import TensorRef
@@ -154,8 +154,7 @@ class StatsReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     frontends parse it into ModelStatisticsResponse."""
 
     call_id: int
-    error: str = ""
-    error_code: int = 0
+    error: Error | None = None
     body: bytes = b""
 
 

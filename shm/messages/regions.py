@@ -14,6 +14,8 @@ import enum
 
 import msgspec
 
+from shm.messages.results import Error
+
 SYSTEM = "system"
 CUDA = "cuda"
 CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
@@ -54,12 +56,11 @@ class RegionStatus(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class RegionReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """The answer to RegionRequest `call_id`: an error (shm.errors.ErrorCode), or the
-    regions a status call asked for."""
+    """The answer to RegionRequest `call_id`: an error, or the regions a status call
+    asked for."""
 
     call_id: int
-    error: str = ""
-    error_code: int = 0
+    error: Error | None = None
     regions: list[RegionStatus] = []
 
 

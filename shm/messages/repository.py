@@ -6,6 +6,8 @@ import enum
 
 import msgspec
 
+from shm.messages.results import Error
+
 
 class RepositoryOp(enum.StrEnum):
     """A model-repository call's operation (its value travels; an unknown one does not
@@ -54,6 +56,5 @@ class IndexEntry(msgspec.Struct, array_like=True, omit_defaults=True):
 
 class RepositoryReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     call_id: int
-    error: str = ""
-    error_code: int = 0
+    error: Error | None = None
     models: list[IndexEntry] = []

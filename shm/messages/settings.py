@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
+from shm.messages.results import Error
+
 
 class LogSettings(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     """The log settings every process applies (Triton's logging extension names).
@@ -34,8 +36,7 @@ class LogSettingsRequest(msgspec.Struct, tag=True, array_like=True, omit_default
 
 class LogSettingsReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     call_id: int
-    error: str = ""
-    error_code: int = 0
+    error: Error | None = None
     settings: LogSettings | None = None
 
 
@@ -54,6 +55,5 @@ class TraceSettingReply(msgspec.Struct, tag=True, array_like=True, omit_defaults
     trace_level, a list of strings."""
 
     call_id: int
-    error: str = ""
-    error_code: int = 0
+    error: Error | None = None
     settings: dict[str, str | list[str]] = {}

@@ -18,7 +18,7 @@ from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from shm.arena import Arena
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CancelRequest, InferRequest, RequestOrigin
-from shm.messages.results import InferResponse, ReleaseBlocks
+from shm.messages.results import Error, InferResponse, ReleaseBlocks
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
 from workers.python_backend import pb_utils
@@ -163,7 +163,8 @@ class World:
                                         Copies())
         self.client.on_response(InferResponse(rid, outputs=outputs, final=final,
                                               owner="ipc://callee", empty=empty,
-                                              error=error, error_code=3 if error else 0))
+                                              error=Error(ErrorCode.INVALID_ARG, error)
+                                              if error else None))
 
     def close(self):
         self.client.close()

@@ -10,8 +10,13 @@ from frontend.dataplane import put_inputs
 from frontend.types import DecodedInput
 from shm.arena import Arena
 from shm.channel import encode
-from shm.messages.frontend import FRONTEND_INBOX, InferRequest, ModelStateUpdate, RequestOrigin
-from shm.messages.repository import ModelReadyState
+from shm.errors import ErrorCode
+from shm.messages.frontend import (FRONTEND_INBOX, InferRequest, ModelStateUpdate,
+                                   RequestOrigin, StatsReply)
+from shm.messages.regions import RegionReply
+from shm.messages.repository import ModelReadyState, RepositoryReply
+from shm.messages.results import Error, InferResponse
+from shm.messages.settings import LogSettingsReply, TraceSettingReply
 from shm.messages.scheduler import SCHEDULER_INBOX
 from shm.messages.worker import WORKER_INBOX, ExecuteBatch
 from shm.tensor import INLINE_MAX
@@ -82,3 +87,16 @@ def test_a_request_carries_its_origin_and_only_a_known_one_decodes():
     assert frame.endswith(b"\x01")  # the last field: one byte on the wire
     with pytest.raises(msgspec.ValidationError):
         decoder.decode(frame[:-1] + b"\x7f")
+
+
+@pytest.mark.parametrize("reply", [
+    InferResponse(1), StatsReply(1), RegionReply(1), RepositoryReply(1),
+    LogSettingsReply(1), TraceSettingReply(1)])
+def test_every_reply_that_can_fail_carries_one_error_struct(reply):
+    decoder = msgspec.msgpack.Decoder(typing.Union[FRONTEND_INBOX])
+    assert decoder.decode(encode(reply)).error is None
+    failed = msgspec.structs.replace(reply, error=Error(ErrorCode.NOT_FOUND, "gone"))
+    assert decoder.decode(encode(failed)).error == Error(ErrorCode.NOT_FOUND, "gone")
+    bogus = encode(msgspec.structs.replace(reply, error=Error(99, "gone")))
+    with pytest.raises(msgspec.ValidationError):  # only Triton's error classes decode
+        decoder.decode(bogus)

@@ -32,11 +32,11 @@ from shm import datatypes
 from shm.channel import Outbox
 from shm.errors import ErrorCode
 from shm.messages.frontend import CancelRequest, InferRequest, RequestedOutput, RequestOrigin
-from shm.messages.results import InferResponse, ReleaseBlocks
+from shm.messages.results import Error, InferResponse, ReleaseBlocks
 from shm.tensor import TensorRef, arena_blocks
 from workers.python_backend import pb_utils
 
-_CLOSED = InferResponse(0, error="the worker is stopping", error_code=int(ErrorCode.UNAVAILABLE))
+_CLOSED = InferResponse(0, error=Error(ErrorCode.UNAVAILABLE, "the worker is stopping"))
 
 # While a batch runs inline on the worker's receiving thread (workers/main.py:
 # Worker.run_inline), nobody else receives. A model that waits for something that
@@ -256,10 +256,10 @@ class BlsClient:
         return ref
 
     def _response(self, msg: InferResponse):
-        if msg.error:
+        if msg.error is not None:
             # INTERNAL whatever the callee's code, as Triton 2.51's python backend
             # reports every BLS error (its message is the callee's, unchanged)
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(msg.error))
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(msg.error.message))
         tensors = [self._output(ref, msg.owner) for ref in msg.outputs]
         response = pb_utils.InferenceResponse(tensors)
         if msg.parameters:
