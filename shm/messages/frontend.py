@@ -14,7 +14,7 @@ from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsReq
 from shm.tensor import TensorRef
 
 
-class RequestedOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+class RequestedOutput(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """An output the client asked for. `target`, when set, is the client region the
     output must be written into (a TensorRef with `region` != 0, no data)."""
 
@@ -72,7 +72,7 @@ class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     origin: RequestOrigin = RequestOrigin.CLIENT
 
 
-class CancelRequest(msgspec.Struct, tag=True, array_like=True):
+class CancelRequest(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The client went away: drop request `id` of `reply_to` if it has not run yet;
     if it is running, the scheduler forwards this to the worker running it, where
     the model sees `request.is_cancelled()` turn true."""
@@ -81,7 +81,7 @@ class CancelRequest(msgspec.Struct, tag=True, array_like=True):
     reply_to: str
 
 
-class FrontendReady(msgspec.Struct, tag=True, array_like=True):
+class FrontendReady(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """A frontend is listening; it wants the model table."""
 
     index: int
@@ -89,7 +89,8 @@ class FrontendReady(msgspec.Struct, tag=True, array_like=True):
     pid: int
 
 
-class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                       frozen=True):
     """The state of one model version. `config` is serialized `ModelConfig` bytes and
     `config_json` the JSON Triton's config endpoint prints, so frontends validate and
     answer metadata without asking."""
@@ -108,7 +109,7 @@ class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=
     labels: dict[str, list[str]] = {}
 
 
-class ServerState(msgspec.Struct, tag=True, array_like=True):
+class ServerState(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """Server readiness as a whole (false while loading and while stopping)."""
 
     ready: bool
@@ -118,18 +119,18 @@ class ServerState(msgspec.Struct, tag=True, array_like=True):
     strict: bool = True
 
 
-class Drain(msgspec.Struct, tag=True, array_like=True):
+class Drain(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """Stop taking requests, finish those in flight within `timeout_s`, then exit."""
 
     timeout_s: float
 
 
-class FrontendStopped(msgspec.Struct, tag=True, array_like=True):
+class FrontendStopped(msgspec.Struct, tag=True, array_like=True, frozen=True):
     index: int
     abandoned: int  # requests still in flight when the drain timed out
 
 
-class CacheInsert(msgspec.Struct, tag=True, array_like=True):
+class CacheInsert(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The outputs of a request that missed the response cache and succeeded, sent once
     by the frontend that answered it, inline, for the scheduler to cache under `key`."""
 
@@ -139,7 +140,8 @@ class CacheInsert(msgspec.Struct, tag=True, array_like=True):
     outputs: list[TensorRef]
 
 
-class StatsRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+class StatsRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                   frozen=True):
     """The statistics extension: every ready model version (`model` empty), every ready
     version of `model` (`version` -1), or one version."""
 

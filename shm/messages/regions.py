@@ -30,9 +30,10 @@ class RegionOp(enum.StrEnum):
     UNREGISTER = "unregister"
 
 
-class RegionRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """A shared-memory call: `op` what it does; `kind` is SYSTEM or CUDA. An empty `name` means every region of that kind (status,
-    unregister)."""
+class RegionRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                    frozen=True):
+    """A shared-memory call: `op` what it does; `kind` is SYSTEM or CUDA. An empty
+    `name` means every region of that kind (status, unregister)."""
 
     call_id: int
     reply_to: str
@@ -46,7 +47,7 @@ class RegionRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
     raw_handle: bytes = b""  # cuda: cudaIpcMemHandle_t, 64 bytes
 
 
-class RegionStatus(msgspec.Struct, array_like=True, omit_defaults=True):
+class RegionStatus(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     name: str
     kind: str
     key: str = ""
@@ -64,7 +65,7 @@ class RegionReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True)
     regions: list[RegionStatus] = []
 
 
-class RegionGone(msgspec.Struct, tag=True, array_like=True):
+class RegionGone(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """Scheduler -> workers: the region with this uid is unregistered and no request
     uses it any more; unmap it."""
 

@@ -29,9 +29,11 @@ class ModelReadyState(enum.StrEnum):
     UNLOADING = "UNLOADING"
 
 
-class RepositoryRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """One call of the model-repository extension. For a load, `config` is a JSON ModelConfig overriding config.pbtxt (None:
-    none given) and `files` maps "file:<version>/<name>" to the file's bytes."""
+class RepositoryRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                        frozen=True):
+    """One call of the model-repository extension. For a load, `config` is a JSON
+    ModelConfig overriding config.pbtxt (None: none given) and `files` maps
+    "file:<version>/<name>" to the file's bytes."""
 
     call_id: int
     reply_to: str
@@ -43,7 +45,7 @@ class RepositoryRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults
     unload_dependents: bool = False
 
 
-class IndexEntry(msgspec.Struct, array_like=True, omit_defaults=True):
+class IndexEntry(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """One row of the repository index. A model never loaded has only its name, as
     Triton lists it; `version` 0 is a model whose config failed before its versions
     were known."""

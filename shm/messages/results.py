@@ -35,7 +35,7 @@ class InferResponse(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
     parameters: dict = {}
 
 
-class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True):
+class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The reader (its inbox address) is done with these blocks of the recipient's
     arena: (segment, offset) pairs."""
 
@@ -43,7 +43,7 @@ class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True):
     blocks: list[tuple[str, int]]
 
 
-class PeerGone(msgspec.Struct, tag=True, array_like=True):
+class PeerGone(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """A process died or stopped: forget its inbox and unmap its segments (by prefix)."""
 
     address: str

@@ -18,7 +18,7 @@ from shm.messages.repository import ModelReadyState, RepositoryReply
 from shm.messages.results import Error, InferResponse
 from shm.messages.settings import LogSettingsReply, TraceSettingReply
 from shm.messages.scheduler import SCHEDULER_INBOX
-from shm.messages.worker import WORKER_INBOX, ExecuteBatch
+from shm.messages.worker import WORKER_INBOX, BatchDone, ExecuteBatch
 from shm.tensor import INLINE_MAX
 
 
@@ -100,3 +100,20 @@ def test_every_reply_that_can_fail_carries_one_error_struct(reply):
     bogus = encode(msgspec.structs.replace(reply, error=Error(99, "gone")))
     with pytest.raises(msgspec.ValidationError):  # only Triton's error classes decode
         decoder.decode(bogus)
+
+
+def test_messages_nobody_updates_are_frozen_and_the_working_ones_are_not():
+    # a receiver that changed a control message or a state update would change what
+    # another handler (or a retry) sees; requests and batches are updated in place
+    # on purpose (ids, batch sizes, timings), replies are filled in before sending
+    inboxes = set(SCHEDULER_INBOX) | set(FRONTEND_INBOX) | set(WORKER_INBOX)
+    working = {InferRequest, ExecuteBatch, BatchDone, InferResponse, StatsReply,
+               RegionReply, RepositoryReply, LogSettingsReply, TraceSettingReply}
+    assert working <= inboxes
+    for struct in inboxes - working:
+        assert struct.__struct_config__.frozen, struct.__name__
+    for struct in working:
+        assert not struct.__struct_config__.frozen, struct.__name__
+    update = ModelStateUpdate("m", 1, ModelReadyState.READY)
+    with pytest.raises(AttributeError):
+        update.state = ModelReadyState.UNAVAILABLE
