@@ -31,10 +31,10 @@ from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, D
                                    InferRequest, ModelStateUpdate, RequestedOutput,
                                    ServerState, StatsReply, StatsRequest)
 from shm.messages.regions import RegionOp, RegionReply, RegionRequest
-from shm.messages.repository import (IndexEntry, RepositoryOp, RepositoryReply,
-                                     RepositoryRequest)
+from shm.messages.repository import (IndexEntry, ModelReadyState, RepositoryOp,
+                                     RepositoryReply, RepositoryRequest)
 from shm.log import apply_log_settings
-from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.results import Error, InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
 from shm.tensor import INLINE_MAX, TensorRef
@@ -84,9 +84,8 @@ class ResponseStream:
         msg: InferResponse = self.items.popleft()
         if msg.final:
             self.done = True
-        if msg.error:
-            # every sender sets the code: 0 is Triton's UNKNOWN, not "unset"
-            return InferError(ErrorCode(msg.error_code), msg.error), msg.final
+        if msg.error is not None:
+            return InferError(msg.error.code, msg.error.message), msg.final
         if msg.empty:
             return None, msg.final
         return self.core._result(self.view, self.request, msg), msg.final
@@ -117,8 +116,8 @@ def all_models_ready(models: dict[str, dict[int, ModelView]]) -> bool:
     """Triton's --strict-readiness rule: every model the server knows has a version,
     and each version is READY or was unloaded on purpose; a failed load, LOADING and
     UNAVAILABLE all make the server not ready."""
-    return all(versions and all(v.state == "READY" or v.reason == "unloaded"
-                                for v in versions.values())
+    return all(versions and all(v.state == ModelReadyState.READY
+                                or v.reason == "unloaded" for v in versions.values())
                for versions in models.values())
 
 
@@ -192,7 +191,7 @@ class SchedulerDataPlane:
                 raise InferError(ErrorCode.NOT_FOUND,
                                  f"Request for unknown model: '{name}' version {v} is not found")
             return view
-        ready = [v for v, view in versions.items() if view.state == "READY"]
+        ready = [v for v, view in versions.items() if view.state == ModelReadyState.READY]
         if ready:
             return versions[max(ready)]
         # nothing ready: report the most telling entry (a reason, if there is one)
@@ -314,7 +313,7 @@ class SchedulerDataPlane:
         view = self.get_model(request.model_name, request.model_version)
         if decoupled_refusal and view.decoupled:
             raise InferError(ErrorCode.UNSUPPORTED, decoupled_refusal)
-        if view.state != "READY":
+        if view.state != ModelReadyState.READY:
             raise not_ready_error(view, request.model_version)
         return view, validate_request(request, view.config)
 
@@ -402,8 +401,9 @@ class SchedulerDataPlane:
             reply = await fut
         finally:
             self.calls.pop(call_id, None)
-        if reply.error:
-            raise InferError(ErrorCode(reply.error_code or ErrorCode.INTERNAL), reply.error)
+        if reply.error is not None:
+            error = reply.error
+            raise InferError(error.code or ErrorCode.INTERNAL, error.message)
         return reply
 
     def on_call_reply(self, msg) -> None:
@@ -483,8 +483,8 @@ class SchedulerDataPlane:
             if rid in failed:
                 continue  # answered by an earlier call: once is enough
             failed.add(rid)
-            stream._deliver(InferResponse(stream.rid, error="Server is stopping",
-                                          error_code=int(ErrorCode.UNAVAILABLE)))
+            stream._deliver(InferResponse(
+                stream.rid, error=Error(ErrorCode.UNAVAILABLE, "Server is stopping")))
 
     def close(self) -> None:
         self.fail_pending()

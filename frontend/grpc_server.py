@@ -32,7 +32,7 @@ from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_e
 from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .transport.engines import GrpcService
-from .types import DataPlane, not_ready_error
+from .types import DataPlane, ModelReadyState, not_ready_error
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class InferenceServicer:
             if e.code in (ErrorCode.NOT_FOUND, ErrorCode.UNAVAILABLE):
                 return service_pb2.ModelReadyResponse(ready=False)
             await _abort(context, e)
-        return service_pb2.ModelReadyResponse(ready=view.state == "READY")
+        return service_pb2.ModelReadyResponse(ready=view.state == ModelReadyState.READY)
 
     async def server_metadata_rpc(self, request, context):
         return self.server_metadata
@@ -133,7 +133,7 @@ class InferenceServicer:
         view = await self._ready_model(request.name, request.version, context)
         config = _config_message(view.config)
         versions = [str(v.version) for v in self.core.model_versions(view.name)
-                    if v.state == "READY"]
+                    if v.state == ModelReadyState.READY]
         batch = [-1] if config.max_batch_size > 0 else []
         return service_pb2.ModelMetadataResponse(
             name=view.name,
@@ -159,7 +159,8 @@ class InferenceServicer:
             view = self.core.get_model(name, version)
         except InferError as e:
             await _abort(context, e)
-        if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
+        # Triton core's ModelLifeCycle::GetModel wording
+        if view.state != ModelReadyState.READY:
             await _abort(context, not_ready_error(view, version, why=False))
         return view
 

@@ -28,7 +28,7 @@ from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import (HTTP_DEFAULT_MAX_INPUT_SIZE, Restrictions, http_refusal,
                          input_size_message)
-from .types import BODY_IN_ARENA_MIN, DataPlane, ModelView, not_ready_error
+from .types import BODY_IN_ARENA_MIN, DataPlane, ModelReadyState, ModelView, not_ready_error
 
 logger = logging.getLogger(__name__)
 
@@ -397,7 +397,8 @@ class _Handlers:
         name = request.path_params["model_name"]
         version = check_version(request.path_params.get("version", ""))
         view = self.core.get_model(name, version)
-        if view.state != "READY":  # Triton core's ModelLifeCycle::GetModel wording
+        # Triton core's ModelLifeCycle::GetModel wording
+        if view.state != ModelReadyState.READY:
             raise not_ready_error(view, version, why=False)
         return view
 
@@ -410,7 +411,7 @@ class _Handlers:
             versions = [str(view.version)]
         else:
             versions = sorted((v.version for v in self.core.model_versions(view.name)
-                               if v.state == "READY"), key=int) or [view.version]
+                               if v.state == ModelReadyState.READY), key=int) or [view.version]
             versions = [str(v) for v in versions]
         return Response(http_codec.json_dumps(model_metadata(view.config, versions)),
                         media_type="application/json")

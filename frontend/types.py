@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from shm.errors import ErrorCode, InferError  # noqa: F401  (re-exported for codecs)
+from shm.messages.repository import ModelReadyState
 
 # Triton core's limit on a string sequence_id, for every model, and its words (2.51
 # answers 501 / UNIMPLEMENTED; the fault is the client's: 400 / INVALID_ARGUMENT here,
@@ -77,7 +78,7 @@ class ModelView:
 
     name: str
     version: int
-    state: str  # "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+    state: ModelReadyState
     reason: str
     config: Any  # tritonclient.grpc.model_config_pb2.ModelConfig
     config_json: dict | None = None  # the config as Triton's HTTP endpoint prints it
@@ -202,5 +203,5 @@ class DataPlane(Protocol):
 
 def unloaded(view: ModelView) -> bool:
     """A version unloaded (or being unloaded) by the repository API or a poll."""
-    return view.state == "UNLOADING" or (view.state == "UNAVAILABLE"
-                                         and view.reason == "unloaded")
+    return view.state == ModelReadyState.UNLOADING or (
+        view.state == ModelReadyState.UNAVAILABLE and view.reason == "unloaded")

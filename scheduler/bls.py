@@ -76,8 +76,6 @@ def check(req: InferRequest, config) -> None:
                       f"[{','.join(repr(n) for n in sorted(given))}], but missing required "
                       f"input(s) [{','.join(repr(n) for n in missing)}]. Please provide "
                       "all required input(s).")
-    if req.batch_size:
-        return
     if config.max_batch_size <= 0:
         req.batch_size = 1
         return

@@ -26,7 +26,7 @@ from scheduler.processes.worker_pool import WorkerPool
 from shm.channel import Outbox
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CancelRequest, InferRequest
-from shm.messages.results import InferResponse, ReleaseBlocks
+from shm.messages.results import Error, InferResponse, ReleaseBlocks
 from shm.messages.worker import BatchDone, ExecuteBatch
 from shm.tensor import arena_blocks
 
@@ -84,8 +84,7 @@ class LoopCallbacks:
         self.workers.batch_sent(slot, batch.batch_id)  # the execute-timeout watch
 
     def fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
-        self.send_response(req.reply_to, InferResponse(req.id, error=reason,
-                                                       error_code=int(code)))
+        self.send_response(req.reply_to, InferResponse(req.id, error=Error(code, reason)))
         self.request_ended(req)
 
     def respond(self, req: InferRequest, response: InferResponse) -> None:

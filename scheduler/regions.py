@@ -23,6 +23,7 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.regions import (CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, RegionOp,
                                   RegionReply, RegionRequest, RegionStatus)
+from shm.messages.results import Error
 from shm.regions import NotSharedMemory, check_client_key, object_size
 from shm.tensor import TensorRef
 
@@ -70,7 +71,7 @@ class RegionRegistry:
         def answer(error: InferError | None = None, regions=()) -> None:
             reply = RegionReply(call.call_id, regions=list(regions))
             if error is not None:
-                reply.error, reply.error_code = error.message, int(error.code)
+                reply.error = Error(error.code, error.message)
             self._send(call.reply_to, reply)
 
         try:

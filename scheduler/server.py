@@ -47,7 +47,8 @@ from shm.arena import remove_segments
 from shm.channel import ipc_address
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
-                                   FrontendStopped, InferRequest, ServerState, StatsRequest)
+                                   FrontendStopped, InferRequest, RequestOrigin, ServerState,
+                                   StatsRequest)
 from shm.messages.regions import RegionGone, RegionRequest
 from shm.messages.repository import RepositoryRequest
 from shm.messages.results import InferResponse, ReleaseBlocks
@@ -286,8 +287,7 @@ class Server:
 
     def on_infer(self, req: InferRequest) -> None:
         mv = self.manager.models.resolve(req.model, req.version)
-        from_model = not req.batch_size
-        if from_model:  # a python model's BLS call: checked as a frontend would
+        if req.origin is RequestOrigin.BLS:  # checked here as a frontend would
             try:
                 bls.admit(req, mv)
             except InferError as exc:
@@ -309,7 +309,8 @@ class Server:
             sched.enqueue(req, now)
         except InferError as exc:
             self.callbacks.fail(req, exc.code,
-                                bls.refusal(req, exc.message) if from_model else exc.message)
+                                bls.refusal(req, exc.message)
+                                if req.origin is RequestOrigin.BLS else exc.message)
 
     def _answer_from_cache(self, req: InferRequest, mv, now: int) -> bool:
         start = time.monotonic_ns()

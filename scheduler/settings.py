@@ -16,6 +16,7 @@ from scheduler.trace import TraceManager
 from shm.errors import ErrorCode, InferError
 from shm.log import configure_logging
 from shm.messages.frontend import StatsReply, StatsRequest
+from shm.messages.results import Error
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
 
@@ -41,7 +42,7 @@ class SettingsCalls:
         try:
             fill(reply)
         except InferError as exc:
-            reply.error, reply.error_code = exc.message, int(exc.code)
+            reply.error = Error(exc.code, exc.message)
         self._send(call.reply_to, reply)
 
     def on_stats(self, call: StatsRequest) -> None:

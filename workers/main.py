@@ -34,7 +34,7 @@ from shm.lifecycle import die_with_parent, exit_orphaned, parent_gone, watch_par
 from shm.log import apply_log_settings, configure_logging
 from shm.messages.frontend import CancelRequest
 from shm.messages.regions import RegionGone
-from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.results import Error, InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.roles import WorkerSpec
 from shm.messages.settings import LogSettings
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
@@ -314,8 +314,8 @@ class Worker:
                 except InferError as exc:
                     result = exc
             if isinstance(result, InferError):
-                response = InferResponse(request.id, error=result.message,
-                                         error_code=int(result.code), final=final)
+                response = InferResponse(request.id, error=Error(result.code, result.message),
+                                         final=final)
         with self.response_lock:
             self.response_outbox.send(request.reply_to, response)
 
@@ -461,14 +461,14 @@ class Worker:
                 except InferError as exc:
                     result = exc
             failed.append(i)
-            responses.append(InferResponse(request.id, error=result.message,
-                                           error_code=int(result.code)))
+            responses.append(InferResponse(request.id,
+                                           error=Error(result.code, result.message)))
         # once for the batch: its copies into clients' CUDA regions are complete
         try:
             self.io.wait_for_device()
         except Exception as exc:  # the device failed: no output can be trusted
             log.exception("waiting for the output copies of %s failed", msg.instance)
-            error = InferError(ErrorCode.INTERNAL, f"failed to return outputs: {_reason(exc)}")
+            error = Error(ErrorCode.INTERNAL, f"failed to return outputs: {_reason(exc)}")
             for i, (request, r) in enumerate(zip(msg.requests, responses)):
                 if r is None:
                     continue
@@ -476,8 +476,7 @@ class Worker:
                     self.io.released(request.reply_to, arena_blocks(r.outputs))
                 if i not in failed:
                     failed.append(i)
-                responses[i] = InferResponse(r.id, error=error.message,
-                                             error_code=int(error.code))
+                responses[i] = InferResponse(r.id, error=error)
         done = BatchDone(msg.batch_id, msg.instance, start, input_end, output_start,
                          time.monotonic_ns(), failed, copies.as_list())
         if msg.relay:

@@ -26,7 +26,7 @@ import numpy as np
 
 from shm import datatypes
 from shm.errors import InferError
-from shm.messages.frontend import InferRequest
+from shm.messages.frontend import InferRequest, RequestOrigin
 from shm.tensor import TensorRef
 
 log = logging.getLogger("shmserve.warmup")
@@ -84,7 +84,8 @@ def sample_requests(setting: dict, config: dict, model: str, version: int,
         shape = ([1] if max_batch and name in declared else []) + dims
         # Inline: the request never leaves this process, so its bytes need no arena.
         inputs.append(TensorRef(name, datatype, shape, data=data))
-    return [InferRequest(0, "", model, version, list(inputs)) for _ in range(batch_size)]
+    return [InferRequest(0, "", model, version, list(inputs), origin=RequestOrigin.WARMUP)
+            for _ in range(batch_size)]
 
 
 def input_data(name: str, spec: dict, model_dir: str,

@@ -30,6 +30,7 @@ from scheduler.repository.models import ModelReadyState, ModelVersion
 from shm.errors import ErrorCode, InferError
 from shm.messages.repository import (IndexEntry, RepositoryOp, RepositoryReply,
                                      RepositoryRequest)
+from shm.messages.results import Error
 
 log = logging.getLogger("shmserve.scheduler")
 
@@ -136,10 +137,10 @@ class ModelControl:
                 case RepositoryOp.UNLOAD:
                     await self.unload(call.model, call.unload_dependents)
         except InferError as exc:
-            reply.error, reply.error_code = exc.message, int(exc.code)
+            reply.error = Error(exc.code, exc.message)
         except Exception as exc:
             log.exception("model repository call '%s' of '%s' failed", call.op, call.model)
-            reply.error, reply.error_code = str(exc), int(ErrorCode.INTERNAL)
+            reply.error = Error(ErrorCode.INTERNAL, str(exc))
         self._send(call.reply_to, reply)
 
     def _lock(self, name: str) -> asyncio.Lock:
@@ -170,7 +171,7 @@ class ModelControl:
             for mv in versions:
                 if ready and mv.state is not ModelReadyState.READY:
                     continue
-                rows.append(IndexEntry(name, mv.version, mv.state.value, mv.reason))
+                rows.append(IndexEntry(name, mv.version, mv.state, mv.reason))
         return rows
 
     # -- load ----------------------------------------------------------------------------

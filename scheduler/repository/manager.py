@@ -425,7 +425,7 @@ class ModelRepositoryManager:
         if mv.config is not None and not mv.config_json:
             mv.config_json = json.dumps(cfg.config_to_json(mv.config)).encode()
         return ModelStateUpdate(
-            mv.name, mv.version, mv.state.value, mv.reason,
+            mv.name, mv.version, mv.state, mv.reason,
             config=mv.config.SerializeToString() if mv.config is not None else b"",
             config_json=mv.config_json, cache=self.caches(mv.config),
             labels=self._labels(mv))

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 
 from scheduler.scheduling.rate_limiter import InstanceSlot
+from shm.messages.repository import ModelReadyState
 
-
-class ModelReadyState(str, enum.Enum):
-    UNKNOWN = "UNKNOWN"
-    READY = "READY"
-    UNAVAILABLE = "UNAVAILABLE"
-    LOADING = "LOADING"
-    UNLOADING = "UNLOADING"
+__all__ = ["ModelReadyState", "ModelTable", "ModelVersion"]
 
 
 @dataclasses.dataclass

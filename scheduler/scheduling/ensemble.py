@@ -35,8 +35,8 @@ from scheduler.scheduling.ensemble_checks import EnsembleError, check_steps  # n
 from scheduler.scheduling.interface import Callbacks
 from scheduler.stats import CANCELED, OTHER, ModelStats
 from shm.errors import ErrorCode, InferError
-from shm.messages.frontend import InferRequest, RequestedOutput
-from shm.messages.results import InferResponse
+from shm.messages.frontend import InferRequest, RequestedOutput, RequestOrigin
+from shm.messages.results import Error, InferResponse
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
 
@@ -97,7 +97,7 @@ class _Run:
 
     __slots__ = ("req", "tensors", "seq", "blocks", "started", "running", "iterations",
                  "waiting", "answered", "timing_due", "timed_early", "error",
-                 "error_code", "compute", "end_ns", "finished", "counted", "wanted")
+                 "compute", "end_ns", "finished", "counted", "wanted")
 
     def __init__(self, req: InferRequest):
         self.req = req
@@ -116,8 +116,7 @@ class _Run:
         # whose BatchDone came before their final response (responses may be relayed)
         self.timing_due: set[int] = set()
         self.timed_early: set[int] = set()
-        self.error = ""
-        self.error_code = 0
+        self.error: Error | None = None  # the client's answer once a step failed
         self.compute = [0, 0, 0]  # the steps' compute_input / infer / output, summed
         self.end_ns = 0
         self.finished = False  # the client has its final answer
@@ -190,7 +189,7 @@ class EnsembleScheduler:
 
     def _submit(self, run: _Run, step: Step, it: int, now: int) -> None:
         run.started.add((step.index, it))
-        if run.error:
+        if run.error is not None:
             return  # a failed request starts no more steps
         req = run.req
         seq = None  # the first step output read decides, as in Triton
@@ -212,6 +211,7 @@ class EnsembleScheduler:
             batch_size=req.batch_size, priority=req.priority, timeout_us=req.timeout_us,
             sequence_id=seq[0], sequence_start=seq[1], sequence_end=seq[2],
             parameters=req.parameters, start_ns=now,
+            origin=RequestOrigin.ENSEMBLE,
             callers=req.callers)  # BLS: a step may not call back into a waiting model
         try:
             self.callbacks.submit(self, step_req)
@@ -235,7 +235,7 @@ class EnsembleScheduler:
         step = self.steps[index]
         if msg.final:
             del run.running[msg.id]
-            if msg.error or msg.cache_hit or msg.id in run.timed_early:
+            if msg.error is not None or msg.cache_hit or msg.id in run.timed_early:
                 # nothing more to hear about this step (a failure is not timed; a
                 # cache hit ran no batch)
                 run.timed_early.discard(msg.id)
@@ -243,15 +243,15 @@ class EnsembleScheduler:
                 self.callbacks.forget(msg.id)
             else:
                 run.timing_due.add(msg.id)
-        error = (msg.error, ErrorCode(msg.error_code)) if msg.error else None
+        error = msg.error
         if error is None and not msg.empty:
             try:
                 seq = _sequence(msg.parameters, seq)
             except InferError as exc:
-                error = (exc.message, exc.code)
+                error = Error(exc.code, exc.message)
         if error is not None:
             # an error response of a decoupled step fails the request too, as in Triton
-            self._step_failed(run, step, error[1], error[0])
+            self._step_failed(run, step, error.code, error.message)
             self._release_outputs(msg)
         elif not msg.empty:
             if index in self.decoupled_steps:
@@ -288,7 +288,7 @@ class EnsembleScheduler:
         ready = []
         for ref in msg.outputs:
             tensor = step.output_map.get(ref.name)
-            if tensor is None or (tensor, it) in run.tensors or run.error:
+            if tensor is None or (tensor, it) in run.tensors or run.error is not None:
                 self._release_ref(ref, msg.owner)  # not asked for, or too late
                 continue
             run.tensors[(tensor, it)] = ref
@@ -330,12 +330,11 @@ class EnsembleScheduler:
             self.callbacks.release(owner, [(ref.segment, ref.offset)])
 
     def _step_failed(self, run: _Run, step: Step, code: ErrorCode, message: str) -> None:
-        if not run.error:
+        if run.error is None:
             # Triton prefixes "in ensemble '<name>', "; the step's model is named too,
             # so a user sees which step broke
-            run.error = (f"in ensemble '{self.name}', step {step.index} (model "
-                         f"'{step.model}'): {message}")
-            run.error_code = int(code)
+            run.error = Error(code, f"in ensemble '{self.name}', step {step.index} "
+                                    f"(model '{step.model}'): {message}")
 
     # -- answers --------------------------------------------------------------------------
 
@@ -345,7 +344,7 @@ class EnsembleScheduler:
         of its iteration waits for that step: the client's release hands a block
         straight back to its owner, so the client must be its last reader. What is
         complete once nothing runs goes out from _maybe_finish, the last one final."""
-        if not self.decoupled or run.error or run.finished:
+        if not self.decoupled or run.error is not None or run.finished:
             return
         while run.waiting and run.running and self._client_only(run, run.waiting[0]):
             self._send(run, run.waiting.pop(0), final=False)
@@ -376,19 +375,19 @@ class EnsembleScheduler:
         run.finished = True
         req = run.req
         self.active.pop((req.reply_to, req.id), None)
-        if not run.error and not self.decoupled and not run.waiting and run.wanted:
+        if (run.error is None and not self.decoupled and not run.waiting
+                and run.wanted):
             # a decoupled ensemble may answer nothing, as a decoupled model may
-            run.error = (f"in ensemble '{self.name}', [request id: "
-                         f"{req.request_id or '<id_unknown>'}] unexpected deadlock, at "
-                         "least one output is not set while no more ensemble steps "
-                         "can be made")
-            run.error_code = int(ErrorCode.INVALID_ARG)
-        if run.error:
+            run.error = Error(
+                ErrorCode.INVALID_ARG,
+                f"in ensemble '{self.name}', [request id: "
+                f"{req.request_id or '<id_unknown>'}] unexpected deadlock, at least one "
+                "output is not set while no more ensemble steps can be made")
+        if run.error is not None:
             self._release_all(run)
-            self.stats.failed(req, CANCELED if run.error_code == ErrorCode.CANCELLED
+            self.stats.failed(req, CANCELED if run.error.code == ErrorCode.CANCELLED
                               else OTHER, now)
-            self.callbacks.finish(req, InferResponse(req.id, error=run.error,
-                                                error_code=run.error_code), {})
+            self.callbacks.finish(req, InferResponse(req.id, error=run.error), {})
             for step_id in [i for i, r in self.runs.items() if r is run]:
                 self.runs.pop(step_id)
                 self.callbacks.forget(step_id)
@@ -414,7 +413,7 @@ class EnsembleScheduler:
 
     def _maybe_count(self, run: _Run) -> None:
         """Count a successful request once every step's timing is in."""
-        if run.finished and not run.error and not run.timing_due and not run.counted:
+        if run.finished and run.error is None and not run.timing_due and not run.counted:
             run.counted = True
             self.stats.ensemble_ran(run.req, run.req.batch_size if self.batching else 1,
                                     run.end_ns, *run.compute)
@@ -425,9 +424,9 @@ class EnsembleScheduler:
         run = self.active.get((reply_to, request_id))
         if run is None:
             return False
-        if not run.error:
-            run.error = f"in ensemble '{self.name}', request was cancelled"
-            run.error_code = int(ErrorCode.CANCELLED)
+        if run.error is None:
+            run.error = Error(ErrorCode.CANCELLED,
+                              f"in ensemble '{self.name}', request was cancelled")
         for step_id in list(run.running):
             self.callbacks.cancel(step_id)
         self._maybe_finish(run, now)
@@ -455,9 +454,8 @@ class EnsembleScheduler:
         # the steps' own schedulers fail what they hold, which ends each run; a run
         # still here has a step nobody will answer
         for run in list(self.active.values()):
-            if not run.error:
-                run.error = f"in ensemble '{self.name}', {reason}"
-                run.error_code = int(code)
+            if run.error is None:
+                run.error = Error(code, f"in ensemble '{self.name}', {reason}")
             run.running.clear()
             self._maybe_finish(run, now)
 

@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 from shm.messages.regions import RegionReply, RegionRequest
-from shm.messages.repository import RepositoryReply, RepositoryRequest
-from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
+from shm.messages.repository import ModelReadyState, RepositoryReply, RepositoryRequest
+from shm.messages.results import Error, InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
 from shm.tensor import TensorRef
 
 
-class RequestedOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+class RequestedOutput(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     """An output the client asked for. `target`, when set, is the client region the
     output must be written into (a TensorRef with `region` != 0, no data)."""
 
     name: str
     parameters: dict = {}
     target: TensorRef | None = None
+
+
+class RequestOrigin(enum.IntEnum):
+    """Who made a request: a client through a frontend, a python model's execute()
+    (BLS), an ensemble's step, or a model's warmup (an unknown one does not
+    decode)."""
+
+    CLIENT = 0
+    BLS = 1
+    ENSEMBLE = 2
+    WARMUP = 3
 
 
 class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -52,12 +65,14 @@ class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     trace_id: int = 0
     # BLS: the models whose execute() made this call, outermost first (empty for a
     # client's request); the scheduler refuses a call to a model already in it, which
-    # would wait for itself. A BLS request carries batch_size 0: the scheduler derives
-    # it from the callee's config, as a frontend does from the one it was pushed.
+    # would wait for itself.
     callers: list[str] = []
+    # a BLS request's batch size is the scheduler's to derive from the callee's config,
+    # as a frontend does from the one it was pushed
+    origin: RequestOrigin = RequestOrigin.CLIENT
 
 
-class CancelRequest(msgspec.Struct, tag=True, array_like=True):
+class CancelRequest(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The client went away: drop request `id` of `reply_to` if it has not run yet;
     if it is running, the scheduler forwards this to the worker running it, where
     the model sees `request.is_cancelled()` turn true."""
@@ -66,7 +81,7 @@ class CancelRequest(msgspec.Struct, tag=True, array_like=True):
     reply_to: str
 
 
-class FrontendReady(msgspec.Struct, tag=True, array_like=True):
+class FrontendReady(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """A frontend is listening; it wants the model table."""
 
     index: int
@@ -74,14 +89,15 @@ class FrontendReady(msgspec.Struct, tag=True, array_like=True):
     pid: int
 
 
-class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                       frozen=True):
     """The state of one model version. `config` is serialized `ModelConfig` bytes and
     `config_json` the JSON Triton's config endpoint prints, so frontends validate and
     answer metadata without asking."""
 
     name: str
     version: int
-    state: str  # READY, UNAVAILABLE, LOADING, UNLOADING
+    state: ModelReadyState
     reason: str = ""
     config: bytes = b""
     config_json: bytes = b""
@@ -93,7 +109,7 @@ class ModelStateUpdate(msgspec.Struct, tag=True, array_like=True, omit_defaults=
     labels: dict[str, list[str]] = {}
 
 
-class ServerState(msgspec.Struct, tag=True, array_like=True):
+class ServerState(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """Server readiness as a whole (false while loading and while stopping)."""
 
     ready: bool
@@ -103,18 +119,18 @@ class ServerState(msgspec.Struct, tag=True, array_like=True):
     strict: bool = True
 
 
-class Drain(msgspec.Struct, tag=True, array_like=True):
+class Drain(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """Stop taking requests, finish those in flight within `timeout_s`, then exit."""
 
     timeout_s: float
 
 
-class FrontendStopped(msgspec.Struct, tag=True, array_like=True):
+class FrontendStopped(msgspec.Struct, tag=True, array_like=True, frozen=True):
     index: int
     abandoned: int  # requests still in flight when the drain timed out
 
 
-class CacheInsert(msgspec.Struct, tag=True, array_like=True):
+class CacheInsert(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The outputs of a request that missed the response cache and succeeded, sent once
     by the frontend that answered it, inline, for the scheduler to cache under `key`."""
 
@@ -124,7 +140,8 @@ class CacheInsert(msgspec.Struct, tag=True, array_like=True):
     outputs: list[TensorRef]
 
 
-class StatsRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+class StatsRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                   frozen=True):
     """The statistics extension: every ready model version (`model` empty), every ready
     version of `model` (`version` -1), or one version."""
 
@@ -139,8 +156,7 @@ class StatsReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     frontends parse it into ModelStatisticsResponse."""
 
     call_id: int
-    error: str = ""
-    error_code: int = 0
+    error: Error | None = None
     body: bytes = b""
 
 

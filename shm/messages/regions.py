@@ -14,6 +14,8 @@ import enum
 
 import msgspec
 
+from shm.messages.results import Error
+
 SYSTEM = "system"
 CUDA = "cuda"
 CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
@@ -28,9 +30,10 @@ class RegionOp(enum.StrEnum):
     UNREGISTER = "unregister"
 
 
-class RegionRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """A shared-memory call: `op` what it does; `kind` is SYSTEM or CUDA. An empty `name` means every region of that kind (status,
-    unregister)."""
+class RegionRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                    frozen=True):
+    """A shared-memory call: `op` what it does; `kind` is SYSTEM or CUDA. An empty
+    `name` means every region of that kind (status, unregister)."""
 
     call_id: int
     reply_to: str
@@ -44,7 +47,7 @@ class RegionRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
     raw_handle: bytes = b""  # cuda: cudaIpcMemHandle_t, 64 bytes
 
 
-class RegionStatus(msgspec.Struct, array_like=True, omit_defaults=True):
+class RegionStatus(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
     name: str
     kind: str
     key: str = ""
@@ -54,16 +57,15 @@ class RegionStatus(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class RegionReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
-    """The answer to RegionRequest `call_id`: an error (shm.errors.ErrorCode), or the
-    regions a status call asked for."""
+    """The answer to RegionRequest `call_id`: an error, or the regions a status call
+    asked for."""
 
     call_id: int
-    error: str = ""
-    error_code: int = 0
+    error: Error | None = None
     regions: list[RegionStatus] = []
 
 
-class RegionGone(msgspec.Struct, tag=True, array_like=True):
+class RegionGone(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """Scheduler -> workers: the region with this uid is unregistered and no request
     uses it any more; unmap it."""
 

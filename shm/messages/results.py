@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import msgspec
 
+from shm.errors import ErrorCode
 from shm.tensor import TensorRef
+
+
+class Error(msgspec.Struct, array_like=True, frozen=True):
+    """Why a request or a call failed, in every reply that can fail: Triton's error
+    class (an unknown one does not decode) and the message the client sees."""
+
+    code: ErrorCode
+    message: str
 
 
 class InferResponse(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -14,8 +23,7 @@ class InferResponse(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
 
     id: int
     outputs: list[TensorRef] = []
-    error: str = ""
-    error_code: int = 0  # shm.errors.ErrorCode when `error` is set
+    error: Error | None = None
     final: bool = True
     owner: str = ""
     model_version: int = 0
@@ -27,7 +35,7 @@ class InferResponse(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
     parameters: dict = {}
 
 
-class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True):
+class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The reader (its inbox address) is done with these blocks of the recipient's
     arena: (segment, offset) pairs."""
 
@@ -35,7 +43,7 @@ class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True):
     blocks: list[tuple[str, int]]
 
 
-class PeerGone(msgspec.Struct, tag=True, array_like=True):
+class PeerGone(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """A process died or stopped: forget its inbox and unmap its segments (by prefix)."""
 
     address: str

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import msgspec
 
+from shm.messages.results import Error
 
-class LogSettings(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+
+class LogSettings(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                  frozen=True):
     """The log settings every process applies (Triton's logging extension names).
     Also handed to each child at spawn (JSON on its command line), so a process
     restarted later logs as the others do."""
@@ -24,7 +27,8 @@ class LogSettings(msgspec.Struct, tag=True, array_like=True, omit_defaults=True)
     log_format: str = "default"  # "default" or "ISO8601"
 
 
-class LogSettingsRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+class LogSettingsRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                         frozen=True):
     """GET (`update` None) or POST /v2/logging, gRPC LogSettings."""
 
     call_id: int
@@ -34,12 +38,12 @@ class LogSettingsRequest(msgspec.Struct, tag=True, array_like=True, omit_default
 
 class LogSettingsReply(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     call_id: int
-    error: str = ""
-    error_code: int = 0
+    error: Error | None = None
     settings: LogSettings | None = None
 
 
-class TraceSettingRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+class TraceSettingRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                          frozen=True):
     """GET (`update` None) or POST /v2[/models/{model}]/trace/setting, gRPC
     TraceSetting. A value None clears a setting (it falls back again)."""
 
@@ -54,6 +58,5 @@ class TraceSettingReply(msgspec.Struct, tag=True, array_like=True, omit_defaults
     trace_level, a list of strings."""
 
     call_id: int
-    error: str = ""
-    error_code: int = 0
+    error: Error | None = None
     settings: dict[str, str | list[str]] = {}

@@ -10,7 +10,7 @@ from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
 
 
-class WorkerReady(msgspec.Struct, tag=True, array_like=True):
+class WorkerReady(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """A worker process is up and listening on `address`."""
 
     name: str
@@ -18,7 +18,8 @@ class WorkerReady(msgspec.Struct, tag=True, array_like=True):
     pid: int
 
 
-class LoadInstance(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+class LoadInstance(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                   frozen=True):
     """Load one model instance. `config` is the model config as the JSON Triton prints
     (what python models get in `args["model_config"]`), so workers need no protobuf.
     With `auto_complete`, the backend may fill the config in and returns it."""
@@ -38,7 +39,8 @@ class LoadInstance(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     passive: bool = False
 
 
-class InstanceLoaded(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+class InstanceLoaded(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                     frozen=True):
     """Answer to LoadInstance, sent once the instance has run its model_warmup samples:
     ok, or the reason it failed; the (auto-completed) config as JSON."""
 
@@ -86,7 +88,7 @@ class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     responses: list[InferResponse] = []
 
 
-class ResponseStats(msgspec.Struct, tag=True, array_like=True):
+class ResponseStats(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The responses of one finished request of a decoupled model on `instance`, for
     Triton's per-response statistics: (index, kind, start_ns, output_start_ns, end_ns)
     each, kind 0 success, 1 fail, 2 empty (send(None, FINAL)); a response starts when
@@ -99,11 +101,11 @@ class ResponseStats(msgspec.Struct, tag=True, array_like=True):
     id: int = 0
 
 
-class UnloadInstance(msgspec.Struct, tag=True, array_like=True):
+class UnloadInstance(msgspec.Struct, tag=True, array_like=True, frozen=True):
     instance: str
 
 
-class StopWorker(msgspec.Struct, tag=True, array_like=True):
+class StopWorker(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """Finalize every instance, free the arena and exit."""
 
 

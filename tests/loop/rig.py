@@ -21,9 +21,10 @@ import orjson
 
 from scheduler.cli import parse_args
 from scheduler.server import Server
+from shm.errors import ErrorCode
 from shm.messages.frontend import (FRONTEND_INBOX, Drain, FrontendReady, FrontendStopped,
                                    InferRequest, StatsRequest)
-from shm.messages.results import InferResponse
+from shm.messages.results import Error, InferResponse
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, StopWorker, WorkerReady, done_address)
 from shm.tensor import TensorRef
@@ -125,7 +126,7 @@ class FakeWorker:
         the scheduler the batch is done, as workers/main.py's run_batch does."""
         now = time.monotonic_ns()
         responses = [InferResponse(r.id, owner=self.address) if i not in failed else
-                     InferResponse(r.id, error="failed", error_code=13)
+                     InferResponse(r.id, error=Error(ErrorCode.INTERNAL, "failed"))
                      for i, r in enumerate(batch.requests)]
         done = BatchDone(batch.batch_id, batch.instance, now, now, now, now, list(failed))
         if batch.relay:

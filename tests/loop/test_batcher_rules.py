@@ -13,6 +13,7 @@ import time
 import pytest
 
 from shm.errors import ErrorCode
+from shm.messages.results import Error
 from tests.loop.rig import ids, run
 from tests.models_batcher.repo import CONFIGS, build
 
@@ -49,7 +50,7 @@ def test_priority_levels_first_batch_takes_the_high_priority_requests(tmp_path):
     async def test(rig):
         futs = [rig.send("prio", priority=p) for p in (9, 0, 1, 1)]  # ids 1..4
         await _finish_all(rig, [[3, 4], [1, 2]])
-        assert [(await f).error for f in futs] == [""] * 4
+        assert [(await f).error for f in futs] == [None] * 4
         s = _stats(await rig.stats("prio"))
         assert (s["execution_count"], s["inference_count"], s["success"], s["fail"]) == \
             (2, 4, 4, 0)
@@ -125,7 +126,7 @@ def test_rate_limiter_keeps_models_that_share_a_resource_apart(tmp_path, limited
             assert {ids(first)[0], ids(second)[0]} == {1, 2}
             rig.take_batches()
             worker.finish(second)
-        assert (await a).error == (await b).error == ""
+        assert (await a).error is None and (await b).error is None
     run(_repo(tmp_path, "rl_a", "rl_b"), test, *flags)
 
 
@@ -159,10 +160,10 @@ def test_full_queue_rejects_with_unavailable_and_counts_nothing(tmp_path):
         await rig.batches_sent(1)
         queued = rig.send("qfull", cols=1)
         refused = await rig.send("qfull", cols=1)
-        assert refused.error_code == ErrorCode.UNAVAILABLE
-        assert "Exceeds maximum queue size" in refused.error
+        assert refused.error.code == ErrorCode.UNAVAILABLE
+        assert "Exceeds maximum queue size" in refused.error.message
         await _finish_all(rig, [[1], [2]])
-        assert (await running).error == (await queued).error == ""
+        assert (await running).error is None and (await queued).error is None
         s = _stats(await rig.stats("qfull"))
         assert (s["success"], s["fail"]) == (2, 0)
     run(_repo(tmp_path, "qfull"), test)
@@ -179,12 +180,11 @@ def test_queue_timeout_reject_fails_only_the_expired_request(tmp_path):
         await rig.until(lambda: rig.timer.deadline is not None, "the queue timeout")
         rig.timer.fire()
         rejected = await late
-        assert (rejected.error_code, rejected.error) == \
-            (ErrorCode.UNAVAILABLE, "Request timeout expired")
+        assert rejected.error == Error(ErrorCode.UNAVAILABLE, "Request timeout expired")
         assert not running.done(), "the rejection does not wait for the instance"
         rig.take_batches()
         worker.finish(batch)
-        assert (await running).error == ""
+        assert (await running).error is None
         s = _stats(await rig.stats("loop_reject"))
         assert (s["success"], s["fail"], s["execution_count"]) == (1, 1, 1)
     run(_repo(tmp_path, loop_reject="""max_batch_size: 1
@@ -209,7 +209,7 @@ def test_queue_timeout_delay_and_override(tmp_path):
         await rig.until(lambda: time.monotonic_ns() > expired, "B's timeout to pass")
         worker.finish(batch)
         await _finish_all(rig, [[c.request_id], [b.request_id]])
-        assert [(await f).error for f in (a, b, c)] == [""] * 3
+        assert [(await f).error for f in (a, b, c)] == [None] * 3
         s = _stats(await rig.stats("qdelay"))
         assert (s["success"], s["fail"]) == (3, 0)
     run(_repo(tmp_path, "qdelay"), test)
@@ -234,7 +234,7 @@ def test_preserve_ordering_holds_a_fast_response_behind_a_slow_one(tmp_path, mod
         assert fast.done() != ordered
         assert not slow.done()
         w1.finish(b1)
-        assert (await slow).error == (await fast).error == ""
+        assert (await slow).error is None and (await fast).error is None
     run(_repo(tmp_path, model), test)
 
 

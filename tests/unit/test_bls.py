@@ -17,8 +17,8 @@ from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from shm.arena import Arena
 from shm.errors import ErrorCode, InferError
-from shm.messages.frontend import CancelRequest, InferRequest
-from shm.messages.results import InferResponse, ReleaseBlocks
+from shm.messages.frontend import CancelRequest, InferRequest, RequestOrigin
+from shm.messages.results import Error, InferResponse, ReleaseBlocks
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
 from workers.python_backend import pb_utils
@@ -38,7 +38,7 @@ def _config(max_batch_size=8, decoupled=False):
 
 def _bls_req(shape=(2, 4), datatype="FP32", callers=(), name="X", model="callee", rid=1):
     ref = TensorRef(name, datatype, list(shape), data=bytes(4 * int(np.prod(shape))))
-    return InferRequest(rid, "ipc://worker", model, 0, [ref], batch_size=0,
+    return InferRequest(rid, "ipc://worker", model, 0, [ref], origin=RequestOrigin.BLS,
                         callers=list(callers))
 
 
@@ -53,6 +53,12 @@ def test_admit_derives_the_batch_size_from_the_callee_config():
     req = _bls_req((3, 4))
     admission.check(req, _config(max_batch_size=0))
     assert req.batch_size == 1
+    # the origin marks a BLS call, not a batch size of 0: whatever size it carries
+    # (the default 1 here) is the scheduler's to derive
+    req = _bls_req((5, 4))
+    assert req.batch_size == 1
+    admission.check(req, _config())
+    assert req.batch_size == 5
 
 
 @pytest.mark.parametrize("req,text", [
@@ -157,7 +163,8 @@ class World:
                                         Copies())
         self.client.on_response(InferResponse(rid, outputs=outputs, final=final,
                                               owner="ipc://callee", empty=empty,
-                                              error=error, error_code=3 if error else 0))
+                                              error=Error(ErrorCode.INVALID_ARG, error)
+                                              if error else None))
 
     def close(self):
         self.client.close()
@@ -207,7 +214,7 @@ def test_exec_reads_outputs_in_place_and_releases_them_once_unused(world):
     address, msg = world.sent[0]
     assert address == "ipc://scheduler" and isinstance(msg, InferRequest)
     assert msg.reply_to == "ipc://caller" and msg.callers == ["caller"]
-    assert msg.batch_size == 0 and msg.inputs[0].data is None  # written to our arena
+    assert msg.origin is RequestOrigin.BLS and msg.inputs[0].data is None  # in our arena
     assert world.caller_arena.used_bytes() > 0
     world.answer(msg.id, x * 2)
     t.join(10)

@@ -9,7 +9,7 @@ from scheduler.repository.config import ConfigError, normalize, validate
 from scheduler.scheduling.ensemble import EnsembleError, EnsembleScheduler, check_steps
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest, RequestedOutput
-from shm.messages.results import InferResponse
+from shm.messages.results import Error, InferResponse
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
 
@@ -97,8 +97,8 @@ def client_request(**kw):
 def answer(sched, req, owner="ipc:///run/worker-a", offset=0, error="", now=10):
     """The step's worker answers: each requested output as a block of its arena."""
     if error:
-        sched.on_response(InferResponse(req.id, error=error,
-                                        error_code=int(ErrorCode.INTERNAL)), now)
+        sched.on_response(InferResponse(req.id, error=Error(ErrorCode.INTERNAL, error)),
+                          now)
         return
     outs = [TensorRef(o.name, "FP32", [1, 16], segment=f"{owner}-seg", offset=offset + i,
                       nbytes=64) for i, o in enumerate(req.outputs)]
@@ -176,8 +176,8 @@ def test_a_failing_step_fails_the_request_naming_the_step_after_running_steps_en
     assert host.finished == []  # c still runs
     answer(sched, host.running("c")[0], owner="ipc:///run/worker-c")
     (_, resp, _), = host.finished
-    assert resp.error == "in ensemble 'ens', step 1 (model 'b'): negative input"
-    assert resp.error_code == int(ErrorCode.INTERNAL)
+    assert resp.error.message == "in ensemble 'ens', step 1 (model 'b'): negative input"
+    assert resp.error.code == ErrorCode.INTERNAL
     released = {b for _, b in host.released}
     assert released == {("ipc:///run/worker-a-seg", 0), ("ipc:///run/worker-c-seg", 0)}
     assert sched.stats.fail_count == 1 and sched.stats.success_count == 0
@@ -192,7 +192,7 @@ def test_a_failure_starts_no_further_step():
     answer(sched, host.submitted[0], error="boom")
     assert [r.model for r in host.submitted] == ["a"]
     (_, resp, _), = host.finished
-    assert "step 0 (model 'a'): boom" in resp.error
+    assert "step 0 (model 'a'): boom" in resp.error.message
 
 
 def test_a_step_whose_model_is_not_ready_fails_the_request():
@@ -201,8 +201,9 @@ def test_a_step_whose_model_is_not_ready_fails_the_request():
     sched = EnsembleScheduler("ens", 1, DIAMOND, host)
     sched.enqueue(client_request(), 5)
     (_, resp, _), = host.finished
-    assert resp.error == "in ensemble 'ens', step 0 (model 'a'): model 'a' is not ready"
-    assert resp.error_code == int(ErrorCode.UNAVAILABLE)
+    assert resp.error.message == ("in ensemble 'ens', step 0 (model 'a'): model 'a' is "
+                                  "not ready")
+    assert resp.error.code == ErrorCode.UNAVAILABLE
 
 
 def test_sequence_fields_priority_and_client_regions_flow_to_the_steps():
@@ -256,10 +257,10 @@ def test_cancel_drops_queued_steps_and_answers_once_they_end():
     a = host.submitted[0]
     assert sched.cancel(req.reply_to, req.id, 6)
     assert host.cancelled == [a.id]
-    sched.on_response(InferResponse(a.id, error="request was cancelled",
-                                    error_code=int(ErrorCode.CANCELLED)), 7)
+    cancelled = Error(ErrorCode.CANCELLED, "request was cancelled")
+    sched.on_response(InferResponse(a.id, error=cancelled), 7)
     (_, resp, _), = host.finished
-    assert resp.error_code == int(ErrorCode.CANCELLED)
+    assert resp.error.code == ErrorCode.CANCELLED
     assert not sched.cancel(req.reply_to, req.id, 8)
 
 
@@ -473,8 +474,8 @@ def test_an_error_mid_stream_fails_the_request_once_every_step_is_complete():
     answer(sched, b0, owner="ipc:///run/worker-b")
     assert len(host.finished) == 1 and not host.finished[0][1].error
     stream_answer(sched, d, 1)  # b runs for it ...
-    sched.on_response(InferResponse(d.id, error="element 2 is -1", final=False,
-                                     error_code=int(ErrorCode.INVALID_ARG)), 10)
+    sched.on_response(InferResponse(d.id, error=Error(ErrorCode.INVALID_ARG, "element 2 is -1"),
+                                    final=False), 10)
     stream_answer(sched, d, 3)  # ... but not for this one: its blocks go back
     assert len(host.running("b")) == 2
     assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 30)) in host.released
@@ -484,8 +485,8 @@ def test_an_error_mid_stream_fails_the_request_once_every_step_is_complete():
     answer(sched, host.running("b")[1], owner="ipc:///run/worker-b", offset=50)
     (_, resp, _) = host.finished[-1]
     assert len(host.finished) == 2 and resp.final
-    assert resp.error == "in ensemble 'ens', step 0 (model 'd'): element 2 is -1"
-    assert resp.error_code == int(ErrorCode.INVALID_ARG)
+    assert resp.error.message == "in ensemble 'ens', step 0 (model 'd'): element 2 is -1"
+    assert resp.error.code == ErrorCode.INVALID_ARG
     # everything of response 1 went back (b's output too: never answered)
     for block in [("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 10)),
                   ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 11)),
@@ -550,9 +551,9 @@ def test_a_response_can_set_the_sequence_fields_of_the_steps_after_it():
     for b in (b0, b1, b2):
         answer(sched, b, owner="ipc:///run/worker-b")
     (_, last, _) = host.finished[-1]
-    assert last.final and last.error == ("in ensemble 'ens', step 0 (model 'd'): expect "
-                                         "parameter 'sequence_start' to be "
-                                         "TRITONSERVER_PARAMETER_BOOL")
+    assert last.final and last.error.message == (
+        "in ensemble 'ens', step 0 (model 'd'): expect parameter 'sequence_start' to be "
+        "TRITONSERVER_PARAMETER_BOOL")
 
 
 def test_cancel_reaches_the_decoupled_step_and_ends_when_it_is_complete():
@@ -572,9 +573,9 @@ def test_cancel_reaches_the_decoupled_step_and_ends_when_it_is_complete():
     assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 10)) in host.released
     final_flag(sched, d)
     assert host.finished == []  # b0 still runs
-    sched.on_response(InferResponse(b0.id, error="request was cancelled",
-                                    error_code=int(ErrorCode.CANCELLED)), 30)
+    cancelled = Error(ErrorCode.CANCELLED, "request was cancelled")
+    sched.on_response(InferResponse(b0.id, error=cancelled), 30)
     (_, resp, _), = host.finished
-    assert resp.final and resp.error_code == int(ErrorCode.CANCELLED)
+    assert resp.final and resp.error.code == ErrorCode.CANCELLED
     assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 0)) in host.released
     assert not sched.active and not host.routes and sched.stats.fail_count == 1

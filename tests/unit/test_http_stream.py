@@ -18,7 +18,7 @@ from frontend.types import InferResult, ModelView, OutputTensor
 from scheduler.stats import ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CancelRequest
-from shm.messages.results import InferResponse, ReleaseBlocks
+from shm.messages.results import Error, InferResponse, ReleaseBlocks
 from shm.tensor import TensorRef
 
 
@@ -147,7 +147,7 @@ def test_stream_delivers_in_order_and_frees_inputs_at_the_final_response():
     async def run():
         core, stream = core_with_stream()
         core.on_response(out(1, 0))
-        core.on_response(InferResponse(1, error="bad", error_code=3, final=False))
+        core.on_response(InferResponse(1, error=Error(ErrorCode.INVALID_ARG, "bad"), final=False))
         assert core.arena.freed == []  # not at the first response
         got = [await stream.next(), await stream.next()]
         core.on_response(InferResponse(1, final=True, empty=True))

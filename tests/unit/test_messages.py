@@ -10,9 +10,15 @@ from frontend.dataplane import put_inputs
 from frontend.types import DecodedInput
 from shm.arena import Arena
 from shm.channel import encode
-from shm.messages.frontend import InferRequest
+from shm.errors import ErrorCode
+from shm.messages.frontend import (FRONTEND_INBOX, InferRequest, ModelStateUpdate,
+                                   RequestOrigin, StatsReply)
+from shm.messages.regions import RegionReply
+from shm.messages.repository import ModelReadyState, RepositoryReply
+from shm.messages.results import Error, InferResponse
+from shm.messages.settings import LogSettingsReply, TraceSettingReply
 from shm.messages.scheduler import SCHEDULER_INBOX
-from shm.messages.worker import WORKER_INBOX, ExecuteBatch
+from shm.messages.worker import WORKER_INBOX, BatchDone, ExecuteBatch
 from shm.tensor import INLINE_MAX
 
 
@@ -60,3 +66,54 @@ def test_an_inbox_rejects_types_it_does_not_expect():
         decoder.decode(encode(req))  # workers get ExecuteBatch, never a bare request
     with pytest.raises(msgspec.DecodeError):
         decoder.decode(b"\x93garbage")
+
+
+def test_a_model_state_travels_as_its_name_and_only_a_known_one_decodes():
+    decoder = msgspec.msgpack.Decoder(typing.Union[FRONTEND_INBOX])
+    update = ModelStateUpdate("m", 1, ModelReadyState.READY)
+    frame = encode(update)
+    assert b"READY" in frame  # a StrEnum keeps the bytes a plain string had
+    assert decoder.decode(frame).state is ModelReadyState.READY
+    with pytest.raises(msgspec.ValidationError):
+        decoder.decode(frame.replace(b"READY", b"READX"))
+
+
+def test_a_request_carries_its_origin_and_only_a_known_one_decodes():
+    decoder = msgspec.msgpack.Decoder(typing.Union[SCHEDULER_INBOX])
+    assert decoder.decode(encode(InferRequest(1, "x", "m", 0, []))).origin \
+        is RequestOrigin.CLIENT
+    frame = encode(InferRequest(1, "x", "m", 0, [], origin=RequestOrigin.BLS))
+    assert decoder.decode(frame).origin is RequestOrigin.BLS
+    assert frame.endswith(b"\x01")  # the last field: one byte on the wire
+    with pytest.raises(msgspec.ValidationError):
+        decoder.decode(frame[:-1] + b"\x7f")
+
+
+@pytest.mark.parametrize("reply", [
+    InferResponse(1), StatsReply(1), RegionReply(1), RepositoryReply(1),
+    LogSettingsReply(1), TraceSettingReply(1)])
+def test_every_reply_that_can_fail_carries_one_error_struct(reply):
+    decoder = msgspec.msgpack.Decoder(typing.Union[FRONTEND_INBOX])
+    assert decoder.decode(encode(reply)).error is None
+    failed = msgspec.structs.replace(reply, error=Error(ErrorCode.NOT_FOUND, "gone"))
+    assert decoder.decode(encode(failed)).error == Error(ErrorCode.NOT_FOUND, "gone")
+    bogus = encode(msgspec.structs.replace(reply, error=Error(99, "gone")))
+    with pytest.raises(msgspec.ValidationError):  # only Triton's error classes decode
+        decoder.decode(bogus)
+
+
+def test_messages_nobody_updates_are_frozen_and_the_working_ones_are_not():
+    # a receiver that changed a control message or a state update would change what
+    # another handler (or a retry) sees; requests and batches are updated in place
+    # on purpose (ids, batch sizes, timings), replies are filled in before sending
+    inboxes = set(SCHEDULER_INBOX) | set(FRONTEND_INBOX) | set(WORKER_INBOX)
+    working = {InferRequest, ExecuteBatch, BatchDone, InferResponse, StatsReply,
+               RegionReply, RepositoryReply, LogSettingsReply, TraceSettingReply}
+    assert working <= inboxes
+    for struct in inboxes - working:
+        assert struct.__struct_config__.frozen, struct.__name__
+    for struct in working:
+        assert not struct.__struct_config__.frozen, struct.__name__
+    update = ModelStateUpdate("m", 1, ModelReadyState.READY)
+    with pytest.raises(AttributeError):
+        update.state = ModelReadyState.UNAVAILABLE

@@ -15,6 +15,7 @@ from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from shm.errors import ErrorCode
 from shm.messages.regions import SYSTEM, RegionOp, RegionRequest
 from shm.messages.repository import RepositoryOp, RepositoryRequest
+from shm.messages.results import Error
 from tests.unit.fake_callbacks import FakeCallbacks
 from tests.unit.test_dynamic_scheduler import _config as dynamic_config
 from tests.unit.test_dynamic_scheduler import _req as dynamic_req
@@ -57,13 +58,13 @@ def test_region_calls_are_answered_by_the_registry_and_quarantine_takes_the_regi
                          send=lambda to, reply: sent.append((to, reply)))
     reg.on_call(RegionRequest(7, "fe", RegionOp.REGISTER, SYSTEM, "r", key, 0, 4096))
     reg.on_call(RegionRequest(8, "fe", RegionOp.STATUS, SYSTEM, "r"))
-    assert [(to, r.call_id, r.error) for to, r in sent] == [("fe", 7, ""), ("fe", 8, "")]
+    assert [(to, r.call_id, r.error) for to, r in sent] == [("fe", 7, None), ("fe", 8, None)]
     assert [s.name for s in sent[1][1].regions] == ["r"]
     user = request(1, ref("r"))
     reg.resolve(user)
     assert reg.quarantine([user, request(2)]) == ["r"]
     reg.on_call(RegionRequest(9, "fe", RegionOp.STATUS, SYSTEM, "r"))
-    assert sent[-1][1].error_code == int(ErrorCode.NOT_FOUND)
+    assert sent[-1][1].error.code == ErrorCode.NOT_FOUND
 
 
 @pytest.mark.parametrize("struct, args", [
@@ -101,5 +102,5 @@ def test_repository_calls_are_answered_by_model_control():
 
     asyncio.run(call())
     ((to, reply),) = sent
-    assert (to, reply.call_id, reply.error, reply.error_code) == (
-        "fe", 3, "Server is stopping", int(ErrorCode.UNAVAILABLE))
+    assert (to, reply.call_id, reply.error) == (
+        "fe", 3, Error(ErrorCode.UNAVAILABLE, "Server is stopping"))

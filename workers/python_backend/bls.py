@@ -31,12 +31,12 @@ import numpy as np
 from shm import datatypes
 from shm.channel import Outbox
 from shm.errors import ErrorCode
-from shm.messages.frontend import CancelRequest, InferRequest, RequestedOutput
-from shm.messages.results import InferResponse, ReleaseBlocks
+from shm.messages.frontend import CancelRequest, InferRequest, RequestedOutput, RequestOrigin
+from shm.messages.results import Error, InferResponse, ReleaseBlocks
 from shm.tensor import TensorRef, arena_blocks
 from workers.python_backend import pb_utils
 
-_CLOSED = InferResponse(0, error="the worker is stopping", error_code=int(ErrorCode.UNAVAILABLE))
+_CLOSED = InferResponse(0, error=Error(ErrorCode.UNAVAILABLE, "the worker is stopping"))
 
 # While a batch runs inline on the worker's receiving thread (workers/main.py:
 # Worker.run_inline), nobody else receives. A model that waits for something that
@@ -218,7 +218,7 @@ class BlsClient:
         msg = InferRequest(
             call.id, self.address, request._model_name, max(request._model_version, 0),
             refs, outputs=None, request_id=request.request_id(),
-            batch_size=0,  # the scheduler derives it from the callee's config
+            origin=RequestOrigin.BLS,  # the scheduler derives its batch size
             timeout_us=request.timeout(), sequence_id=correlation,
             sequence_start=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
             sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
@@ -256,10 +256,10 @@ class BlsClient:
         return ref
 
     def _response(self, msg: InferResponse):
-        if msg.error:
+        if msg.error is not None:
             # INTERNAL whatever the callee's code, as Triton 2.51's python backend
             # reports every BLS error (its message is the callee's, unchanged)
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(msg.error))
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(msg.error.message))
         tensors = [self._output(ref, msg.owner) for ref in msg.outputs]
         response = pb_utils.InferenceResponse(tensors)
         if msg.parameters:
