@@ -324,8 +324,9 @@ def test_unload_drains_queued_and_running_requests(explicit):
     threads = [threading.Thread(target=send, args=(p,)) for p in PROTOCOLS * 2]
     for t in threads:
         t.start()
-    # one instance: one request runs while the others wait in the queue
-    wait_until(lambda: _pending(explicit, "scaled") >= 2, 60, what="queued requests")
+    # one instance: one request runs while the other three wait in the queue (waiting
+    # for only two let the unload come before the fourth request, which it refused)
+    wait_until(lambda: _pending(explicit, "scaled") >= 3, 60, what="queued requests")
     c.unload_model("scaled")
     for t in threads:
         t.join(60)
