@@ -7,7 +7,8 @@ the messages (encoded and decoded as on the sockets), `FakeLauncher` starts in-p
 batching deadline only when the test says so. A test sends InferRequests as a frontend
 would and sees each ExecuteBatch the workers get: which requests, in which order, on
 which instance; it finishes batches when it chooses. No tensors move: inputs are
-inline and the fake workers answer without outputs.
+inline, and the fake workers answer a client's request without outputs and an
+ensemble step's with its first input under each output name it asks for.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import itertools
 import time
 from pathlib import Path
 
+import msgspec
 import orjson
 
 from scheduler.cli import parse_args
 from scheduler.server import Server
+from shm.errors import ErrorCode
 from shm.messages.frontend import (FRONTEND_INBOX, Drain, FrontendReady, FrontendStopped,
                                    InferRequest, StatsRequest)
 from shm.messages.results import InferResponse
@@ -124,8 +127,9 @@ class FakeWorker:
         """Answer every request of `batch` (those in `failed` with an error), then tell
         the scheduler the batch is done, as workers/main.py's run_batch does."""
         now = time.monotonic_ns()
-        responses = [InferResponse(r.id, owner=self.address) if i not in failed else
-                     InferResponse(r.id, error="failed", error_code=13)
+        responses = [InferResponse(r.id, _echo(r), owner=self.address) if i not in failed
+                     else InferResponse(r.id, error="failed",
+                                        error_code=int(ErrorCode.INTERNAL))
                      for i, r in enumerate(batch.requests)]
         done = BatchDone(batch.batch_id, batch.instance, now, now, now, now, list(failed))
         if batch.relay:
@@ -137,6 +141,15 @@ class FakeWorker:
                                    (done_address(self.scheduler) if batch.quiet
                                     else self.scheduler, done)])
         self.outbox.uncork()
+
+
+def _echo(req: InferRequest) -> list[TensorRef]:
+    """Each output the request names (an ensemble's step names them all) as a copy of
+    its first input, inline: enough for the steps after it to run."""
+    if not req.outputs or not req.inputs:
+        return []
+    first = req.inputs[0]
+    return [msgspec.structs.replace(first, name=o.name) for o in req.outputs]
 
 
 class FakeFrontend:
@@ -187,8 +200,11 @@ class Rig:
 
     async def start(self) -> None:
         self._run = self.loop.create_task(self.server.run())
-        await self.until(lambda: self.frontend is not None and self.server.frontends
-                         .frontends[0].ready.done(), "the server to be ready")
+        await self.until(lambda: self._run.done() or self.frontend is not None and
+                         self.server.frontends.frontends[0].ready.done(),
+                         "the server to be ready")
+        if self._run.done():  # it gave up (a model that failed to load, say)
+            raise AssertionError(f"the server exited with {self._run.result()}")
 
     async def stop(self) -> int:
         self.auto_finish = True
