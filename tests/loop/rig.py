@@ -109,6 +109,7 @@ class FakeWorker:
         self.inbox = rig.hub.inbox(self.address, WORKER_INBOX)
         self.outbox = rig.hub.outbox(rig.loop)
         self.inbox.attach(rig.loop, self.on_message, self.outbox.uncork)
+        self.received: dict[int, int] = {}  # batch id -> when it came (monotonic ns)
         self.outbox.send(self.scheduler, WorkerReady(_flag(argv, "--name"), self.address, 0))
         rig.workers.append(self)
 
@@ -117,21 +118,25 @@ class FakeWorker:
         if isinstance(msg, LoadInstance):
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, True))
         elif isinstance(msg, ExecuteBatch):
+            self.received[msg.batch_id] = time.monotonic_ns()
             self.rig.batches.append((self, msg))
             if self.rig.auto_finish:
                 self.finish(msg)
         elif isinstance(msg, StopWorker):
             self.rig.loop.call_soon(self.child.exit, 0)
 
-    def finish(self, batch: ExecuteBatch, failed=()) -> None:
+    def finish(self, batch: ExecuteBatch, failed=()) -> BatchDone:
         """Answer every request of `batch` (those in `failed` with an error), then tell
-        the scheduler the batch is done, as workers/main.py's run_batch does."""
+        the scheduler the batch is done, as workers/main.py's run_batch does. Its
+        compute_infer phase spans from the batch's arrival to now; the other phases
+        take no time. Returns the BatchDone, whose times the statistics count."""
         now = time.monotonic_ns()
+        came = self.received.get(batch.batch_id, now)
         responses = [InferResponse(r.id, _echo(r), owner=self.address) if i not in failed
                      else InferResponse(r.id, error="failed",
                                         error_code=int(ErrorCode.INTERNAL))
                      for i, r in enumerate(batch.requests)]
-        done = BatchDone(batch.batch_id, batch.instance, now, now, now, now, list(failed))
+        done = BatchDone(batch.batch_id, batch.instance, came, came, now, now, list(failed))
         if batch.relay:
             done.responses = responses
             self.outbox.send(self.scheduler, done)
@@ -141,6 +146,7 @@ class FakeWorker:
                                    (done_address(self.scheduler) if batch.quiet
                                     else self.scheduler, done)])
         self.outbox.uncork()
+        return done
 
 
 def _echo(req: InferRequest) -> list[TensorRef]:
