@@ -120,11 +120,11 @@ def test_interleaved_sequences(server, protocol, model):
     assert sums == [sum((i + 1) * 100 + k for k in range(5)) for i in range(6)]
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_ensemble_passes_sequences_to_its_stateful_step(server, protocol):
+def test_ensemble_passes_sequences_to_its_stateful_step(server):
     """Rule: an ensemble's correlation id and START/END flags flow to a stateful step,
-    so interleaved sequences through the ensemble keep their own sums."""
-    base = 70_000 + (0 if protocol == "http" else 500)
+    so interleaved sequences through the ensemble keep their own sums. (Over HTTP
+    only: tests/loop/test_sequence.py proves the flags and slots the step gets.)"""
+    protocol, base = "http", 70_000
 
     def one(i):
         want = 0
@@ -220,11 +220,11 @@ def test_bad_input(server, protocol):
     assert total(step(server, protocol, "seq_acc", corrid, 8, start=True, end=True)) == 8
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_start_on_active_sequence_starts_over(server, protocol):
+def test_start_on_active_sequence_starts_over(server):
     """Rule: START on an id whose sequence is active ends the old sequence (Triton
-    logs a warning): the new one starts from the initial state in the same slot."""
-    corrid = 7001 if protocol == "http" else 7002
+    logs a warning): the new one starts from the initial state in the same slot. (Over
+    HTTP only: tests/loop/test_sequence.py proves the slot and the START it gets.)"""
+    protocol, corrid = "http", 7001
     assert total(step(server, protocol, "seq_acc", corrid, 5, start=True)) == 5
     assert total(step(server, protocol, "seq_acc", corrid, 1, start=True)) == 1
     assert total(step(server, protocol, "seq_acc", corrid, 2, end=True)) == 3

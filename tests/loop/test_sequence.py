@@ -36,10 +36,13 @@ async def _one_batch(rig):
     return worker, batch
 
 
-async def _run_alone(rig, fut, slot: int, fillers=()):
-    """`fut`'s request runs alone in `slot`, behind `fillers`; it is answered."""
+async def _run_alone(rig, fut, slot: int, fillers=(), step=False):
+    """`fut`'s request (or with `step`, the one request an ensemble made of it) runs
+    alone in `slot`, behind `fillers`; it is answered."""
     worker, batch = await _one_batch(rig)
-    assert ids(batch) == [fut.request_id]
+    assert len(batch.requests) == 1
+    if not step:
+        assert ids(batch) == [fut.request_id]
     assert (batch.slots, batch.fillers) == ([slot], list(fillers))
     worker.finish(batch)
     reply = await asyncio.wait_for(fut, DEADLINE_S)
@@ -151,3 +154,49 @@ def test_backlog_timeout(tmp_path):
         await _no_batch(rig)
         await _run_alone(rig, _step(rig, "seq_acc_1slot", a, end=True), 0)
     run(_repo(tmp_path, "seq_acc_1slot"), test)
+
+
+def test_start_on_active_sequence_starts_over_in_its_slot(tmp_path):
+    """Rule: START on an id whose sequence is active starts it over in the same slot,
+    with START for the worker to reset the state; a new id still gets the next slot.
+    (Was e2e test_sequence.py::test_start_on_active_sequence_starts_over[grpc]; [http]
+    stays, proving the state starts over.)"""
+    async def test(rig):
+        await _run_alone(rig, _step(rig, "seq_acc", 7001, start=True), 0)
+        batch = await _run_alone(rig, _step(rig, "seq_acc", 7001, start=True), 0)
+        assert batch.requests[0].sequence_start
+        await _run_alone(rig, _step(rig, "seq_acc", 7002, start=True), 1, fillers=[0])
+        await _run_alone(rig, _step(rig, "seq_acc", 7001, end=True), 0)
+    run(_repo(tmp_path, "seq_acc"), test)
+
+
+ENS_SEQ = """name: "ens_seq"
+platform: "ensemble"
+max_batch_size: 2
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "seq_acc" model_version: -1
+  input_map { key: "INPUT" value: "IN" } output_map { key: "OUTPUT" value: "SUM" } } ] }
+"""
+
+
+def test_ensemble_passes_sequences_to_its_stateful_step(tmp_path):
+    """Rule: an ensemble request's correlation id and START/END flags reach its
+    stateful step, so interleaved sequences through the ensemble keep their own slots.
+    (Was e2e test_sequence.py::test_ensemble_passes_sequences_to_its_stateful_step
+    [grpc]; [http] stays, with the ONNX step's sums.)"""
+    async def test(rig):
+        def through(corrid, start=False, end=False):
+            return rig.send("ens_seq", cols=1, inputs=("IN",), sequence_id=corrid,
+                            sequence_start=start, sequence_end=end)
+        for k in range(3):
+            for corrid, slot in ((70001, 0), (70002, 1)):
+                batch = await _run_alone(rig, through(corrid, k == 0, k == 2), slot,
+                                         fillers=[0] if slot else [], step=True)
+                req, = batch.requests
+                assert (req.model, req.sequence_id, req.sequence_start,
+                        req.sequence_end) == ("seq_acc", corrid, k == 0, k == 2)
+    repo = _repo(tmp_path, "seq_acc")
+    (repo / "ens_seq" / "1").mkdir(parents=True)
+    (repo / "ens_seq" / "config.pbtxt").write_text(ENS_SEQ)
+    run(repo, test)
