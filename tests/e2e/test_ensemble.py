@@ -127,12 +127,12 @@ def test_python_and_onnx_steps_with_a_parallel_branch(ens_server, protocol, n):
     assert r.as_numpy("OUT_ONNX") is None
 
 
-@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
-def test_independent_steps_run_at_the_same_time(ens_server, protocol):
+def test_independent_steps_run_at_the_same_time(ens_server):
     """Rule: steps that do not depend on each other run at once: each of the two steps
     answers only while the other runs the same request (they wait for each other's
-    marker), so a scheduler running them one after the other fails this."""
-    token = 1 if protocol == "http" else 2
+    marker), so a scheduler running them one after the other fails this. (Over HTTP
+    only: the scheduling rule is tests/loop/test_ensemble.py's; this is real workers.)"""
+    protocol, token = "http", 1
     x = np.full((1, 4), token, np.float32)
     r = infer(ens_server, protocol, "ens_meet", x)
     np.testing.assert_array_equal(r.as_numpy("OUT_A"), x)
@@ -150,10 +150,12 @@ def test_python_torchscript_and_onnx_steps(ens_server, protocol, n):
     np.testing.assert_array_equal(r.as_numpy("OUT"), 2 * x)
 
 
-@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
-def test_a_failing_step_fails_the_request_and_names_it(ens_server, protocol):
+def test_a_failing_step_fails_the_request_and_names_it(ens_server):
     """Rule: a step's error fails the ensemble request with Triton's "in ensemble"
-    prefix, the failing step's model and its message; the server keeps serving."""
+    prefix, the failing step's model and its message; the server keeps serving. (Over
+    HTTP only: tests/loop/test_ensemble.py has the rule; this is the model's message as
+    a client gets it.)"""
+    protocol = "http"
     with pytest.raises(InferenceServerException) as e:
         infer(ens_server, protocol, "ens_fail", -np.ones((1, 4), np.float32))
     msg = e.value.message()
@@ -219,11 +221,12 @@ def _stats(server, protocol, model):
             inf.compute_infer.ns)
 
 
-@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
-def test_statistics_count_the_ensemble_and_its_steps(ens_server, protocol):
+def test_statistics_count_the_ensemble_and_its_steps(ens_server):
     """Rule (as Triton 2.51 reports it): an ensemble request is one execution and one
     success of the ensemble, with its steps' compute times summed, and one of each of
-    its step models; a failed one is a failure of the ensemble."""
+    its step models; a failed one is a failure of the ensemble. (Over HTTP only: the
+    counts are tests/loop/test_ensemble.py's; this adds the real workers' times.)"""
+    protocol = "http"
     before = {m: _stats(ens_server, protocol, m)
               for m in ("ens_py_chain", "py_identity", "py_double", "ens_fail")}
     for _ in range(3):

@@ -4,9 +4,8 @@ The accumulator models (tests/models_sequence) keep their running sum as implici
 state, which the worker hands them as ACC_IN and takes back from ACC_OUT, so a wrong
 slot, a lost state or a state that leaks between sequences shows up in the sums. The
 python model also reports the START and READY vectors of the batch it ran in, which
-is how the slot layout (rows, not-ready fillers) is checked. Requests that must meet
-in one batch are held with Triton's TRITONSERVER_DELAY_SCHEDULER hook; waits are on
-the pending-request count or on a response, never on sleeps.
+is how the slot layout (rows, not-ready fillers) reaches the model. Which slot, batch
+or backlog the scheduler picks is checked in its loop (tests/loop/test_sequence.py).
 """
 
 import concurrent.futures as cf
@@ -17,12 +16,14 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e.clients import PROTOCOLS, client, infer_input
-from tests.e2e.harness import ServerProcess, wait_until
+from tests.e2e.harness import ServerProcess
 from tests.models_sequence.repo import build
 
 pytestmark = pytest.mark.e2e
 
-MODELS = ["seq_acc", "seq_acc_1slot", "seq_acc_idle", "seq_acc_oldest", "seq_acc_string",
+# the slots, backlog, idle release and backlog timeout of seq_acc, seq_acc_1slot and
+# seq_acc_idle are the scheduler's: tests/loop/test_sequence.py
+MODELS = ["seq_acc", "seq_acc_oldest", "seq_acc_string",
           "seq_acc_onnx", "seq_acc_onnx_oldest", "seq_acc_torch", "seq_acc_torch_oldest", "seq_acc_init"]
 
 
@@ -62,12 +63,13 @@ def total(out) -> int:
     return int(out["OUTPUT"].reshape(-1)[0])
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_seed_timeline(server, protocol):
+def test_seed_timeline(server):
     """Rule (direct): a sequence keeps its slot; a batch spans slots 0..highest ready,
     an empty slot below is a not-ready filler (READY 0, START 0); START is 1 only on
-    a sequence's first request; the state is the sequence's own."""
-    a, b = (1001, 1002) if protocol == "http" else (2001, 2002)
+    a sequence's first request; the state is the sequence's own. (The slots the
+    scheduler picks: tests/loop/test_sequence.py; here the worker's vectors and state
+    as a client sees them.)"""
+    protocol, a, b = "http", 1001, 1002
     r = step(server, protocol, "seq_acc", a, 1, start=True)
     assert total(r) == 1
     assert r["START_VEC"].tolist() == [[1]] and r["READY_VEC"].tolist() == [[1]]
@@ -118,11 +120,11 @@ def test_interleaved_sequences(server, protocol, model):
     assert sums == [sum((i + 1) * 100 + k for k in range(5)) for i in range(6)]
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_ensemble_passes_sequences_to_its_stateful_step(server, protocol):
+def test_ensemble_passes_sequences_to_its_stateful_step(server):
     """Rule: an ensemble's correlation id and START/END flags flow to a stateful step,
-    so interleaved sequences through the ensemble keep their own sums."""
-    base = 70_000 + (0 if protocol == "http" else 500)
+    so interleaved sequences through the ensemble keep their own sums. (Over HTTP
+    only: tests/loop/test_sequence.py proves the flags and slots the step gets.)"""
+    protocol, base = "http", 70_000
 
     def one(i):
         want = 0
@@ -191,51 +193,6 @@ def test_string_ids(server, protocol):
     assert total(r) == 9
 
 
-def _pending_count(srv, model) -> int:
-    import urllib.request
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics",
-                                timeout=5) as r:
-        text = r.read().decode()
-    for line in text.splitlines():
-        if line.startswith("nv_inference_pending_request_count") and \
-                f'model="{model}"' in line:
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
-
-
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_backlogged_sequence_gets_the_freed_slot(server, protocol):
-    """Rule: with every slot taken a new sequence waits in the backlog, and runs once
-    the slot's sequence ends, starting from its own initial state."""
-    a, b = (4001, 4002) if protocol == "http" else (4101, 4102)
-    assert total(step(server, protocol, "seq_acc_1slot", a, 7, start=True)) == 7
-    with cf.ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(step, server, protocol, "seq_acc_1slot", b, 1, start=True)
-        wait_until(lambda: _pending_count(server, "seq_acc_1slot") == 1, 30,
-                   what="the new sequence in the backlog")
-        assert not waiting.done()
-        assert total(step(server, protocol, "seq_acc_1slot", a, 3, end=True)) == 10
-        assert total(waiting.result(timeout=30)) == 1
-    assert total(step(server, protocol, "seq_acc_1slot", b, 2, end=True)) == 3
-
-
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_idle_sequence_loses_its_slot(server, protocol):
-    """Rule: max_sequence_idle_microseconds releases an idle sequence's slot: a
-    backlogged sequence gets it, and the idle one's next request needs START."""
-    a, b = (5001, 5002) if protocol == "http" else (5101, 5102)
-    assert total(step(server, protocol, "seq_acc_idle", a, 1, start=True)) == 1
-    # b (one request, START and END) waits in the backlog until a has been idle for
-    # 300 ms. (A sequence that waited longer than that in the backlog is itself idle
-    # when it gets the slot, and Triton's reaper releases it after what it queued.)
-    assert total(step(server, protocol, "seq_acc_idle", b, 2, start=True, end=True)) == 2
-    with pytest.raises(InferenceServerException) as e:
-        step(server, protocol, "seq_acc_idle", a, 1)
-    assert (f"inference request for sequence {a} to model 'seq_acc_idle' must specify "
-            "the START flag on the first request of the sequence") in e.value.message()
-    assert total(step(server, protocol, "seq_acc_idle", a, 5, start=True, end=True)) == 5
-
-
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_bad_input(server, protocol):
     """Rule: Triton's errors, and the server keeps serving: batch size 2, a string id
@@ -263,59 +220,14 @@ def test_bad_input(server, protocol):
     assert total(step(server, protocol, "seq_acc", corrid, 8, start=True, end=True)) == 8
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_start_on_active_sequence_starts_over(server, protocol):
+def test_start_on_active_sequence_starts_over(server):
     """Rule: START on an id whose sequence is active ends the old sequence (Triton
-    logs a warning): the new one starts from the initial state in the same slot."""
-    corrid = 7001 if protocol == "http" else 7002
+    logs a warning): the new one starts from the initial state in the same slot. (Over
+    HTTP only: tests/loop/test_sequence.py proves the slot and the START it gets.)"""
+    protocol, corrid = "http", 7001
     assert total(step(server, protocol, "seq_acc", corrid, 5, start=True)) == 5
     assert total(step(server, protocol, "seq_acc", corrid, 1, start=True)) == 1
     assert total(step(server, protocol, "seq_acc", corrid, 2, end=True)) == 3
-
-
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_backlog_timeout(server, protocol):
-    """Rule: a sequence whose request timeout runs out in the backlog is rejected with
-    Triton's message, and the sequence holding the slot goes on."""
-    a, b = (8001, 8002) if protocol == "http" else (8101, 8102)
-    assert total(step(server, protocol, "seq_acc_1slot", a, 4, start=True)) == 4
-    x = np.array([[1]], dtype=np.int32)
-    with pytest.raises(InferenceServerException) as e:
-        client(server, protocol).infer("seq_acc_1slot",
-                                       [infer_input(protocol, "INPUT", x, "INT32")],
-                                       sequence_id=b, sequence_start=True, timeout=200_000)
-    assert "timeout of the corresponding sequence has been expired" in e.value.message()
-    assert total(step(server, protocol, "seq_acc_1slot", a, 4, end=True)) == 8
-
-
-@pytest.fixture(scope="module")
-def held(tmp_path_factory):
-    """Triton's test hook: no sequence batch forms until 2 requests are queued (once)."""
-    repo = build(tmp_path_factory.mktemp("seq-held-repo"), ["seq_acc"])
-    srv = ServerProcess(repo, log_dir=tmp_path_factory.mktemp("seq-held"),
-                        env={"TRITONSERVER_DELAY_SCHEDULER": "2"})
-    yield from srv.serve()
-
-
-def test_two_starts_in_one_batch(held):
-    """Rule (direct): two sequences started together run in one batch, each in its own
-    slot: the model sees START [1, 1] and READY [1, 1] (TRITONSERVER_DELAY_SCHEDULER
-    holds the first batch until both are queued)."""
-    with cf.ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(step, held, protocol, "seq_acc", corrid, value, start=True)
-                   for protocol, corrid, value in (("http", 91, 1), ("grpc", 92, 2))]
-        outs = [f.result(timeout=60) for f in futures]
-    for out, value in zip(outs, (1, 2)):
-        assert total(out) == value
-        assert out["START_VEC"].tolist() == [[1, 1]]
-        assert out["READY_VEC"].tolist() == [[1, 1]]
-    assert outs[0]["CALL"].tolist() == outs[1]["CALL"].tolist() == [[1]]
-    # after the hold, each sequence goes on alone in its own slot: one in slot 0 (a
-    # batch of one row), the other in slot 1 (behind a not-ready filler)
-    ends = [step(held, "http", "seq_acc", 91, 5, end=True),
-            step(held, "grpc", "seq_acc", 92, 5, end=True)]
-    assert [total(r) for r in ends] == [6, 7]
-    assert sorted(r["READY_VEC"].tolist() for r in ends) == [[[0, 1]], [[1]]]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

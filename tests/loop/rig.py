@@ -7,7 +7,8 @@ the messages (encoded and decoded as on the sockets), `FakeLauncher` starts in-p
 batching deadline only when the test says so. A test sends InferRequests as a frontend
 would and sees each ExecuteBatch the workers get: which requests, in which order, on
 which instance; it finishes batches when it chooses. No tensors move: inputs are
-inline and the fake workers answer without outputs.
+inline, and the fake workers answer a client's request without outputs and an
+ensemble step's with its first input under each output name it asks for.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import itertools
 import time
 from pathlib import Path
 
+import msgspec
 import orjson
 
 from scheduler.cli import parse_args
@@ -107,6 +109,7 @@ class FakeWorker:
         self.inbox = rig.hub.inbox(self.address, WORKER_INBOX)
         self.outbox = rig.hub.outbox(rig.loop)
         self.inbox.attach(rig.loop, self.on_message, self.outbox.uncork)
+        self.received: dict[int, int] = {}  # batch id -> when it came (monotonic ns)
         self.outbox.send(self.scheduler, WorkerReady(_flag(argv, "--name"), self.address, 0))
         rig.workers.append(self)
 
@@ -115,20 +118,24 @@ class FakeWorker:
         if isinstance(msg, LoadInstance):
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, True))
         elif isinstance(msg, ExecuteBatch):
+            self.received[msg.batch_id] = time.monotonic_ns()
             self.rig.batches.append((self, msg))
             if self.rig.auto_finish:
                 self.finish(msg)
         elif isinstance(msg, StopWorker):
             self.rig.loop.call_soon(self.child.exit, 0)
 
-    def finish(self, batch: ExecuteBatch, failed=()) -> None:
+    def finish(self, batch: ExecuteBatch, failed=()) -> BatchDone:
         """Answer every request of `batch` (those in `failed` with an error), then tell
-        the scheduler the batch is done, as workers/main.py's run_batch does."""
+        the scheduler the batch is done, as workers/main.py's run_batch does. Its
+        compute_infer phase spans from the batch's arrival to now; the other phases
+        take no time. Returns the BatchDone, whose times the statistics count."""
         now = time.monotonic_ns()
-        responses = [InferResponse(r.id, owner=self.address) if i not in failed else
-                     InferResponse(r.id, error=Error(ErrorCode.INTERNAL, "failed"))
+        came = self.received.get(batch.batch_id, now)
+        responses = [InferResponse(r.id, _echo(r), owner=self.address) if i not in failed
+                     else InferResponse(r.id, error=Error(ErrorCode.INTERNAL, "failed"))
                      for i, r in enumerate(batch.requests)]
-        done = BatchDone(batch.batch_id, batch.instance, now, now, now, now, list(failed))
+        done = BatchDone(batch.batch_id, batch.instance, came, came, now, now, list(failed))
         if batch.relay:
             done.responses = responses
             self.outbox.send(self.scheduler, done)
@@ -138,6 +145,16 @@ class FakeWorker:
                                    (done_address(self.scheduler) if batch.quiet
                                     else self.scheduler, done)])
         self.outbox.uncork()
+        return done
+
+
+def _echo(req: InferRequest) -> list[TensorRef]:
+    """Each output the request names (an ensemble's step names them all) as a copy of
+    its first input, inline: enough for the steps after it to run."""
+    if not req.outputs or not req.inputs:
+        return []
+    first = req.inputs[0]
+    return [msgspec.structs.replace(first, name=o.name) for o in req.outputs]
 
 
 class FakeFrontend:
@@ -188,8 +205,11 @@ class Rig:
 
     async def start(self) -> None:
         self._run = self.loop.create_task(self.server.run())
-        await self.until(lambda: self.frontend is not None and self.server.frontends
-                         .frontends[0].ready.done(), "the server to be ready")
+        await self.until(lambda: self._run.done() or self.frontend is not None and
+                         self.server.frontends.frontends[0].ready.done(),
+                         "the server to be ready")
+        if self._run.done():  # it gave up (a model that failed to load, say)
+            raise AssertionError(f"the server exited with {self._run.result()}")
 
     async def stop(self) -> int:
         self.auto_finish = True

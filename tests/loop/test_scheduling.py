@@ -4,6 +4,7 @@ test_statistics.py serve (tests/models/batch_probe, tests/models_sched/delayed_b
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 from tests.loop.rig import ids, run
@@ -71,10 +72,14 @@ def test_statistics_count_one_batch_exactly_and_a_failed_request_as_a_failure(tm
     """Rule: execution_count counts executions, inference_count batch items, batch_stats
     executions by batch size; success, queue and compute count successful requests; a
     request the backend fails counts in fail, not in inference_count, while its
-    execution still counts. (The counts of e2e
+    execution still counts. Times: each request of a batch is charged the batch's whole
+    compute phases, a request's duration holds its queue and compute times, and
+    last_inference is the wall clock in ms. (Was e2e
     test_statistics.py::test_held_batcher_forms_one_batch_and_statistics_count_it_exactly,
-    which still checks the timings and both protocols' answers.)"""
+    which needed a server of its own held by TRITONSERVER_DELAY_SCHEDULER; that the real
+    model's time lands in compute_infer is e2e test_metrics.py's.)"""
     async def test(rig):
+        start_ms = time.time() * 1000
         futs = [rig.send("delayed_batch") for _ in range(4)]
         await rig.until(lambda: rig.batches or rig.timer.deadline, "a batch or a deadline")
         if not rig.batches:
@@ -82,12 +87,22 @@ def test_statistics_count_one_batch_exactly_and_a_failed_request_as_a_failure(tm
         (worker, batch), = await rig.batches_sent(1)
         assert len(batch.requests) == 4
         rig.take_batches()
-        worker.finish(batch)
+        done = worker.finish(batch)
         await asyncio.gather(*futs)
-        s = _stats(await rig.stats("delayed_batch"))
+        reply = await rig.stats("delayed_batch")
+        s = _stats(reply)
         assert (s["execution_count"], s["inference_count"], s["batch_stats"]) == (1, 4, {4: 1})
         assert s["success"] == s["queue"] == s["compute_infer"] == 4
         assert s["fail"] == s["cache_hit"] == 0
+        m, = reply["model_stats"]
+        ns = {k: v["ns"] for k, v in m["inference_stats"].items()}
+        infer_ns = done.output_start_ns - done.input_end_ns
+        assert infer_ns > 0
+        assert ns["compute_infer"] == 4 * infer_ns
+        assert ns["compute_input"] == ns["compute_output"] == 0  # the fake's took none
+        assert ns["queue"] > 0  # the batch waited for its deadline
+        assert ns["success"] >= ns["queue"] + ns["compute_infer"]
+        assert start_ms - 1000 <= m["last_inference"] <= time.time() * 1000 + 1000
 
         for failed in (True, False):
             fut = rig.send("delayed_batch")
@@ -102,4 +117,6 @@ def test_statistics_count_one_batch_exactly_and_a_failed_request_as_a_failure(tm
         assert (s["execution_count"], s["inference_count"]) == (3, 5)
         assert s["batch_stats"] == {1: 2, 4: 1}
         assert (s["success"], s["fail"]) == (5, 1)
+        m, = (await rig.stats("delayed_batch"))["model_stats"]
+        assert m["inference_stats"]["fail"]["ns"] > 0
     run(_repo(tmp_path, "models_sched/delayed_batch"), test)
