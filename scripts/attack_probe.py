@@ -43,6 +43,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(1, ROOT)  # attack_wire encodes with the server's HPACK integer
 
 import attack_cases as cases  # noqa: E402
 from attack_memory import Sampler, shm_mappings, tree_pids  # noqa: E402

@@ -9,6 +9,8 @@ import json
 import struct
 import zlib
 
+from frontend.transport.h2_hpack import hpack_int  # the server's own RFC 7541 5.1
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # frame types
@@ -145,21 +147,6 @@ class FrameReader:
 
 
 # --------------------------------------------------------------------------- HPACK
-
-def hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    """RFC 7541 5.1: `value` in a `prefix_bits`-bit prefix; `first` holds the high bits
-    of the first byte (the representation's pattern)."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
 
 def hpack_str(s: bytes | str) -> bytes:
     """A string literal, raw (no Huffman)."""
