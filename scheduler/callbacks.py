@@ -77,7 +77,10 @@ class LoopCallbacks:
         sched = self.by_instance.get(slot.key)
         if not (batch.relay or self.regions.users or self.workers.timeouts.get(slot.key)
                 or sched is None or not sched.quiet_done
-                or any(r.trace_id or r.reply_to == self.address for r in batch.requests)):
+                # a traced request or an ensemble step can be in the batch only while
+                # some are in flight: no walk over the batch otherwise
+                or ((self.trace.pending or self.internal) and any(
+                    r.trace_id or r.reply_to == self.address for r in batch.requests))):
             batch.quiet = True
             self.quiet.add(batch.batch_id)
         self.outbox.send(slot.worker.address, batch)
