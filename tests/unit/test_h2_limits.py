@@ -523,3 +523,24 @@ async def test_streams_refused_for_shut_windows_cost_more_reset_tokens():
         sid += 2
     assert goaway_code(p) == h2.ENHANCE_YOUR_CALM
     assert 9 <= refused <= 11  # 100 tokens at 10 a refusal (1 each: 100)
+
+
+@run
+async def test_a_window_update_flood_is_read_a_bounded_batch_at_a_time_and_costs_nothing():
+    # WINDOW_UPDATEs are never glitches (grpc-core sends thousands), so what bounds a
+    # flood of them is the frame budget of a read: the connection yields to the loop
+    # every `frames_per_read` frames, answers nothing, holds nothing, and stays usable
+    p = Peer(_echo_handlers(), limits=Limits(frames_per_read=8))
+    before = len(p.read())
+    p.send(h2.frame(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", 1)) * 5000)
+    assert not p.transport.reading  # paused after 8 frames, the rest waits its turn
+    for _ in range(1000):
+        if p.transport.reading:
+            break
+        await asyncio.sleep(0)
+    assert p.transport.reading and not p.conn.buf
+    assert len(p.read()) == before  # no answer to any of them
+    assert not p.transport.closed
+    p.request(1, "/s/Echo", b"x" * 10)
+    await p.settle()
+    assert p.body(1) == b"\x00\x00\x00\x00\x0a" + b"x" * 10
