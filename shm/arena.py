@@ -377,83 +377,17 @@ def remove_segments(prefix: str) -> list[str]:
 
     Only the supervisor calls this, for a child that died without cleaning up after
     itself (SIGKILL, a crash), and once more at server exit as the last safety net.
-    The prefix's lock file (claim_prefix) is its holder's to remove.
     """
     removed = []
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return removed
-    lock = prefix + LOCK
     for name in names:
-        if name.startswith(prefix) and name != lock:
+        if name.startswith(prefix):
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
                 removed.append(name)
             except FileNotFoundError:
                 pass
-    return removed
-
-
-# -- a server's claim on its prefix ------------------------------------------------------
-# The root removes what a generation left (remove_segments), but nothing runs after
-# the root itself is SIGKILLed with its whole tree (an OOM kill of the container, a
-# machine's processes killed at once): those segments stayed until reboot. So the root
-# holds an flock on `<prefix>lock` for as long as the prefix's segments may be in use,
-# and a server starting up removes the segments of every prefix whose lock nobody
-# holds. The kernel drops an flock when its holder dies, however it dies, and the lock
-# lives on the tmpfs inode, so servers in other PID namespaces sharing this /dev/shm
-# are seen alive too. Prefixes without a lock file (a server of another version, a
-# test's own arenas) are never touched.
-
-LOCK = "lock"
-
-
-def claim_prefix(prefix: str) -> int:
-    """Create and flock `<prefix>lock`; returns the descriptor to keep open. The file
-    is locked before it gets its name, so no sweeper ever finds it unlocked."""
-    import fcntl
-    path = os.path.join(SHM_DIR, prefix + LOCK)
-    fd = os.open(path + ".new", os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.rename(path + ".new", path)
-    return fd
-
-
-def release_prefix(prefix: str, fd: int) -> None:
-    """The prefix's segments are gone: drop its lock file, then the lock."""
-    try:
-        os.unlink(os.path.join(SHM_DIR, prefix + LOCK))
-    except FileNotFoundError:
-        pass
-    os.close(fd)
-
-
-def remove_abandoned() -> list[str]:
-    """Remove the segments of every prefix whose lock file nobody holds (its server
-    died with its root); returns the names removed."""
-    import fcntl
-    removed = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return removed
-    for name in names:
-        if not (name.startswith("shmserve-") and name.endswith("-" + LOCK)):
-            continue
-        try:
-            fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)  # held: its server lives
-            continue
-        try:  # abandoned, and now ours: nobody else can sweep it at the same time
-            removed += remove_segments(name[:-len(LOCK)])
-            release_prefix(name[:-len(LOCK)], fd)
-        except BaseException:
-            os.close(fd)
-            raise
     return removed

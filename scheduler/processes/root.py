@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from shm.arena import claim_prefix, release_prefix, remove_abandoned, remove_segments
+from shm.arena import remove_segments
 
 log = logging.getLogger("shmserve.root")
 
@@ -104,7 +104,6 @@ class Root:
 
     def _start(self) -> tuple[str, str]:
         prefix = f"shmserve-{os.getpid():x}{secrets.token_hex(2)}-"
-        self.claim = claim_prefix(prefix)  # held while the generation's segments live
         run_dir = tempfile.mkdtemp(prefix="shmserve-")
         env = dict(os.environ)
         env[SUPERVISED_ENV] = json.dumps({"prefix": prefix, "run_dir": run_dir,
@@ -172,16 +171,11 @@ class Root:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGALRM, self._on_stop_overdue)
-        abandoned = remove_abandoned()
-        if abandoned:
-            log.info("removed %d shared-memory segment(s) of servers that died with their "
-                     "root", len(abandoned))
         while True:
             prefix, run_dir = self._start()
             status = self._wait_scheduler()
             self._reap_orphans()
             left = remove_segments(prefix)
-            release_prefix(prefix, self.claim)
             shutil.rmtree(run_dir, ignore_errors=True)
             if not should_restart(status, self.stopping):
                 break
