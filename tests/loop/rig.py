@@ -201,7 +201,7 @@ class Rig:
         self.server = Server(args, transport=self.hub,
                              launcher=lambda *a, **kw: FakeChild(self, *a, **kw),
                              timer=ManualTimer)
-        self.timer: ManualTimer = self.server.timer
+        self.timer: ManualTimer = self.server.pumps.timer
 
     async def start(self) -> None:
         self._run = self.loop.create_task(self.server.run())
