@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from shm.errors import ErrorCode
 from shm.messages.frontend import (FRONTEND_INBOX, Drain, FrontendReady, FrontendStopped,
                                    InferRequest, StatsRequest)
 from shm.messages.results import Error, InferResponse
+from shm.messages.roles import WorkerSpec
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, StopWorker, WorkerReady, done_address)
 from shm.tensor import TensorRef
@@ -75,7 +77,10 @@ class FakeChild:
         self.process = None
 
     def start(self, loop) -> None:
-        kind = FakeWorker if self.module == "workers.main" else FakeFrontend
+        if self.module != "workers.main":
+            kind = FakeFrontend
+        else:
+            kind = RealWorker if self.rig.real_workers else FakeWorker
         self.process = kind(self.rig, self, self.args)
 
     def exit(self, code: int) -> None:
@@ -148,6 +153,38 @@ class FakeWorker:
         return done
 
 
+class RealWorker:
+    """workers/main.py's Worker itself on a thread of this process, over the hub: its
+    instances are loaded and run as in a worker process (models' code, arena, threads),
+    and its outputs are read from its arena as a frontend reads them."""
+
+    def __init__(self, rig: "Rig", child: FakeChild, argv: list[str]):
+        from workers.main import Worker
+        self.rig, self.child = rig, child
+        self.spec = WorkerSpec.from_argv(argv)
+        self.worker: Worker | None = None
+        started = threading.Event()
+
+        def run():
+            try:
+                # made on its own thread: the worker receives there (BlsClient.receiver)
+                s = self.spec
+                self.worker = Worker(s.name, s.address, s.scheduler, s.segment_prefix,
+                                     s.arena_bytes, s.device, s.arena_high_water,
+                                     transport=rig.hub)
+                started.set()
+                self.worker.run()
+            finally:
+                started.set()
+                rig.loop.call_soon_threadsafe(child.exit, 0)
+
+        self.thread = threading.Thread(target=run, name=self.spec.name, daemon=True)
+        self.thread.start()
+        started.wait(DEADLINE_S)
+        self.inbox = self.worker.inbox
+        rig.workers.append(self)
+
+
 def _echo(req: InferRequest) -> list[TensorRef]:
     """Each output the request names (an ensemble's step names them all) as a copy of
     its first input, inline: enough for the steps after it to run."""
@@ -187,8 +224,9 @@ class FakeFrontend:
 
 
 class Rig:
-    def __init__(self, loop, repo: Path, *flags: str):
+    def __init__(self, loop, repo: Path, *flags: str, real_workers: bool = False):
         self.loop = loop
+        self.real_workers = real_workers  # RealWorker for FakeWorker: models really run
         self.hub = MemoryHub()
         self.workers: list[FakeWorker] = []
         self.frontend: FakeFrontend | None = None
@@ -271,10 +309,10 @@ def ids(batch: ExecuteBatch) -> list[int]:
     return [r.id for r in batch.requests]
 
 
-def run(repo: Path, test, *flags: str) -> None:
+def run(repo: Path, test, *flags: str, real_workers: bool = False) -> None:
     """Run `await test(rig)` against a started server, then stop it cleanly."""
     async def main():
-        rig = Rig(asyncio.get_running_loop(), repo, *flags)
+        rig = Rig(asyncio.get_running_loop(), repo, *flags, real_workers=real_workers)
         await rig.start()
         try:
             await asyncio.wait_for(test(rig), 3 * DEADLINE_S)  # a response that never comes
