@@ -31,6 +31,7 @@ import orjson
 from scheduler.callbacks import LoopCallbacks
 from scheduler.cache import ResponseCache
 from scheduler.metrics import MetricsServer, start_metrics
+from scheduler.processes import leftovers
 from scheduler.processes.events import ChildEvents
 from scheduler.processes.frontend_pool import FrontendPool, PortInUse
 from scheduler.processes.supervisor import Child
@@ -78,6 +79,8 @@ class Server:
         self.shm_prefix = getattr(args, "shm_prefix", "") or \
             f"shmserve-{os.getpid():x}{secrets.token_hex(2)}-"
         self.run_dir = getattr(args, "run_dir", "") or tempfile.mkdtemp(prefix="shmserve-")
+        # held while this process lives: a server killed whole is swept by the next
+        self._run_lock = leftovers.hold_run_dir(self.run_dir, self.shm_prefix)
         self.address = ipc_address(self.run_dir, "scheduler")
         self.inbox = transport.inbox(self.address, SCHEDULER_INBOX)
         # BatchDone of quiet batches (callbacks.send_batch): watched only while it matters
@@ -299,4 +302,5 @@ class Server:
         self._dump_wakes()
         self.outbox.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        os.close(self._run_lock)
         log.info("server stopped")
