@@ -8,6 +8,7 @@ import os
 import re
 import ssl
 
+from scheduler.cpu_quota import cgroup_cpu_quota, usable_cpus
 from scheduler.cache import parse_cache_config
 from scheduler.log_settings import LOG_FORMATS, from_args
 from scheduler.metrics import parse_metrics_config
@@ -107,12 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
                    help="deprecated: the same as --cache-config local,size=BYTES")
     # shmserve's own knobs
-    # Half the cores: the other half runs the scheduler, the workers and, on a
+    # Half the cores (capped by a cgroup CPU quota: a 2-CPU pod on a 64-core node gets
+    # one frontend, not 32): the other half runs the scheduler, the workers and, on a
     # benchmark box, the client. With one frontend per core on 2 cores, HTTP
     # throughput at concurrency 16 fell 3-5x (136-238 against 604-701 infer/s).
     p.add_argument("--frontend-processes", type=int, default=None,
                    help="frontend processes sharing the HTTP and gRPC ports "
-                        "(default: half the cores it may run on, at least 1)")
+                        "(default: half the cores it may run on, within its cgroup's "
+                        "CPU quota, at least 1)")
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="run every process of the server on these CPUs only, e.g. 2-7 or "
                         "1,3 (default: the CPUs it was started with)")
@@ -482,7 +485,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except ValueError as exc:
             parser.error(str(exc))
     if args.frontend_processes is None:
-        args.frontend_processes = max(1, len(args.cpus or available_cpus()) // 2)
+        args.frontend_processes = max(1, usable_cpus(len(args.cpus or available_cpus()),
+                                                     cgroup_cpu_quota()) // 2)
     if args.frontend_processes < 1:
         raise SystemExit("--frontend-processes must be at least 1")
     try:
