@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import ssl
+import stat
 
 from scheduler.cpu_quota import cgroup_cpu_quota, usable_cpus
 from scheduler.cache import parse_cache_config
@@ -409,6 +410,23 @@ def _check_regex(flag: str, pattern: str) -> None:
     except re.error as exc:
         raise ValueError(f"--{flag.replace('_', '-')}: invalid regular expression "
                          f"'{pattern}': {exc}") from None
+
+
+def repository_problem(paths: list[str]) -> str | None:
+    """Why the server cannot start on these --model-repository paths, in Triton's
+    words with the path added (Triton 2.51: "failed to stat file P" for a missing one,
+    "repository path is not a valid directory" for a file), or None. Without it a
+    missing path served nothing and ended with "some models failed to load"."""
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            return (f"creating server: Internal - failed to stat file {path} "
+                    f"(--model-repository: {exc.strerror or exc})")
+        if not stat.S_ISDIR(st.st_mode):
+            return ("creating server: Invalid argument - repository path is not a "
+                    f"valid directory: {path}")
+    return None
 
 
 def apply_process_policy(policy: str) -> str | None:
