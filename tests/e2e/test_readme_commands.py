@@ -100,3 +100,12 @@ def test_triton_client_example(serve, name):
     out = run_python("", str(script), "-u", url, cwd=folder)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "FAILED" not in out.stdout, out.stdout
+
+
+def test_the_images_healthcheck_finds_the_port_it_serves_on(serve):
+    """The Dockerfile's HEALTHCHECK (scheduler.healthcheck) against a server on a port
+    of its own: healthy, from the server's command line alone."""
+    out = run_python("", "-m", "scheduler.healthcheck", str(serve.proc.pid))
+    assert out.returncode == 0, out.stderr
+    out = run_python("", "-m", "scheduler.healthcheck", "999999999")  # no such process
+    assert out.returncode == 1 and "no shmserve process found" in out.stderr
