@@ -9,12 +9,12 @@ import re
 import ssl
 import stat
 
-from scheduler.cpu_quota import cgroup_cpu_quota, usable_cpus
 from scheduler.cache import parse_cache_config
 from scheduler.log_settings import LOG_FORMATS, from_args
 from scheduler.metrics import parse_metrics_config
 from scheduler.scheduling.rate_limiter import parse_resource
 from scheduler.trace import parse_trace_config
+from shm.cpu_quota import cgroup_cpu_quota, usable_cpus
 from shm.messages.roles import GrpcKeepalive
 
 

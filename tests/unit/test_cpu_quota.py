@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.cpu_quota import cgroup_cpu_quota, usable_cpus
+from shm.cpu_quota import cgroup_cpu_quota, usable_cpus
 
 
 def tree(tmp_path: Path, proc_cgroup: str, files: dict[str, str]) -> tuple[str, str]:

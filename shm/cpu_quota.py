@@ -5,7 +5,9 @@ os.cpu_count() and even sched_getaffinity() see the node's CPUs: a pod limited t
 CPUs on a 64-core node would start 32 frontends that the quota then throttles. The
 rules are the JVM's and Go's (1.25): the quota is quota/period of the cgroup's CPU
 controller, rounded up; every cgroup from the process's own up to the root may set
-one, and the smallest counts; "max" (v2) or -1 (v1) is none."""
+one, and the smallest counts; "max" (v2) or -1 (v1) is none. The scheduler sizes
+the default frontend count by it, the onnxruntime backend its intra-op threads (so it
+lives in shm/, which both import)."""
 
 from __future__ import annotations
 
