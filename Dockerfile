@@ -42,7 +42,9 @@ WORKDIR /home/shmserve
 
 EXPOSE 8000 8001 8002
 VOLUME ["/models"]
+# asks /v2/health/ready on the port the server was started with (read from its
+# command line), so `docker run IMAGE --http-port=9000 ...` is healthy too
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s \
-  CMD ["python3", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4)"]
+  CMD ["python3", "-m", "scheduler.healthcheck"]
 ENTRYPOINT ["shmserve"]
 CMD ["--model-repository=/models", "--http-port=8000", "--grpc-port=8001", "--metrics-port=8002"]

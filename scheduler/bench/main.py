@@ -831,11 +831,16 @@ def write_outputs(args, cfg: BenchConfig, rows: list[Row], argv) -> None:
         write_json(args.json, rows, meta)
     if args.csv:
         write_csv(args.csv, [row_to_json(r) for r in rows])
-    if args.plot:
+    measured = [r for r in rows if r.requests]  # a point with none has no numbers
+    if args.plot and not measured:
+        # an empty plot would pass for a result: say why there is none (exit 1 follows)
+        print(f"bench: no plot written to {args.plot}: no point completed a request",
+              file=sys.stderr)
+    elif args.plot:
         label = cfg.server or f"{cfg.model} {cfg.protocol}"
         try:
             plot_files(args.plot, args.plot_with,
-                       extra=[(label, [row_to_json(r) for r in rows])])
+                       extra=[(label, [row_to_json(r) for r in measured])])
         except ImportError:
             print("bench: --plot needs matplotlib (pip install matplotlib, or the "
                   "`bench` extra)", file=sys.stderr)
