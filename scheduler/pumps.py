@@ -7,14 +7,13 @@ scheduler dirty.
 
 from __future__ import annotations
 
-import time
-
 from scheduler.scheduling.interface import InstanceScheduler
 
 
 class Pumps:
-    def __init__(self, timer):
+    def __init__(self, timer, clock):
         self.timer = timer  # PreciseTimer's interface: set(deadline_ns), close()
+        self.clock = clock
         # marked by the handlers and the callbacks (pump_soon), emptied in place
         self.dirty: set[InstanceScheduler] = set()
         self.deadlines: dict[InstanceScheduler, int] = {}  # when each must run again
@@ -22,7 +21,7 @@ class Pumps:
 
     def run_dirty(self) -> None:
         if self.dirty:
-            now = time.monotonic_ns()
+            now = self.clock()
             dirty = tuple(self.dirty)
             self.dirty.clear()
             for sched in dirty:
@@ -31,7 +30,7 @@ class Pumps:
 
     def run_due(self) -> None:
         """The timer fired: run every scheduler whose deadline has come."""
-        now = time.monotonic_ns()
+        now = self.clock()
         for sched, deadline in list(self.deadlines.items()):
             if deadline <= now:
                 self._pump(sched, now)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 
 from scheduler import bls
 from scheduler.cache import ResponseCache
@@ -37,8 +36,10 @@ class RequestCalls:
 
     def __init__(self, manager: ModelRepositoryManager, callbacks: LoopCallbacks,
                  regions: RegionRegistry, trace: TraceManager, cache: ResponseCache | None,
-                 outbox: OutboxLike, dirty: set[InstanceScheduler], wakes: collections.Counter):
+                 outbox: OutboxLike, dirty: set[InstanceScheduler], wakes: collections.Counter,
+                 clock):
         self.manager = manager
+        self.clock = clock
         self.callbacks = callbacks
         self.regions = regions
         self.trace = trace
@@ -60,7 +61,7 @@ class RequestCalls:
             self.callbacks.fail(req, ErrorCode.UNAVAILABLE, not_ready(req).message)
             return
         sched = mv.scheduler
-        now = time.monotonic_ns()
+        now = self.clock()
         # frontends set a key only for models that cache
         if req.cache_key and self.cache is not None and self._answer_from_cache(req, mv, now):
             return
@@ -75,9 +76,9 @@ class RequestCalls:
                                 if req.origin is RequestOrigin.BLS else exc.message)
 
     def _answer_from_cache(self, req: InferRequest, mv, now: int) -> bool:
-        start = time.monotonic_ns()
+        start = self.clock()
         entry = self.cache.lookup(req.cache_key)
-        end = time.monotonic_ns()
+        end = self.clock()
         if entry is None:
             req.cache_lookup_ns = end - start  # counted as cache_miss time if it runs
             return False
@@ -85,23 +86,23 @@ class RequestCalls:
         self.outbox.send(req.reply_to, InferResponse(req.id, outputs=entry.outputs,
                                                      model_version=mv.version,
                                                      cache_hit=True))
-        mv.scheduler.stats.cache_hit(req, start, end, time.monotonic_ns())
+        mv.scheduler.stats.cache_hit(req, start, end, self.clock())
         return True
 
     def on_cache_insert(self, msg: CacheInsert) -> None:
         if self.cache is None:
             return
-        start = time.monotonic_ns()
+        start = self.clock()
         if not self.cache.insert(msg.key, msg.model, msg.version, msg.outputs):
             log.debug("response of '%s' version %d not cached: larger than the cache",
                       msg.model, msg.version)
-        insert_ns = time.monotonic_ns() - start
+        insert_ns = self.clock() - start
         mv = self.manager.models.resolve(msg.model, msg.version)
         if mv is not None and mv.scheduler is not None:
             mv.scheduler.stats.cache_inserted(insert_ns)
 
     def on_cancel(self, msg: CancelRequest) -> None:
-        now = time.monotonic_ns()
+        now = self.clock()
         for sched in list(self.manager.schedulers()):
             if sched.cancel(msg.reply_to, msg.id, now):
                 return
@@ -124,7 +125,7 @@ class RequestCalls:
         sched = self.manager.by_instance.get(msg.instance)
         if sched is None:
             return
-        now = time.monotonic_ns()
+        now = self.clock()
         requests, woken = sched.batch_done(msg, now)
         callbacks = self.callbacks
         if callbacks.internal:

@@ -67,10 +67,12 @@ class Server:
     """`transport` makes the channels (Unix sockets; shm/transport.py's MemoryHub in
     loop tests), `launcher` starts the children (scheduler/processes/supervisor.py's
     Child, or an in-process fake), `timer` wakes the loop at a batching deadline
-    (PreciseTimer, or one a test fires)."""
+    (PreciseTimer, or one a test fires), `clock` is every `now` the loop gives its
+    schedulers (CLOCK_MONOTONIC ns, the clock PreciseTimer and the workers use; a
+    test's clock moves only when the test says)."""
 
     def __init__(self, args, transport: Transport = SOCKETS, launcher=Child,
-                 timer=PreciseTimer):
+                 timer=PreciseTimer, clock=time.monotonic_ns):
         self.args = args
         self.loop = asyncio.get_running_loop()
         # Everything this server puts in /dev/shm starts with this prefix; the root
@@ -91,7 +93,7 @@ class Server:
         self.outbox = transport.outbox(self.loop)
         self.stop_requested = asyncio.Event()
         self.metrics: MetricsServer | None = None
-        self.pumps = Pumps(timer(self.loop, self._on_timer))
+        self.pumps = Pumps(timer(self.loop, self._on_timer), clock)
         self.gpus = devices.gpu_count()  # SHMSERVE_FAKE_GPUS injects a count
         self.regions = RegionRegistry(args.allow_client_shm, self.gpus,
                                       lambda region: self.events.region_gone(region),
@@ -109,7 +111,8 @@ class Server:
         # what schedulers ask of this process, ensemble steps included
         self.callbacks = LoopCallbacks(self.loop, self.address, self.outbox, self.workers,
                                        self.trace, self.regions, self.pumps.dirty,
-                                       self._after_burst, lambda msg: requests.on_cancel(msg))
+                                       self._after_burst, lambda msg: requests.on_cancel(msg),
+                                       clock)
         self.manager = ModelRepositoryManager(
             args, self.workers, self.rate_limiter, self.gpus,
             publish=self.frontends.broadcast, callbacks=self.callbacks)
@@ -121,7 +124,7 @@ class Server:
         cache = ResponseCache(args.cache_bytes) if args.cache_bytes > 0 else None
         self.requests = requests = RequestCalls(self.manager, self.callbacks, self.regions,
                                                 self.trace, cache, self.outbox, self.pumps.dirty,
-                                                self.wakes)
+                                                self.wakes, clock)
         self.control = ModelControl(self.manager, args, send=self.outbox.send)
         settings = SettingsCalls(args, self.trace, self.manager, self.outbox.send,
                                  (self.frontends.broadcast, self.workers.broadcast))
@@ -278,7 +281,7 @@ class Server:
         await self.frontends.drain(self.args.exit_timeout_secs)
         # 2. workers finalize their models and free their arenas
         self._settle()  # what ran is counted, not failed
-        now = time.monotonic_ns()
+        now = self.callbacks.clock()
         for sched in self.manager.schedulers():
             if sched.stats.execution_count:
                 log.info("%s", sched.summary())

@@ -6,7 +6,6 @@ regions quarantined after a SIGBUS), a client region gone (workers forget it).""
 from __future__ import annotations
 
 import logging
-import time
 
 from scheduler.callbacks import LoopCallbacks
 from scheduler.processes.frontend_pool import FrontendHandle
@@ -55,7 +54,7 @@ class ChildEvents:
         to their owners (it will never release them). Its requests still queued are
         dropped: their inputs lie in its arena, which died with it."""
         self.workers.broadcast(msg)
-        now = time.monotonic_ns()
+        now = self.callbacks.clock()
         dropped = 0
         for sched in self.manager.schedulers():
             for req in sched.drop_from(msg.address, now):

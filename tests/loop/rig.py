@@ -41,11 +41,33 @@ def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-class ManualTimer:
-    """PreciseTimer's interface; fires only from `fire()` (the test's clock)."""
+class TestClock:
+    """The loop's clock in a test: CLOCK_MONOTONIC plus what the test skipped ahead. It
+    never runs backwards, and a deadline is reached when the test says (fire(),
+    advance()), not when the real clock gets there: a 2 s batching delay costs no
+    2 s. Everything that stamps a time in these loops reads it (Server, the fake
+    workers, requests' start)."""
 
-    def __init__(self, loop, callback):
+    def __init__(self):
+        self.skipped = 0
+
+    def __call__(self) -> int:
+        return time.monotonic_ns() + self.skipped
+
+    def advance(self, ns: int) -> None:
+        self.skipped += ns
+
+    def reach(self, t: int) -> None:
+        self.advance(max(t - self(), 0))
+
+
+class ManualTimer:
+    """PreciseTimer's interface; fires only from `fire()`, which moves the test's
+    clock to the deadline first."""
+
+    def __init__(self, loop, callback, clock: TestClock):
         self._callback = callback
+        self.clock = clock
         self.deadline: int | None = None
 
     def set(self, deadline_ns: int | None) -> None:
@@ -53,11 +75,9 @@ class ManualTimer:
             self.deadline = deadline_ns
 
     def fire(self) -> None:
-        """Run the callback as the timer would at its deadline (waiting out the real
-        clock to it first: the server compares deadlines with time.monotonic_ns)."""
+        """Run the callback as the timer would at its deadline."""
         assert self.deadline is not None, "no deadline is armed"
-        while time.monotonic_ns() < self.deadline:
-            time.sleep(max(self.deadline - time.monotonic_ns(), 0) / 1e9)
+        self.clock.reach(self.deadline)
         self.deadline = None
         self._callback()
 
@@ -123,7 +143,7 @@ class FakeWorker:
         if isinstance(msg, LoadInstance):
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, True))
         elif isinstance(msg, ExecuteBatch):
-            self.received[msg.batch_id] = time.monotonic_ns()
+            self.received[msg.batch_id] = self.rig.clock()
             self.rig.batches.append((self, msg))
             if self.rig.auto_finish:
                 self.finish(msg)
@@ -135,7 +155,7 @@ class FakeWorker:
         the scheduler the batch is done, as workers/main.py's run_batch does. Its
         compute_infer phase spans from the batch's arrival to now; the other phases
         take no time. Returns the BatchDone, whose times the statistics count."""
-        now = time.monotonic_ns()
+        now = self.rig.clock()
         came = self.received.get(batch.batch_id, now)
         responses = [InferResponse(r.id, _echo(r), owner=self.address) if i not in failed
                      else InferResponse(r.id, error=Error(ErrorCode.INTERNAL, "failed"))
@@ -171,7 +191,7 @@ class RealWorker:
                 s = self.spec
                 self.worker = Worker(s.name, s.address, s.scheduler, s.segment_prefix,
                                      s.arena_bytes, s.device, s.arena_high_water,
-                                     transport=rig.hub)
+                                     transport=rig.hub, clock=rig.clock)
                 started.set()
                 self.worker.run()
             finally:
@@ -236,9 +256,11 @@ class Rig:
         args = parse_args(["--model-repository", str(repo), "--frontend-processes", "1",
                            "--http-port", "0", "--grpc-port", "0", "--allow-metrics",
                            "false", *flags])
+        self.clock = TestClock()
         self.server = Server(args, transport=self.hub,
                              launcher=lambda *a, **kw: FakeChild(self, *a, **kw),
-                             timer=ManualTimer)
+                             timer=lambda loop, cb: ManualTimer(loop, cb, self.clock),
+                             clock=self.clock)
         self.timer: ManualTimer = self.server.pumps.timer
 
     async def start(self) -> None:
@@ -275,7 +297,7 @@ class Rig:
         fut = fe.expect(rid)
         fe.outbox.send(fe.scheduler, InferRequest(rid, fe.address, model, 0, tensors,
                                                   batch_size=rows,
-                                                  start_ns=time.monotonic_ns(), **kw))
+                                                  start_ns=self.clock(), **kw))
         fut.request_id = rid
         return fut
 

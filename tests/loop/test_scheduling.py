@@ -16,11 +16,6 @@ def _repo(tmp_path, *models: str) -> Path:
     for model in models:
         src = MODELS / model
         shutil.copytree(src, tmp_path / src.name)
-        # the timer fires when a test says, but not before the real clock reaches the
-        # deadline (rig.ManualTimer): batch_probe's 2 s delay is made 20 ms here
-        config = tmp_path / src.name / "config.pbtxt"
-        config.write_text(config.read_text().replace(
-            "max_queue_delay_microseconds: 2000000", "max_queue_delay_microseconds: 20000"))
     return tmp_path
 
 
