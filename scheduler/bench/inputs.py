@@ -215,9 +215,11 @@ def _np_dtype(datatype: str):
     return dt
 
 
-def make_arrays(inputs: list, mode: str, seed: int, entries: list | None = None) -> dict:
+def make_arrays(inputs: list, mode: str, seed: int, entries: list | None = None,
+                string_length: int | None = None, string_data: str | None = None) -> dict:
     """One request's tensors: random (seeded), zeros, or entry `seed` of a data file's
-    `entries` (cycled)."""
+    `entries` (cycled). BYTES elements: `string_data` if given, else random letters
+    (`string_length` of them) or b"0"."""
     import numpy as np
     if entries:
         return {k: v.copy() for k, v in entries[seed % len(entries)].items()}
@@ -226,10 +228,13 @@ def make_arrays(inputs: list, mode: str, seed: int, entries: list | None = None)
     for spec in inputs:
         if spec.datatype == "BYTES":
             n = element_count(spec.shape)
-            if mode == "zero":
+            if string_data is not None:
+                items = [string_data.encode()] * n
+            elif mode == "zero":
                 items = [b"0"] * n
             else:
-                letters = rng.integers(97, 123, size=(n, STRING_LENGTH), dtype=np.uint8)
+                letters = rng.integers(97, 123, size=(n, string_length or STRING_LENGTH),
+                                       dtype=np.uint8)
                 items = [row.tobytes() for row in letters]
             out[spec.name] = np.array(items, dtype=np.object_).reshape(spec.shape)
             continue
@@ -248,14 +253,17 @@ def make_arrays(inputs: list, mode: str, seed: int, entries: list | None = None)
 # ---------------------------------------------------------------------- the server
 
 
-def fetch_model_info(url: str, protocol: str, model: str, timeout: float = 30.0):
-    """(metadata, max_batch_size) of `model`, over the protocol the bench speaks."""
+def fetch_model_info(url: str, protocol: str, model: str, timeout: float = 30.0,
+                     version: str = "", with_config: bool = False):
+    """(metadata, max_batch_size) of `model`, over the protocol the bench speaks; with
+    `with_config`, its config (as JSON) too."""
     if protocol == "grpc":
         import tritonclient.grpc as mod
         client = mod.InferenceServerClient(url)
         try:
-            meta = client.get_model_metadata(model, as_json=True, client_timeout=timeout)
-            cfg = client.get_model_config(model, as_json=True,
+            meta = client.get_model_metadata(model, version, as_json=True,
+                                             client_timeout=timeout)
+            cfg = client.get_model_config(model, version, as_json=True,
                                           client_timeout=timeout)["config"]
         finally:
             client.close()
@@ -263,8 +271,16 @@ def fetch_model_info(url: str, protocol: str, model: str, timeout: float = 30.0)
         import tritonclient.http as mod
         client = mod.InferenceServerClient(url, network_timeout=timeout)
         try:
-            meta = client.get_model_metadata(model)
-            cfg = client.get_model_config(model)
+            meta = client.get_model_metadata(model, version)
+            cfg = client.get_model_config(model, version)
         finally:
             client.close()
-    return meta, int(cfg.get("max_batch_size", 0) or 0)
+    out = (meta, int(cfg.get("max_batch_size", 0) or 0))
+    return out + (cfg,) if with_config else out
+
+
+def model_kind(config: dict) -> tuple[bool, bool]:
+    """(has a sequence batcher, is decoupled) from a model's config as JSON (gRPC's
+    JSON and HTTP's spell the fields alike)."""
+    policy = config.get("model_transaction_policy") or {}
+    return bool(config.get("sequence_batching") is not None), bool(policy.get("decoupled"))

@@ -1,0 +1,319 @@
+"""shmserve-bench's perf_analyzer flags (scheduler/bench/pa_flags.py): every flag of
+the table parses to its meaning or is refused by name with its reason; the -f CSV has
+perf_analyzer's layout; sequences get their flags and ids; the streaming figures are
+summarized. No server: the e2e runs are in tests/e2e/test_bench_pa.py."""
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from scheduler.bench import main as bench
+from scheduler.bench.client import Recorder
+from scheduler.bench.pa_flags import (
+    FLAGS, NO_EFFECT, REFUSED, SAME, check_refused, expand_range, markdown_table,
+    parse_id_range, parse_request_parameter,
+)
+from scheduler.bench.report import pa_csv_lines, write_pa_csv
+from scheduler.bench.sequences import SequenceDriver
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def parse(*argv):
+    """(args, config) as main() makes them, without a server."""
+    check_refused(list(argv))
+    args = bench.build_parser().parse_args(list(argv))
+    return args, bench.config_from_args(args)
+
+
+def _data_file(tmp_path):
+    path = tmp_path / "data.json"
+    path.write_text('{"data": [{"INPUT0": [1, 2]}]}')
+    return str(path)
+
+
+# flag (its table name) -> (argv, check of (args, cfg)); every taken flag has one
+EXAMPLES = {
+    "-m": (["-m", "resnet"], lambda a, c: c.model == "resnet"),
+    "-x": (["-x", "2"], lambda a, c: c.model_version == "2"),
+    "--service-kind": (["--service-kind=triton"], lambda a, c: a.service_kind == "triton"),
+    "-v": (["-v", "-v"], lambda a, c: c.verbose == 2),
+    "--measurement-mode": (["--measurement-mode", "time_windows"],
+                           lambda a, c: a.measurement_mode == "time_windows"),
+    "--measurement-interval": (["-p", "1500"], lambda a, c: c.duration == 1.5),
+    "--stability-percentage": (["-s", "5"], lambda a, c: c.stability_percentage == 5),
+    "--percentile": (["--percentile=95"],
+                     lambda a, c: c.percentile == 95 and c.max_trials == 10),
+    "--max-trials": (["-r", "4"], lambda a, c: c.max_trials == 4),
+    "--concurrency-range": (["--concurrency-range", "1:16:4"],
+                            lambda a, c: c.concurrency == [1, 5, 9, 13]),
+    "--request-rate-range": (["--request-rate-range=100:300:100"],
+                             lambda a, c: c.request_rates == [100.0, 200.0, 300.0]),
+    "--request-distribution": (["--request-rate-range", "50", "--request-distribution",
+                                "poisson"], lambda a, c: c.distribution == "poisson"),
+    "--latency-threshold": (["-l", "50"], lambda a, c: c.latency_threshold_ms == 50),
+    "--max-threads": (["--max-threads", "8"], lambda a, c: c.impl is None),
+    "--request-parameter": (["--request-parameter", "max_tokens:256:int"],
+                            lambda a, c: c.parameters == {"max_tokens": 256}),
+    "--sequence-length": (["--sequence-length", "5"], lambda a, c: c.sequence_length == 5),
+    "--sequence-length-variation": (["--sequence-length-variation=0"],
+                                    lambda a, c: c.sequence_variation == 0),
+    "--sequence-id-range": (["--sequence-id-range", "10:20"],
+                            lambda a, c: c.sequence_ids == (10, 20)),
+    "--serial-sequences": (["--serial-sequences"], lambda a, c: True),
+    "--input-data": (["--input-data", "zero"], lambda a, c: c.input_data == "zero"),
+    "-z": (["-z"], lambda a, c: c.input_data == "zero"),
+    "-b": (["-b", "4"], lambda a, c: c.batch_size == 4),
+    "--shape": (["--shape", "IN:4,4"], lambda a, c: c.named_shapes == {"IN": [4, 4]}),
+    "--string-length": (["--string-length", "7"], lambda a, c: c.string_length == 7),
+    "--string-data": (["--string-data", "abc"], lambda a, c: c.string_data == "abc"),
+    "--shared-memory": (["--shared-memory=system"], lambda a, c: c.shm == "system"),
+    "--output-shared-memory-size": (["--output-shared-memory-size", "4096"],
+                                    lambda a, c: c.output_shm_size == 4096),
+    "--input-tensor-format": (["--input-tensor-format", "binary"], lambda a, c: True),
+    "--output-tensor-format": (["--output-tensor-format=binary"], lambda a, c: True),
+    "-i": (["-i", "http"], lambda a, c: c.protocol == "http"
+           and c.url == "127.0.0.1:8000"),
+    "--async": (["-i", "http", "-a"], lambda a, c: c.client_impl() == "http-aio"),
+    "--sync": (["--sync"], lambda a, c: c.client_impl() == "grpc-threads"),
+    "--streaming": (["--streaming"], lambda a, c: c.client_impl() == "grpc-stream"),
+    "-H": (["-i", "http", "-H", "X-Trace: on"], lambda a, c: c.headers == {"X-Trace": "on"}),
+    "--grpc-compression-algorithm": (["--grpc-compression-algorithm", "gzip"],
+                                     lambda a, c: c.compression == "gzip"),
+    "-u": (["-u", "10.0.0.1:9001"], lambda a, c: c.url == "10.0.0.1:9001"),
+    "-f": (["-f", "out.csv"], lambda a, c: a.pa_csv == "out.csv"),
+    "--verbose-csv": (["--verbose-csv"], lambda a, c: a.verbose_csv),
+    "-t": (["-t", "3"], lambda a, c: c.concurrency == [3]),
+}
+
+
+def test_every_taken_flag_has_an_example():
+    """Rule: the table is the one source; a flag added to it without a test fails."""
+    taken = {f.name for f in FLAGS if f.status in (SAME, NO_EFFECT)}
+    assert taken == set(EXAMPLES)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_taken_flag_has_its_meaning(name):
+    argv, check = EXAMPLES[name]
+    args, cfg = parse(*argv)
+    assert check(args, cfg), (argv, cfg)
+
+
+def test_every_spelling_of_a_taken_flag_parses():
+    """Short and long spellings alike (perf_analyzer's -p and --measurement-interval)."""
+    assert parse("--measurement-interval", "250")[1].duration == 0.25
+    assert parse("--stability-percentage", "7")[1].stability_percentage == 7
+    assert parse("--max-trials=3")[1].max_trials == 3
+    assert parse("--latency-threshold", "9")[1].latency_threshold_ms == 9
+    assert parse("--async")[1].client_impl() == "grpc-callback"
+    assert parse("-i", "http", "--sync")[1].client_impl() == "http-gevent"
+
+
+def test_shmserve_spellings_still_work(tmp_path):
+    args, cfg = parse("--url", "h:1", "--protocol", "http", "--model", "m",
+                      "--concurrency", "1,4", "--duration", "2", "--shm", "system",
+                      "--output-shm-size", "64", "--input-data", _data_file(tmp_path))
+    assert (cfg.url, cfg.protocol, cfg.model, cfg.concurrency, cfg.duration, cfg.shm,
+            cfg.output_shm_size) == ("h:1", "http", "m", [1, 4], 2.0, "system", 64)
+
+
+@pytest.mark.parametrize("flag", [f for f in FLAGS if f.status == REFUSED],
+                         ids=lambda f: f.name)
+def test_refused_flag_named_with_reason(flag, capsys):
+    """Rule: a flag perf_analyzer has and the bench does not is refused by name, with
+    the table's reason, before argparse could call it a typo."""
+    argv = ["-m", "x", flag.spellings[0]] + (["1"] if flag.value else [])
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    text = str(e.value.code)
+    assert f"perf_analyzer's {flag.spellings[0]} is not supported" in text
+    assert flag.note in text
+    assert flag.note  # a refusal always says why
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--service-kind=triton_c_api"], "needs the in-process C API"),
+    (["--service-kind", "torchserve"], "another server's protocol"),
+    (["--measurement-mode", "count_windows"], "windows are timed"),
+    (["--input-tensor-format=json"], "binary extension"),
+    (["--output-tensor-format", "json"], "binary extension"),
+])
+def test_refused_values_named_with_reason(argv, why):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["-m", "x", *argv])
+    text = str(e.value.code)
+    value = argv[0].partition("=")[2] or argv[1]
+    assert f"{argv[0].partition('=')[0]}={value} is not supported" in text
+    assert why in text
+
+
+def test_input_data_directory_refused(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        parse("--input-data", str(tmp_path))
+    assert "directory of raw input files is not read" in str(e.value.code)
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--concurrency-range", "1:0"], "search until --latency-threshold"),
+    (["--concurrency-range", "4:2"], "end below start"),
+    (["--sequence-id-range", "5:5"], "start < end"),
+    (["--request-parameter", "a:1:float"], "bool, int or string"),
+    (["-H", "nocolon"], "Header:Value"),
+])
+def test_bad_values_say_why(argv, text, capsys):
+    with pytest.raises(SystemExit):
+        parse(*argv)
+    assert text in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--streaming", "-i", "http"], "--streaming needs -i grpc"),
+    (["--streaming", "--request-rate-range", "10"], "closed loop"),
+    (["--sync", "--client-impl", "grpc-aio"], "not both"),
+])
+def test_conflicting_flags_say_why(argv, text):
+    with pytest.raises(SystemExit) as e:
+        parse(*argv)
+    assert text in str(e.value.code)
+
+
+def test_ranges():
+    assert expand_range("4", int) == [4]
+    assert expand_range("1:3", int) == [1, 2, 3]
+    assert expand_range("0.5:1.5:0.5", float) == [0.5, 1.0, 1.5]
+    assert parse_id_range("7") == (7, None)
+    assert parse_request_parameter("stream:true:bool") == ("stream", True)
+    assert parse_request_parameter("name:a:b:string") == ("name", "a:b")
+
+
+def test_list_flags_prints_the_table(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--list-flags"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for f in FLAGS:
+        assert f.spellings[0] in out
+
+
+def test_readme_holds_the_table():
+    """The README's perf_analyzer table is markdown_table()'s output, so the two
+    cannot drift apart."""
+    assert markdown_table() in README.read_text()
+
+
+# --- sequences ----------------------------------------------------------------------------
+
+
+def test_sequence_flags_start_and_end():
+    d = SequenceDriver({"length": 3, "variation": 0}, index=0, total=1)
+    got = [d.next() for _ in range(6)]
+    assert [(r["sequence_start"], r["sequence_end"]) for r in got] == \
+        [(True, False), (False, False), (False, True)] * 2
+    assert [r["sequence_id"] for r in got] == [1, 1, 1, 2, 2, 2]
+
+
+def test_sequence_of_one_request_starts_and_ends():
+    d = SequenceDriver({"length": 1, "variation": 0}, index=0, total=1)
+    assert d.next() == {"sequence_id": 1, "sequence_start": True, "sequence_end": True}
+
+
+def test_sequence_lengths_vary_within_bounds():
+    d = SequenceDriver({"length": 10, "variation": 20}, index=0, total=1, seed=3)
+    lengths, n = [], 0
+    for _ in range(2000):
+        n += 1
+        if d.next()["sequence_end"]:
+            lengths.append(n)
+            n = 0
+    assert min(lengths) >= 8 and max(lengths) <= 12 and len(set(lengths)) > 1
+
+
+def test_sequence_ids_never_shared_between_streams():
+    """Rule: live sequences of different streams never share an id, bounded range or
+    not, however far one stream runs ahead of another."""
+    for end in (None, 1 + 7):
+        drivers = [SequenceDriver({"length": 1, "variation": 0, "id_start": 1,
+                                   "id_end": end}, g, 3) for g in range(3)]
+        ids = [{drivers[g].next()["sequence_id"] for _ in range(10 * (g + 1))}
+               for g in range(3)]
+        assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+        if end is not None:
+            assert set().union(*ids) <= set(range(1, end))
+
+
+def test_sequence_close_and_failure():
+    d = SequenceDriver({"length": 4, "variation": 0}, 0, 1)
+    assert d.close() is None  # nothing open
+    d.next()
+    assert d.close() == {"sequence_id": 1, "sequence_start": False, "sequence_end": True}
+    assert d.next()["sequence_start"] and d.id == 2
+    d.failed()
+    assert d.next() == {"sequence_id": 3, "sequence_start": True, "sequence_end": False}
+
+
+def test_id_range_smaller_than_concurrency_refused():
+    cfg = parse("--sequence-id-range", "1:3", "--concurrency-range", "1:4")[1]
+    with pytest.raises(ValueError, match="fewer than the 4 sequences"):
+        bench.sequence_plan(cfg)
+
+
+# --- streaming figures ---------------------------------------------------------------------
+
+
+def test_streaming_figures_summarized():
+    rec = Recorder(0.0, 0.0, 1e9, None)
+    rec.done_stream(0.0, 0.002, 4, True)
+    rec.done_stream(0.0, 0.004, 4, True, ended=True)
+    part = rec.result()
+    part["seconds"] = 2.0
+    row = bench.summarize([part], protocol="grpc", shape=[4], dtype="INT32",
+                          concurrency=1, shm="none", impl="grpc-stream")
+    assert row.responses == 8 and row.responses_per_s == 4.0 and row.sequences == 1
+    assert row.ttft_p50_ms == pytest.approx(3.0) and row.ttft_mean_ms == pytest.approx(3.0)
+    assert any("responses/s" in line for line in bench.point_lines(row))
+
+
+# --- -f -------------------------------------------------------------------------------------
+
+PA_HEADER = ("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,"
+             "Server Queue,Server Compute Input,Server Compute Infer,"
+             "Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,"
+             "p99 latency")
+
+
+def _row(conc, tput, mean_ms, **kw):
+    return {"concurrency": conc, "throughput": tput, "mean_ms": mean_ms,
+            "p50_ms": 1.0, "p90_ms": 2.0, "p95_ms": 3.0, "p99_ms": 4.0,
+            "server_stats": {"requests": 10, "queue_us": 100.4, "compute_input_us": 20.0,
+                             "compute_infer_us": 300.9, "compute_output_us": 5.0}, **kw}
+
+
+def test_pa_csv_layout(tmp_path):
+    """perf_analyzer's header, in its order; rows by increasing throughput; whole
+    microseconds; the network share is what the server's phases leave of the
+    average."""
+    path = tmp_path / "out.csv"
+    write_pa_csv(str(path), [_row(2, 900.5, 2.0), _row(1, 500.25, 1.5)])
+    lines = path.read_text().splitlines()
+    assert lines[0] == PA_HEADER
+    rows = list(csv.reader(lines[1:]))
+    assert [r[0] for r in rows] == ["1", "2"]
+    assert rows[0] == ["1", "500.25", "0", str(1500 - 100 - 20 - 300 - 5), "100", "20",
+                       "300", "5", "0", "1000", "2000", "3000", "4000"]
+
+
+def test_pa_csv_verbose_and_percentile_and_rate():
+    lines = pa_csv_lines([_row(1, 10.0, 1.0, percentile=85.0, pct_ms=1.5,
+                               request_rate=20.0)], verbose=True)
+    assert lines[0] == ["Request Rate"] + PA_HEADER.split(",")[1:9] + [
+        "p50 latency", "p85 latency", "p90 latency", "p95 latency", "p99 latency",
+        "Avg latency", "request/response", "response wait"]
+    assert lines[1][0] == "20" and lines[1][10] == 1500 and lines[1][-3:] == [1000, 0, 1000]
+
+
+def test_pa_csv_without_server_statistics():
+    lines = pa_csv_lines([{"concurrency": 1, "throughput": 5.0, "mean_ms": math.nan}])
+    assert lines[1][:9] == [1, "5", 0, 0, 0, 0, 0, 0, 0]
