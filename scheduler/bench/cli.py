@@ -89,7 +89,7 @@ class BenchConfig:
     # a sequence model's: {"length", "variation", "id_start", "id_end"}, set once the
     # model's config says it has a sequence batcher
     sequence: dict | None = None
-    sequence_length: int = 20
+    sequence_length: int | None = None  # None: each data stream's steps, else 20
     sequence_variation: float = 20.0
     sequence_ids: tuple = (1, None)
     latency_threshold_ms: float | None = None
@@ -267,8 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_arg(parse_request_parameter), metavar="NAME:VALUE:TYPE",
                    help="a request parameter (bool, int, string) on every request")
     g = p.add_argument_group("sequence models (found from the model's config)")
-    g.add_argument("--sequence-length", type=int, default=20,
-                   help="requests per sequence (default 20)")
+    g.add_argument("--sequence-length", type=int, default=None,
+                   help="requests per sequence (default: the steps of each JSON "
+                        "--input-data stream, else 20)")
     g.add_argument("--sequence-length-variation", type=float, default=20.0, metavar="PCT",
                    help="each length within +/- PCT%% of --sequence-length (default 20)")
     g.add_argument("--sequence-id-range", type=_arg(parse_id_range), default=(1, None),
@@ -317,7 +318,8 @@ def config_from_args(args) -> BenchConfig:
         raise SystemExit("bench: give --async/--sync or --client-impl, not both")
     if args.call_mode:
         args.client_impl = CALL_MODES[(args.protocol, args.call_mode)]
-    if args.sequence_length < 1 or not 0 <= args.sequence_length_variation < 100:
+    if (args.sequence_length is not None and args.sequence_length < 1) \
+            or not 0 <= args.sequence_length_variation < 100:
         raise SystemExit("bench: --sequence-length must be >= 1 and "
                          "--sequence-length-variation within [0, 100)")
     if args.client_impl and not args.client_impl.startswith(args.protocol):
@@ -377,5 +379,14 @@ def sequence_plan(cfg: BenchConfig) -> dict:
         raise ValueError(f"--sequence-id-range {start}:{end} holds {end - start} ids, "
                          f"fewer than the {max(cfg.concurrency)} sequences in flight at "
                          "concurrency " + str(max(cfg.concurrency)))
-    return {"length": cfg.sequence_length, "variation": cfg.sequence_variation,
+    from_data = cfg.input_data not in ("random", "zero")
+    if from_data and cfg.shm != "none":
+        raise ValueError("a sequence model's JSON input data is sent step by step in the "
+                         "requests: use --shared-memory none")
+    length = cfg.sequence_length
+    if length is None and not from_data:
+        length = 20  # perf_analyzer's default
+    return {"length": length,
+            # a length taken from the data is not varied (perf_analyzer's rule)
+            "variation": cfg.sequence_variation if length is not None else 0.0,
             "id_start": start, "id_end": end}

@@ -219,7 +219,8 @@ class Stream:
     stay there: checking them costs a device-to-host copy, stamping one a host-to-device
     copy, so both happen only with verification on."""
 
-    def __init__(self, spec: PointSpec, index: int, mod, entries=None):
+    def __init__(self, spec: PointSpec, index: int, mod, entries=None,
+                 data_streams=None):
         from scheduler.bench.inputs import TensorSpec, make_arrays
         self.spec = spec
         self.mod = mod  # tritonclient.http or tritonclient.grpc (both have InferInput)
@@ -227,11 +228,14 @@ class Stream:
         arrays = make_arrays(specs, spec.input_data, spec.stream_offset + index, entries,
                              spec.string_length, spec.string_data)
         self.sequence = None
+        # a sequence model's JSON data streams: each request sends its step's tensors
+        self.data_streams = data_streams if spec.sequence else None
         if spec.sequence:
             from scheduler.bench.sequences import SequenceDriver
             g = spec.stream_offset + index
-            self.sequence = SequenceDriver(spec.sequence, g, spec.total_streams,
-                                           seed=zlib.crc32(spec.tag.encode()) + g)
+            self.sequence = SequenceDriver(
+                spec.sequence, g, spec.total_streams, seed=zlib.crc32(spec.tag.encode()) + g,
+                lengths=[len(s) for s in data_streams] if self.data_streams else None)
         self.seq = 0
         self.inputs, self.outputs = [], []
         for t in specs:
@@ -273,7 +277,22 @@ class Stream:
         if self.sequence is None:
             return kw, False
         flags = self.sequence.next()
+        if self.data_streams:
+            self._set_step(self.sequence.data_index, self.sequence.step)
         return {**kw, **flags}, flags["sequence_end"]
+
+    def _set_step(self, stream: int, step: int) -> None:
+        """Put a data stream's step into the request (no shared memory: cli.py refuses
+        data streams with it); an identity model's expected output follows."""
+        steps = self.data_streams[stream]
+        entry = steps[step % len(steps)]
+        for k, x in enumerate(self.inputs):
+            data = entry[x.name]
+            x.request.set_shape(list(data.shape))
+            x.request.set_data_from_numpy(data)
+            if k < len(self.outputs) and self.outputs[k].data is x.data:
+                self.outputs[k].data = data
+            x.data = data
 
     def closing(self, kw: dict) -> dict | None:
         """Keywords of an unmeasured request ending this stream's open sequence, if one
@@ -619,12 +638,14 @@ class PointSession:
             import tritonclient.http as mod
         self.mod = mod
         self.control = None  # a blocking client for registration, off the measured path
-        entries = None
+        entries = streams = None
         if spec.input_data not in ("random", "zero"):
-            from scheduler.bench.inputs import TensorSpec, load_input_data
-            entries = load_input_data(spec.input_data,
-                                      [TensorSpec(**t) for t in spec.inputs])
-        self.streams = [Stream(spec, i, mod, entries) for i in range(spec.streams)]
+            from scheduler.bench.inputs import TensorSpec, load_input_streams
+            streams = load_input_streams(spec.input_data,
+                                         [TensorSpec(**t) for t in spec.inputs])
+            entries = [e for s in streams for e in s]
+        self.streams = [Stream(spec, i, mod, entries, streams)
+                        for i in range(spec.streams)]
         self.registered: list[str] = []
 
     def setup(self):

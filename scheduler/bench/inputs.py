@@ -159,28 +159,49 @@ def load_input_data(path: str, inputs: list) -> list[dict]:
     """perf_analyzer's JSON input data: {"data": [{"INPUT0": [...], ...}, ...]}, each
     entry one request's tensors. A tensor is a flat list, or {"content": [...],
     "shape": [...]}, or {"b64": "..."} (raw bytes). Returns one {name: numpy array}
-    per entry, shaped as `inputs` says unless the entry gives its own shape."""
+    per entry, shaped as `inputs` says unless the entry gives its own shape. Data
+    streams (below) come back one after the other."""
+    return [e for stream in load_input_streams(path, inputs) for e in stream]
+
+
+def load_input_streams(path: str, inputs: list) -> list[list[dict]]:
+    """The data streams of a JSON input data file: for a sequence model,
+    {"data": [[step, step, ...], [...]]} gives one stream per inner list, the steps of
+    one sequence; a flat {"data": [entry, ...]} is one stream (perf_analyzer's
+    input_data.md)."""
     with open(path) as f:
         doc = json.load(f)
-    return parse_input_data(doc, inputs)
+    return parse_input_streams(doc, inputs)
 
 
 def parse_input_data(doc, inputs: list) -> list[dict]:
+    return [e for stream in parse_input_streams(doc, inputs) for e in stream]
+
+
+def parse_input_streams(doc, inputs: list) -> list[list[dict]]:
     import numpy as np
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list) \
             or not doc["data"]:
         raise ValueError('input data must be {"data": [{...}, ...]} with one entry or more')
-    entries = []
-    for k, entry in enumerate(doc["data"]):
-        if not isinstance(entry, dict):
-            raise ValueError(f"input data entry {k} is not an object")
-        arrays = {}
-        for spec in inputs:
-            if spec.name not in entry:
-                raise ValueError(f"input data entry {k} has no {spec.name!r}")
-            arrays[spec.name] = _tensor(entry[spec.name], spec, k, np)
-        entries.append(arrays)
-    return entries
+    nested = all(isinstance(s, list) for s in doc["data"])
+    streams = doc["data"] if nested else [doc["data"]]
+    out = []
+    for i, stream in enumerate(streams):
+        if not stream:
+            raise ValueError(f"input data stream {i} is empty")
+        entries = []
+        for j, entry in enumerate(stream):
+            k = f"{i}.{j}" if nested else j
+            if not isinstance(entry, dict):
+                raise ValueError(f"input data entry {k} is not an object")
+            arrays = {}
+            for spec in inputs:
+                if spec.name not in entry:
+                    raise ValueError(f"input data entry {k} has no {spec.name!r}")
+                arrays[spec.name] = _tensor(entry[spec.name], spec, k, np)
+            entries.append(arrays)
+        out.append(entries)
+    return out
 
 
 def _tensor(value, spec: TensorSpec, k: int, np):

@@ -693,8 +693,10 @@ def main(argv=None) -> int:
           f"duration={cfg.duration}s warmup={cfg.warmup}s", flush=True)
     print(f"# server pid {pid}" if pid else f"# {note}", flush=True)
     if cfg.sequence:
-        print(f"# sequence model: {cfg.sequence_length} requests per sequence "
-              f"(+/- {cfg.sequence_variation:g}%), ids from {cfg.sequence_ids[0]}"
+        length, var = cfg.sequence["length"], cfg.sequence["variation"]
+        print("# sequence model: " + (f"{length} requests per sequence (+/- {var:g}%)"
+                                      if length else "sequences of the data's streams")
+              + f", ids from {cfg.sequence_ids[0]}"
               + (f" to {cfg.sequence_ids[1]} (excluded)" if cfg.sequence_ids[1] else ""),
               flush=True)
     for work in cfg.workloads:

@@ -81,8 +81,9 @@ FLAGS = [
     Flag(("--request-parameter",), "NAME:VALUE:TYPE", SAME,
          "a request parameter (bool, int or string) sent with every request"),
     # sequences
-    Flag(("--sequence-length",), "N", SAME, "requests per sequence (default 20) of a "
-         "sequence model, varied by --sequence-length-variation"),
+    Flag(("--sequence-length",), "N", SAME, "requests per sequence of a sequence model, "
+         "varied by --sequence-length-variation (default: the steps of each JSON "
+         "--input-data stream, else 20)"),
     Flag(("--sequence-length-variation",), "PCT", SAME,
          "each sequence's length within +/- PCT% of --sequence-length (default 20)"),
     Flag(("--sequence-id-range",), "START[:END]", SAME,
@@ -94,8 +95,9 @@ FLAGS = [
          "sequences are always serial here: one request in flight per sequence"),
     # input data
     Flag(("--input-data",), "zero|random|FILE.json", SAME,
-         "what inputs hold; a JSON file in perf_analyzer's format (a directory of raw "
-         "files is refused: not read)"),
+         "what inputs hold; a JSON file in perf_analyzer's format, whose streams a "
+         "sequence model's sequences step through (a directory of raw files is refused: "
+         "not read)"),
     Flag(("-z",), None, SAME, "the same as --input-data zero (deprecated there)"),
     Flag(("--data-directory",), "DIR", REFUSED,
          "a directory of raw input files is not read; use a JSON --input-data file"),

@@ -17,8 +17,15 @@ import random
 class SequenceDriver:
     """The sequence flags and correlation id of one stream's requests."""
 
-    def __init__(self, plan: dict, index: int, total: int, seed: int = 0):
-        self.length = int(plan["length"])
+    def __init__(self, plan: dict, index: int, total: int, seed: int = 0,
+                 lengths: list | None = None):
+        # lengths: the steps of each data stream of a JSON --input-data file; each new
+        # sequence takes the next stream round-robin, and its length when the plan has
+        # none (perf_analyzer: --sequence-length unset and input data given)
+        self.lengths = lengths or None
+        if plan["length"] is None and not self.lengths:
+            raise ValueError("a sequence length, or input data streams to take it from")
+        self.length = None if plan["length"] is None else int(plan["length"])
         self.variation = float(plan.get("variation", 0.0))
         self.start = int(plan.get("id_start", 1))
         end = plan.get("id_end")
@@ -32,8 +39,12 @@ class SequenceDriver:
         self.begun = 0  # sequences started
         self.left = 0  # requests left in the current sequence
         self.id = 0
+        self.data_index = 0  # the data stream of the current sequence
+        self.step = -1  # the current request's place in its sequence
 
     def _length(self) -> int:
+        if self.length is None:
+            return self.lengths[self.data_index]
         if not self.variation:
             return self.length
         d = self.length * self.variation / 100.0
@@ -48,8 +59,12 @@ class SequenceDriver:
         first = self.left == 0
         if first:
             self.id = self._next_id()
+            if self.lengths:
+                self.data_index = (self.index + self.begun) % len(self.lengths)
             self.begun += 1
             self.left = self._length()
+            self.step = -1
+        self.step += 1
         self.left -= 1
         return {"sequence_id": self.id, "sequence_start": first,
                 "sequence_end": self.left == 0}

@@ -317,3 +317,72 @@ def test_pa_csv_verbose_and_percentile_and_rate():
 def test_pa_csv_without_server_statistics():
     lines = pa_csv_lines([{"concurrency": 1, "throughput": 5.0, "mean_ms": math.nan}])
     assert lines[1][:9] == [1, "5", 0, 0, 0, 0, 0, 0, 0]
+
+
+# --- a sequence model's data streams ------------------------------------------------------
+
+
+def test_input_data_streams_parsed():
+    from scheduler.bench.inputs import TensorSpec, parse_input_data, parse_input_streams
+    spec = [TensorSpec("INPUT", "INT32", [1])]
+    doc = {"data": [[{"INPUT": [1]}, {"INPUT": [2]}], [{"INPUT": [5]}]]}
+    streams = parse_input_streams(doc, spec)
+    assert [[int(e["INPUT"][0]) for e in s] for s in streams] == [[1, 2], [5]]
+    assert [int(e["INPUT"][0]) for e in parse_input_data(doc, spec)] == [1, 2, 5]
+    flat = parse_input_streams({"data": [{"INPUT": [7]}, {"INPUT": [8]}]}, spec)
+    assert len(flat) == 1 and len(flat[0]) == 2  # a flat list is one stream
+    with pytest.raises(ValueError, match="stream 1 is empty"):
+        parse_input_streams({"data": [[{"INPUT": [1]}], []]}, spec)
+
+
+def test_sequences_step_through_data_streams():
+    """Rule (perf_analyzer's): without --sequence-length a sequence is as long as its
+    data stream; new sequences take the streams in turn; each request sends its step."""
+    np = pytest.importorskip("numpy")
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from scheduler.bench.client import PointSpec, Stream
+    from scheduler.bench.inputs import TensorSpec, parse_input_streams
+    spec = PointSpec(url="x", protocol="grpc", impl="grpc-callback", model="m", timeout=1,
+                     inputs=[{"name": "INPUT", "datatype": "INT32", "shape": [1]}],
+                     outputs=[], streams=1, shm="none", verify=False, warmup=0,
+                     duration=1, max_requests=None, tag="t", total_streams=1,
+                     sequence={"length": None, "variation": 0.0, "id_start": 1,
+                               "id_end": None})
+    streams = parse_input_streams(
+        {"data": [[{"INPUT": [1]}, {"INPUT": [2]}, {"INPUT": [3]}], [{"INPUT": [5]}]]},
+        [TensorSpec("INPUT", "INT32", [1])])
+    s = Stream(spec, 0, grpcclient, [e for st in streams for e in st], streams)
+    sent = []
+    for _ in range(6):
+        kw, ended = s.request({})
+        raw = s.inputs[0].request._get_content()
+        sent.append((int(np.frombuffer(raw, dtype=np.int32)[0]), kw["sequence_start"],
+                     ended, kw["sequence_id"]))
+    assert sent == [(1, True, False, 1), (2, False, False, 1), (3, False, True, 1),
+                    (5, True, True, 2), (1, True, False, 3), (2, False, False, 3)]
+
+
+def test_sequence_plan_lengths():
+    assert bench.sequence_plan(parse()[1])["length"] == 20  # perf_analyzer's default
+    plan = bench.sequence_plan(parse("--sequence-length", "4")[1])
+    assert plan["length"] == 4 and plan["variation"] == 20
+
+
+def test_sequence_plan_from_data(tmp_path):
+    plan = bench.sequence_plan(parse("--input-data", _data_file(tmp_path))[1])
+    assert plan["length"] is None and plan["variation"] == 0  # the data's, not varied
+    with pytest.raises(ValueError, match="--shared-memory none"):
+        bench.sequence_plan(parse("--input-data", _data_file(tmp_path),
+                                  "--shared-memory", "system")[1])
+
+
+def test_latency_threshold_ends_the_sweep():
+    from scheduler.bench.report import over_threshold
+    row = bench.Row(protocol="grpc", shape=[1], dtype="FP32", concurrency=1, shm="none",
+                    requests=1, seconds=1, throughput=1, p50_ms=1, p90_ms=1, p99_ms=1,
+                    mean_ms=5.0, errors=0, mismatches=0, client_cpu=0,
+                    client_processes=1, client_impl="grpc-callback")
+    assert not over_threshold([], 1.0) and not over_threshold([row], None)
+    assert over_threshold([row], 4.0) and not over_threshold([row], 5.0)
+    row.percentile, row.pct_ms = 95.0, 3.0  # with --percentile, that latency decides
+    assert not over_threshold([row], 4.0)
