@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                    type=_arg(parse_request_parameter), metavar="NAME:VALUE:TYPE",
                    help="a request parameter (bool, int, string) on every request")
     g = p.add_argument_group("sequence models (found from the model's config)")
-    g.add_argument("--sequence-length", type=int, default=None,
+    g.add_argument("--sequence-length", type=int, default=None, metavar="N",
                    help="requests per sequence (default: the steps of each JSON "
                         "--input-data stream, else 20)")
     g.add_argument("--sequence-length-variation", type=float, default=20.0, metavar="PCT",

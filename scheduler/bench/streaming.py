@@ -34,7 +34,7 @@ def _one_stream(stream, spec, rec, grpcclient):
     client = grpcclient.InferenceServerClient(spec.url)
     box: queue.SimpleQueue = queue.SimpleQueue()
     client.start_stream(callback=lambda result, error: box.put(
-        (time.perf_counter(), result, error)))
+        (time.perf_counter(), result, error)), compression_algorithm=spec.compression)
     base = stream_kwargs(stream.base_kwargs())
     n = 0
     try:
