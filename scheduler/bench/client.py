@@ -220,7 +220,7 @@ class Stream:
     copy, so both happen only with verification on."""
 
     def __init__(self, spec: PointSpec, index: int, mod, entries=None,
-                 data_streams=None):
+                 data_streams=None, expected_streams=None):
         from scheduler.bench.inputs import TensorSpec, make_arrays
         self.spec = spec
         self.mod = mod  # tritonclient.http or tritonclient.grpc (both have InferInput)
@@ -230,11 +230,19 @@ class Stream:
         self.sequence = None
         # a sequence model's JSON data streams: each request sends its step's tensors
         self.data_streams = data_streams if spec.sequence else None
+        # the data file's validation_data, laid out as its streams; `expected_now`:
+        # {output: flat values} the current request's response must hold
+        self.expected_streams = expected_streams
+        self.expected_now = None
+        if expected_streams and not self.data_streams:
+            flat = [e for s in expected_streams for e in s]
+            self.expected_now = flat[(spec.stream_offset + index) % len(flat)]
         if spec.sequence:
             from scheduler.bench.sequences import SequenceDriver
             g = spec.stream_offset + index
             self.sequence = SequenceDriver(
-                spec.sequence, g, spec.total_streams, seed=zlib.crc32(spec.tag.encode()) + g,
+                spec.sequence, g, spec.total_streams,
+                seed=zlib.crc32(spec.tag.encode()) + g,
                 lengths=[len(s) for s in data_streams] if self.data_streams else None)
         self.seq = 0
         self.inputs, self.outputs = [], []
@@ -286,6 +294,9 @@ class Stream:
         data streams with it); an identity model's expected output follows."""
         steps = self.data_streams[stream]
         entry = steps[step % len(steps)]
+        if self.expected_streams:
+            want = self.expected_streams[stream]
+            self.expected_now = want[step % len(want)]
         for k, x in enumerate(self.inputs):
             data = entry[x.name]
             x.request.set_shape(list(data.shape))
@@ -392,9 +403,14 @@ class Stream:
                 _cuda_regions().set_shared_memory_region(x.handle, [x.data])
 
     def check(self, result) -> bool:
+        import numpy as np
+        if self.expected_now is not None:  # validation_data (responses carry outputs)
+            for name, want in self.expected_now.items():
+                got = result.as_numpy(name)
+                if got is None or not np.array_equal(got.ravel(), want):
+                    return False
         if not self.spec.verify:
             return True
-        import numpy as np
         for y in self.outputs:
             if y.data is None:
                 continue
@@ -638,13 +654,16 @@ class PointSession:
             import tritonclient.http as mod
         self.mod = mod
         self.control = None  # a blocking client for registration, off the measured path
-        entries = streams = None
+        entries = streams = expected = None
         if spec.input_data not in ("random", "zero"):
-            from scheduler.bench.inputs import TensorSpec, load_input_streams
+            from scheduler.bench.inputs import (
+                TensorSpec, load_input_streams, load_validation_streams,
+            )
             streams = load_input_streams(spec.input_data,
                                          [TensorSpec(**t) for t in spec.inputs])
             entries = [e for s in streams for e in s]
-        self.streams = [Stream(spec, i, mod, entries, streams)
+            expected = load_validation_streams(spec.input_data, spec.outputs)
+        self.streams = [Stream(spec, i, mod, entries, streams, expected)
                         for i in range(spec.streams)]
         self.registered: list[str] = []
 

@@ -204,6 +204,66 @@ def parse_input_streams(doc, inputs: list) -> list[list[dict]]:
     return out
 
 
+def load_validation_streams(path: str, outputs: list) -> list[list[dict]] | None:
+    """The expected outputs of a JSON input data file's "validation_data" (None if it
+    has none): the same layout as its "data" (streams or a flat list), each entry
+    {output name: values} for some of `outputs` ({"name", "datatype"}), compared as
+    flat arrays with the response's."""
+    with open(path) as f:
+        doc = json.load(f)
+    return parse_validation_streams(doc, outputs)
+
+
+def parse_validation_streams(doc, outputs: list) -> list[list[dict]] | None:
+    import numpy as np
+    if not isinstance(doc, dict) or "validation_data" not in doc:
+        return None
+    data, valid = doc.get("data"), doc["validation_data"]
+    nested = isinstance(data, list) and data and all(isinstance(s, list) for s in data)
+    streams = valid if nested else [valid]
+    shape_of = (lambda x: [len(s) if isinstance(s, list) else -1 for s in x]) \
+        if nested else (lambda x: [len(x)])
+    if not isinstance(valid, list) or not isinstance(data, list) \
+            or (nested and not all(isinstance(s, list) for s in valid)) \
+            or shape_of(valid) != shape_of(data):
+        raise ValueError('"validation_data" must have one entry per entry of "data", '
+                         "in the same layout")
+    types = {o["name"]: o.get("datatype") or "" for o in outputs}
+    out = []
+    for i, stream in enumerate(streams):
+        entries = []
+        for j, entry in enumerate(stream):
+            if not isinstance(entry, dict):
+                raise ValueError(f"validation data entry {j} is not an object")
+            unknown = sorted(set(entry) - set(types))
+            if unknown:
+                raise ValueError(f"validation data names no output the bench asks for: "
+                                 f"{', '.join(unknown)}")
+            entries.append({name: _expected(v, name, types[name], np)
+                            for name, v in entry.items()})
+        out.append(entries)
+    return out
+
+
+def _expected(value, name: str, datatype: str, np):
+    """One expected output, flattened."""
+    if isinstance(value, dict):
+        if "b64" in value:
+            raw = base64.b64decode(value["b64"])
+            if datatype == "BYTES":
+                return np.array([raw], dtype=np.object_)
+            return np.frombuffer(raw, dtype=_np_dtype(datatype)).copy()
+        if "content" not in value:
+            raise ValueError(f"validation data {name}: an object needs 'content' or 'b64'")
+        value = value["content"]
+    if datatype == "BYTES":
+        flat = np.array(value, dtype=np.object_).ravel()
+        return np.array([v.encode() if isinstance(v, str) else bytes(v) for v in flat],
+                        dtype=np.object_)
+    return np.array(value).ravel().astype(_np_dtype(datatype)) if datatype \
+        else np.array(value).ravel()
+
+
 def _tensor(value, spec: TensorSpec, k: int, np):
     shape = list(spec.shape)
     if isinstance(value, dict):

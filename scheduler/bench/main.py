@@ -73,8 +73,8 @@ from scheduler.bench.cli import (  # noqa: F401
     config_from_args, default_verify, parse_float_list, parse_int_list, sequence_plan,
 )
 from scheduler.bench.inputs import (
-    OutputSpec, TensorSpec, Workload, fetch_model_info, load_input_data, model_kind,
-    workload_from_metadata,
+    OutputSpec, TensorSpec, Workload, fetch_model_info, load_input_data,
+    load_validation_streams, model_kind, workload_from_metadata,
 )
 from scheduler.bench.pa_flags import check_refused
 from scheduler.bench.procs import (
@@ -526,6 +526,10 @@ def resolve_workloads(cfg: BenchConfig, args) -> list[Workload]:
                 t.datatype = args.dtype
         if cfg.input_data not in ("random", "zero"):
             load_input_data(cfg.input_data, work.inputs)  # its errors, said up front
+            if load_validation_streams(cfg.input_data, [asdict(o) for o in work.outputs]) \
+                    and cfg.shm != "none":
+                raise ValueError("validation_data is checked in the responses: use "
+                                 "--shared-memory none")
         out.append(work)
     return out
 

@@ -96,8 +96,8 @@ FLAGS = [
     # input data
     Flag(("--input-data",), "zero|random|FILE.json", SAME,
          "what inputs hold; a JSON file in perf_analyzer's format, whose streams a "
-         "sequence model's sequences step through (a directory of raw files is refused: "
-         "not read)"),
+         "sequence model's sequences step through and whose validation_data the "
+         "responses must match (a directory of raw files is refused: not read)"),
     Flag(("-z",), None, SAME, "the same as --input-data zero (deprecated there)"),
     Flag(("--data-directory",), "DIR", REFUSED,
          "a directory of raw input files is not read; use a JSON --input-data file"),

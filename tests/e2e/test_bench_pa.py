@@ -36,22 +36,35 @@ def run_bench(tmp_path, *argv):
     return done.returncode, done.stdout + done.stderr, rows
 
 
+# two data streams of 3 steps for the accumulator, and the running sums it must answer
+SEQUENCE_DATA = {
+    "data": [[{"INPUT": [1]}, {"INPUT": [2]}, {"INPUT": [3]}],
+             [{"INPUT": [4]}, {"INPUT": [5]}, {"INPUT": [6]}]],
+    "validation_data": [[{"OUTPUT": [1]}, {"OUTPUT": [3]}, {"OUTPUT": [6]}],
+                        [{"OUTPUT": [4]}, {"OUTPUT": [9]}, {"OUTPUT": [15]}]],
+}
+
+
 def test_sequences_carry_start_and_end_flags(server, tmp_path):
     """Rule: each sequence's first request carries START (the server refuses a new
-    correlation id without it: an error) and its last END (the range 1:3 gives two
-    streams one id each, reused for every sequence and again by the next point: an id
-    reused before its END makes the server warn of a conflict). Sequences of 3."""
-    csv_path = tmp_path / "pa.csv"
+    correlation id without it: an error; and the accumulator's sums, checked against
+    the data file's validation_data, restart from each step 1) and its last END (the
+    range 1:3 gives two streams one id each, reused for every sequence and again by the
+    next point: an id reused before its END makes the server warn of a conflict).
+    Sequences of 3 (--sequence-length), stepping through the data file's streams."""
+    csv_path, data = tmp_path / "pa.csv", tmp_path / "data.json"
+    data.write_text(json.dumps(SEQUENCE_DATA))
     rc, out, rows = run_bench(
         tmp_path, "-m", "seq_acc", "-i", "grpc", "-u", f"127.0.0.1:{server.grpc_port}",
         "--sequence-length", "3", "--sequence-length-variation", "0",
         "--sequence-id-range", "1:3", "--concurrency-range", "1:2", "-p", "500",
-        "-f", str(csv_path))
+        "--input-data", str(data), "-f", str(csv_path))
     assert rc == 0, out
     assert CONFLICT not in server.log()  # the server saw every END
     assert [r["concurrency"] for r in rows] == [1, 2]
     for row in rows:
         assert row["errors"] == 0, row["first_error"]
+        assert row["mismatches"] == 0, row
         assert row["sequences"] >= 1 and row["requests"] >= 3, row
         # every sequence is 3 requests; the window cuts at most one open one per stream
         assert abs(row["requests"] - 3 * row["sequences"]) <= 2 * row["concurrency"], row

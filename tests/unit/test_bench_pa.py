@@ -79,7 +79,8 @@ EXAMPLES = {
     "--async": (["-i", "http", "-a"], lambda a, c: c.client_impl() == "http-aio"),
     "--sync": (["--sync"], lambda a, c: c.client_impl() == "grpc-threads"),
     "--streaming": (["--streaming"], lambda a, c: c.client_impl() == "grpc-stream"),
-    "-H": (["-i", "http", "-H", "X-Trace: on"], lambda a, c: c.headers == {"X-Trace": "on"}),
+    "-H": (["-i", "http", "-H", "X-Trace: on"],
+           lambda a, c: c.headers == {"X-Trace": "on"}),
     "--grpc-compression-algorithm": (["--grpc-compression-algorithm", "gzip"],
                                      lambda a, c: c.compression == "gzip"),
     "-u": (["-u", "10.0.0.1:9001"], lambda a, c: c.url == "10.0.0.1:9001"),
@@ -204,7 +205,7 @@ def test_readme_holds_the_table():
     assert markdown_table() in README.read_text()
 
 
-# --- sequences ----------------------------------------------------------------------------
+# --- sequences ------------------------------------------------------------------------
 
 
 def test_sequence_flags_start_and_end():
@@ -260,7 +261,7 @@ def test_id_range_smaller_than_concurrency_refused():
         bench.sequence_plan(cfg)
 
 
-# --- streaming figures ---------------------------------------------------------------------
+# --- streaming figures ----------------------------------------------------------------
 
 
 def test_streaming_figures_summarized():
@@ -276,7 +277,7 @@ def test_streaming_figures_summarized():
     assert any("responses/s" in line for line in bench.point_lines(row))
 
 
-# --- -f -------------------------------------------------------------------------------------
+# --- -f -------------------------------------------------------------------------------
 
 PA_HEADER = ("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,"
              "Server Queue,Server Compute Input,Server Compute Infer,"
@@ -319,7 +320,7 @@ def test_pa_csv_without_server_statistics():
     assert lines[1][:9] == [1, "5", 0, 0, 0, 0, 0, 0, 0]
 
 
-# --- a sequence model's data streams ------------------------------------------------------
+# --- a sequence model's data streams --------------------------------------------------
 
 
 def test_input_data_streams_parsed():
@@ -386,3 +387,62 @@ def test_latency_threshold_ends_the_sweep():
     assert over_threshold([row], 4.0) and not over_threshold([row], 5.0)
     row.percentile, row.pct_ms = 95.0, 3.0  # with --percentile, that latency decides
     assert not over_threshold([row], 4.0)
+
+
+# --- validation_data ------------------------------------------------------------------
+
+
+def test_validation_data_parsed_in_the_data_layout():
+    from scheduler.bench.inputs import parse_validation_streams
+    outs = [{"name": "OUTPUT", "datatype": "INT32"}, {"name": "TEXT", "datatype": "BYTES"}]
+    doc = {"data": [[{"I": [1]}, {"I": [2]}]],
+           "validation_data": [[{"OUTPUT": [1]}, {"OUTPUT": {"content": [3]},
+                                                  "TEXT": ["a"]}]]}
+    got = parse_validation_streams(doc, outs)
+    assert [int(got[0][0]["OUTPUT"][0]), int(got[0][1]["OUTPUT"][0])] == [1, 3]
+    assert got[0][1]["TEXT"].tolist() == [b"a"]
+    assert parse_validation_streams({"data": [{"I": [1]}]}, outs) is None
+    with pytest.raises(ValueError, match="same layout"):
+        parse_validation_streams({"data": [[{"I": [1]}]], "validation_data": [[]]}, outs)
+    with pytest.raises(ValueError, match="no output the bench asks for: NOPE"):
+        parse_validation_streams({"data": [{"I": [1]}],
+                                  "validation_data": [{"NOPE": [1]}]}, outs)
+
+
+def test_validation_data_checked_per_step():
+    """Rule: a response whose outputs differ from the step's validation_data is a
+    mismatch; outputs it does not name are not checked."""
+    np = pytest.importorskip("numpy")
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from scheduler.bench.client import PointSpec, Stream
+    from scheduler.bench.inputs import (
+        TensorSpec, parse_input_streams, parse_validation_streams,
+    )
+    doc = {"data": [[{"INPUT": [1]}, {"INPUT": [2]}]],
+           "validation_data": [[{"OUTPUT": [1]}, {"OUTPUT": [3]}]]}
+    outputs = [{"name": "OUTPUT", "datatype": "INT32", "nbytes": -1},
+               {"name": "OTHER", "datatype": "INT32", "nbytes": -1}]
+    spec = PointSpec(url="x", protocol="grpc", impl="grpc-callback", model="m", timeout=1,
+                     inputs=[{"name": "INPUT", "datatype": "INT32", "shape": [1]}],
+                     outputs=outputs, streams=1, shm="none", verify=False, warmup=0,
+                     duration=1, max_requests=None, tag="t", total_streams=1,
+                     sequence={"length": None, "variation": 0.0, "id_start": 1,
+                               "id_end": None})
+    streams = parse_input_streams(doc, [TensorSpec("INPUT", "INT32", [1])])
+    s = Stream(spec, 0, grpcclient, None, streams, parse_validation_streams(doc, outputs))
+
+    def result(v):
+        return _Named({"OUTPUT": np.array([[v]], dtype=np.int32),
+                       "OTHER": np.array([0], dtype=np.int32)})
+    s.request({})
+    assert s.check(result(1)) and not s.check(result(3))
+    s.request({})
+    assert s.check(result(3)) and not s.check(result(1))
+
+
+class _Named:
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def as_numpy(self, name):
+        return self.arrays.get(name)
