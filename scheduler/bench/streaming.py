@@ -94,6 +94,7 @@ def _await_final(stream, rec, box, t_send, timeout, ended, rid) -> bool:
     if error is not None:
         rec.error(error)
         stream.failed()
+        time.sleep(0.01)  # a server refusing everything must not turn this into a spin
         return True
     rec.done_stream(t_send, first, count, ok, ended)
     return True
