@@ -114,24 +114,20 @@ def test_kserve_runtime_serves_the_formats_on_kserves_ports():
     assert not svc["spec"]["selector"].items() <= labels.items()
 
 
-def _checkov():
-    path = os.environ.get("CHECKOV") or shutil.which("checkov")
-    venv = ROOT / ".venv-checkov" / "bin" / "checkov"
-    return path or (str(venv) if venv.exists() else None)
-
-
 def test_check_deploy_script_passes():
-    """scripts/check_deploy (KServe schemas, then kubernetes-validate for each version)
-    passes on the repository's manifests; with checkov installed, checkov too."""
-    env = dict(os.environ, PYTHON=sys.executable)
+    """scripts/check_deploy (KServe schemas, then kubernetes-validate) passes on the
+    repository's manifests; with checkov installed (CHECKOV=path or on PATH; ~20 s
+    more), checkov too. One Kubernetes version here: the test above covers both ends
+    in-process, and .ci/run runs the script on all five."""
+    env = dict(os.environ, PYTHON=sys.executable, K8S_VERSIONS="1.33.0")
     cmd = [str(ROOT / "scripts" / "check_deploy")]
-    checkov = _checkov()
+    checkov = os.environ.get("CHECKOV") or shutil.which("checkov")
     if checkov:
         env["CHECKOV"] = checkov
     else:
         cmd.append("--no-checkov")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok   1.") == 5
+    assert "ok   1.33.0: 6 manifests and 1 runtime pod(s)" in done.stdout
     if checkov:
         assert "Failed checks: 0" in done.stdout
