@@ -20,7 +20,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PATH=/opt/shmserve/bin:$PATH
 
-# CUDA base images bring no Python: install the distribution's
+# CUDA base images bring no Python: install the distribution's. Any base with python3
+# (3.10+), its venv module and useradd will do, e.g. a Debian root filesystem that
+# scripts/container_check builds with mmdebstrap where Docker Hub is out of reach.
 RUN if ! command -v python3 >/dev/null; then \
       apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
         --no-install-recommends python3 python3-venv && rm -rf /var/lib/apt/lists/*; \
@@ -33,7 +35,11 @@ COPY frontend ./frontend
 COPY scheduler ./scheduler
 COPY shm ./shm
 COPY workers ./workers
-RUN pip install --upgrade pip && pip install ".[${EXTRAS}]" && rm -rf /src
+# A pip.conf passed as the build secret `pipconf` (a private index or mirror) is read
+# for this step only and never stored in a layer; without it pip uses PyPI. e.g.
+#   docker build --secret id=pipconf,src=$HOME/.config/pip/pip.conf .
+RUN --mount=type=secret,id=pipconf,target=/etc/pip.conf \
+    pip install --upgrade pip && pip install ".[${EXTRAS}]" && rm -rf /src
 
 # the server runs unprivileged; the repository is read-only to it
 RUN useradd --create-home --uid 10001 shmserve && mkdir -p /models
