@@ -394,8 +394,15 @@ class EnsembleScheduler:
             if block is not None:
                 lent[(ref.segment, ref.offset)] = block.owner
         run.answered += 1
+        # Triton 2.51 puts the sequence fields into every ensemble response (those its
+        # outputs came with: a step may have changed them), even for a request outside
+        # any sequence (id 0, both flags false), on every protocol
+        seq = next((run.seq[(name, it)] for name in run.wanted if (name, it) in run.seq),
+                   (req.sequence_id, req.sequence_start, req.sequence_end))
+        params = {"sequence_id": seq[0], "sequence_start": seq[1], "sequence_end": seq[2]}
         self.callbacks.finish(req, InferResponse(req.id, outputs=outputs, final=final,
-                                            model_version=self.version), lent)
+                                            model_version=self.version,
+                                            parameters=params), lent)
 
     def _maybe_finish(self, run: _Run, now: int) -> None:
         """Answer the client for the last time once no step runs and none can start."""

@@ -554,13 +554,18 @@ def test_a_response_can_set_the_sequence_fields_of_the_steps_after_it():
         sched.on_response(InferResponse(d.id, outputs=outs, owner="w", final=False,
                                         parameters=p), 10)
     b0, b1, b2 = host.running("b")
+    for k, b in enumerate((b0, b1, b2)):
+        answer(sched, b, owner="ipc:///run/worker-b", offset=100 * k)
+    # and each response of the ensemble carries those its outputs came with (Triton)
+    assert [r.parameters for _, r, _ in host.finished] == [
+        {"sequence_id": "s-1", "sequence_start": True, "sequence_end": False},
+        {"sequence_id": 7, "sequence_start": True, "sequence_end": False},
+        {"sequence_id": 7, "sequence_start": False, "sequence_end": True}]
     assert (b0.sequence_id, b0.sequence_start, b0.sequence_end) == ("s-1", True, False)
     assert (b1.sequence_id, b1.sequence_start, b1.sequence_end) == (7, True, False)
     assert (b2.sequence_id, b2.sequence_start, b2.sequence_end) == (7, False, True)
     sched.on_response(InferResponse(d.id, outputs=[], final=True,
                                     parameters={"sequence_start": 1}), 10)
-    for b in (b0, b1, b2):
-        answer(sched, b, owner="ipc:///run/worker-b")
     (_, last, _) = host.finished[-1]
     assert last.final and last.error.message == (
         "in ensemble 'ens', step 0 (model 'd'): expect parameter 'sequence_start' to be "
