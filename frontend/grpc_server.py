@@ -227,6 +227,7 @@ class InferenceServicer:
             if tasks:
                 await asyncio.gather(*tasks)
 
+        reader = None
         try:
             if failed is None:
                 await read()
@@ -241,6 +242,8 @@ class InferenceServicer:
             error = failed.result()
             await _abort(context, error)
         finally:
+            if reader is not None:
+                reader.cancel()  # no-op once done; the call itself was cancelled
             for task in tasks:  # the client went away: stop what it no longer awaits
                 task.cancel()
 
