@@ -61,6 +61,9 @@ from shm.messages.worker import (BatchDone, InstanceLoaded, ResponseStats, Worke
 from shm.transport import SOCKETS, Transport
 
 log = logging.getLogger("shmserve.scheduler")
+# the least time workers get to finalize their models at a stop, when the frontends'
+# drain used up the exit timeout
+WORKER_STOP_MIN_S = 1.0
 
 
 class Server:
@@ -276,6 +279,8 @@ class Server:
         self.manager.stopping = True
         self.done_inbox.watch(True)  # whatever still runs ends promptly
         await self.control.stop_polling()  # nothing loads while we stop
+        # the whole stop fits --exit-timeout-secs (and small margins), as Triton's
+        deadline = time.monotonic() + self.args.exit_timeout_secs
         # 1. frontends stop taking requests and finish those in flight, which still
         #    run: queued requests are batched and executed meanwhile
         await self.frontends.drain(self.args.exit_timeout_secs)
@@ -289,7 +294,8 @@ class Server:
         if self.callbacks.lent:
             log.warning("%d ensemble output block(s) were never released by their clients",
                         len(self.callbacks.lent))
-        await self.workers.stop_all()
+        # what the timeout left, and a moment for finalize() even when none is left
+        await self.workers.stop_all(max(deadline - time.monotonic(), WORKER_STOP_MIN_S))
         self.control.remove_files()
         self.trace.close()
         if self.metrics is not None:
