@@ -161,14 +161,16 @@ def test_outputs_the_client_did_not_ask_for_are_released_and_not_sent():
     host = FakeHost()
     sched = EnsembleScheduler("ens", 1, ens, host)
     sched.enqueue(client_request(outputs=[RequestedOutput("OUT_C")]), 5)
-    answer(sched, host.submitted[0])  # T at offset 0, OUT_X at offset 1
-    assert ("ipc:///run/worker-a", ("ipc:///run/worker-a-seg", 1)) in host.released
+    a = host.submitted[0]
+    answer(sched, a)  # each output at its place in the request (a protobuf map's order)
+    x = [o.name for o in a.outputs].index("OUTPUT1")  # OUT_X: nobody reads it
+    assert ("ipc:///run/worker-a", ("ipc:///run/worker-a-seg", x)) in host.released
     answer(sched, host.running("c")[0], owner="ipc:///run/worker-c")
     assert [r.model for r in host.submitted] == ["a", "c"]  # b feeds nothing wanted
     (_, resp, lent), = host.finished
     assert [o.name for o in resp.outputs] == ["OUT_C"]
     # T's only reader (c) is done: back to its owner, not kept until the end
-    assert ("ipc:///run/worker-a", ("ipc:///run/worker-a-seg", 0)) in host.released
+    assert ("ipc:///run/worker-a", ("ipc:///run/worker-a-seg", 1 - x)) in host.released
     assert list(lent.values()) == ["ipc:///run/worker-c"]
     assert not sched.active
 
