@@ -65,21 +65,23 @@ ensemble_scheduling {
 """
 
 
-def build_repository(root: Path) -> Path:
-    """tests/models_ensemble plus the ONNX (and TorchScript) steps the tests build."""
+def build_repository(root: Path, torch: bool = False) -> Path:
+    """tests/models_ensemble plus the ONNX (and, with `torch`, TorchScript) steps the
+    tests build. Only ens_server serves the TorchScript step: a worker that loads
+    torch costs seconds of CPU, which the servers that never run it need not pay."""
     shutil.copytree(MODELS_ENSEMBLE, root, dirs_exist_ok=True)
     shutil.copytree(DECOUPLED / "repeat", root / "repeat")  # ens_repeat's first step
     shutil.copytree(ROOT / "tests" / "models_bls" / "cancel_stream", root / "cancel_stream")
     onnx_models.identity(root / "onnx_identity", dims=("n",), config=ONNX_IDENTITY)
-    if torch_models is not None:
+    if torch and torch_models is not None:
         torch_models.identity(root / "torch_identity")
         (root / "ens_three" / "1").mkdir(parents=True)
         (root / "ens_three" / "config.pbtxt").write_text(ENS_THREE)
     return root
 
 
-def start(tmp_path_factory, name: str, *args: str) -> ServerProcess:
-    repo = build_repository(tmp_path_factory.mktemp(f"{name}-models"))
+def start(tmp_path_factory, name: str, *args: str, torch: bool = False) -> ServerProcess:
+    repo = build_repository(tmp_path_factory.mktemp(f"{name}-models"), torch)
     markers = tmp_path_factory.mktemp(f"{name}-markers")  # py_meet_* meet there
     return ServerProcess([repo], "--exit-on-error=false",
                          "--strict-readiness=false", *args, frontends=2,
@@ -89,7 +91,8 @@ def start(tmp_path_factory, name: str, *args: str) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def ens_server(tmp_path_factory):
-    yield from start(tmp_path_factory, "ens", "--allow-client-shm=true").serve()
+    yield from start(tmp_path_factory, "ens", "--allow-client-shm=true",
+                     torch=True).serve()
 
 
 def infer(server, protocol, model, x, outputs=None):

@@ -106,7 +106,7 @@ def _outcome(decode):
         return ("too large", e.size)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=2 * settings.default.max_examples, deadline=None)
 @given(st.lists(STEP, min_size=1, max_size=30))
 # a cached block that names a dynamic entry, sent again after an entry was added: the
 # index now names the new entry, and the cache must have been emptied
@@ -130,7 +130,7 @@ def test_the_cache_decodes_every_block_as_a_fresh_decoder_and_hpack_do(steps):
             assert cached.decode(block)[0] == tuple(plain.decode(block, raw=True))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=settings.default.max_examples, deadline=None)
 @given(st.lists(STEP, min_size=1, max_size=30), st.integers(40, 400))
 def test_with_a_small_cap_cached_and_fresh_decoders_refuse_alike_and_keep_one_table(
         steps, cap):

@@ -5,6 +5,7 @@ process packages meet only in shm/: frontend and workers import nothing of the
 scheduler or of each other, and shm imports none of them."""
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +45,7 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return found
 
 
+@functools.cache  # parsed once for both tests: the walk is most of their time
 def graph() -> dict[str, set[str]]:
     known = all_modules()
     return {name: imports_of(name, path, known) for name, path in known.items()}

@@ -35,7 +35,6 @@ def wheel(tmp_path_factory):
         major = int(importlib.metadata.version("setuptools").split(".")[0])
     except importlib.metadata.PackageNotFoundError:
         major = 0
-    isolation = ["--no-build-isolation"] if major >= 77 else []
     # from a copy of what the Dockerfile copies too: a build in the checkout would leave
     # build/ there, whose stale files setuptools puts into later wheels
     src = tmp_path_factory.mktemp("src")
@@ -45,10 +44,15 @@ def wheel(tmp_path_factory):
     for pkg in ("frontend", "scheduler", "shm", "workers"):
         shutil.copytree(ROOT / pkg, src / pkg,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", *isolation,
-         "-q", "-w", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=out)
+    if major >= 77:
+        # the backend's PEP 517 hook, which is all pip's --no-build-isolation build
+        # runs, without pip's start and its hook process (~1.5 s of CPU of the ~2)
+        build = [sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                 "build_meta.build_wheel(sys.argv[1])", str(out)]
+    else:
+        build = [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-q",
+                 "-w", str(out)]
+    done = subprocess.run(build, capture_output=True, text=True, timeout=300, cwd=src)
     assert done.returncode == 0, done.stdout + done.stderr
     (path,) = out.glob("shmserve-*.whl")
     with zipfile.ZipFile(path) as zf:

@@ -26,7 +26,8 @@ from frontend.validate import validate_request
 from shm.datatypes import NUMPY
 from shm.errors import ErrorCode, InferError
 from tests.unit.test_properties_http import (
-    CONFIGS, DATATYPES, HUGE, Seen, decoded_bytes, elements, raw_bytes)
+    CONFIGS, DATATYPES, HUGE, REACH, Seen, decoded_bytes, elements, raw_bytes,
+    run_until_reached)
 
 BAD_DATATYPES = ["", "FP8", "fp32", "STRING", "TYPE_INT32"]
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -273,7 +274,7 @@ def test_each_mutation_reaches_its_check(how):
     check answers INVALID_ARGUMENT), not only the decoder's door."""
     seen = Seen()
 
-    @settings(max_examples=40)
+    @REACH
     @given(st.data())
     def prop(data):
         # BYTES prefixes only bite on the model with a BYTES input
@@ -282,8 +283,9 @@ def test_each_mutation_reaches_its_check(how):
         msg, _ = data.draw(valid_message(config))
         mutate(data.draw, msg, [how])
         seen.add(serve(msg.SerializeToString(), config))
+        seen.stop_once_reached(REACHES[how])
 
-    prop()
+    run_until_reached(prop)
     assert not seen.missing([REACHES[how]]), seen.messages[:30]
 
 

@@ -75,7 +75,7 @@ STREAM = st.one_of(
     st.lists(FRAME, max_size=10).map(lambda fs: h2.PREFACE + _frames(fs)))
 
 
-@settings(max_examples=200)
+@settings(max_examples=2 * settings.default.max_examples)
 @given(STREAM, st.lists(st.integers(1, 64), min_size=1, max_size=20))
 def test_any_byte_stream_in_any_chunking_gets_a_protocol_answer(data, cuts):
     note(f"{len(data)} bytes: {data[:120]!r}")
