@@ -107,8 +107,11 @@ def decode_infer_request(data) -> DecodedRequest:
 # (model, inputs' names, datatypes and shapes, outputs): those fields, as wire bytes,
 # key what protobuf and request_from_message made of them, and a request with them
 # is built from that without parsing them again (protobuf and the walk over its
-# objects cost ~7 us; this ~2). Only requests with no parameters and every input in
-# raw_input_contents are kept: the rest decode in full each time.
+# objects cost ~7 us; this ~2). Only requests whose inputs are in raw_input_contents
+# or a client's shared-memory region, with no other parameters, are kept: the rest
+# decode in full each time. A region's parameters are part of the key's bytes, so a
+# request that names another region or offset is another key (a shm request decoded
+# in full took ~19 us: protobuf's parameter maps and their checks).
 _REQUESTS: dict[bytes, tuple] = {}
 _FIELD_KEYS = frozenset((0x0A, 0x12, 0x1A, 0x22, 0x2A, 0x32))  # fields 1-6, length-delimited
 _ID_KEY = 0x1A
@@ -152,7 +155,11 @@ def _from_template(data: bytes):
         model, version, inputs, outputs = template
         view = memoryview(data)
         decoded = []
-        for name, datatype, shape in inputs:
+        for name, datatype, shape, params in inputs:
+            if params is not None:  # in a client's region: no raw_input_contents
+                decoded.append(DecodedInput(name, datatype, list(shape), None,
+                                            dict(params)))
+                continue
             if pos >= end or data[pos] != _RAW_INPUT_KEY:
                 return None, None
             size, start = _varint(data, pos + 1)
@@ -166,27 +173,38 @@ def _from_template(data: bytes):
         return None, None
     return DecodedRequest(model, version, rid, decoded,
                           None if outputs is None else
-                          [RequestedOutput(name, None, 0, {}) for name in outputs], {}), None
+                          [RequestedOutput(name, None, 0, dict(params) if params else {})
+                           for name, params in outputs], {}), None
+
+
+# the parameters a remembered request's tensors may have: a client region's
+_SHM_KEYS = frozenset(k for k, _ in _SHM_PARAM_TYPES)
 
 
 def _remember(key: bytes, msg, request: DecodedRequest) -> None:
     if msg.parameters or request.parameters:
         return
     for inp in request.inputs:
-        if inp.parameters or inp.data is None:
+        # raw bytes, or a region (whose parameters request_from_message checked)
+        if (inp.parameters.keys() - _SHM_KEYS
+                or (inp.data is None) != (_SHM_PARAMS in inp.parameters)):
             return
     for io in msg.inputs:
         if io.HasField("contents"):
             return
     outputs = None
     if request.outputs is not None:
-        if any(out.parameters for out in request.outputs):
+        if any(out.parameters.keys() - _SHM_KEYS for out in request.outputs):
             return
-        outputs = tuple(out.name for out in request.outputs)
+        # copies: the template outlives this request, whose dicts are its own
+        outputs = tuple((out.name, dict(out.parameters) or None)
+                        for out in request.outputs)
     if len(_REQUESTS) >= 4096:  # clients with ever new shapes: start over
         _REQUESTS.clear()
     _REQUESTS[key] = (request.model_name, request.model_version,
-                      tuple((i.name, i.datatype, tuple(i.shape)) for i in request.inputs),
+                      tuple((i.name, i.datatype, tuple(i.shape),
+                             dict(i.parameters) if i.data is None else None)
+                            for i in request.inputs),
                       outputs)
 
 

@@ -73,10 +73,13 @@ class LoopCallbacks:
 
     def send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
         # Quiet, unless something acts on its BatchDone by itself: responses relayed
-        # in it, an ensemble step's timings, a trace, client regions to release, an
-        # execute-timeout watch, a decoupled request's cancel routing, a sequence's slots
+        # in it, an ensemble step's timings, a trace, an execute-timeout watch, a
+        # decoupled request's cancel routing, a sequence's slots. Client regions do
+        # not: their users are counted down when the BatchDone is read, and the one
+        # call that waits for that (an unregister) wakes the loop, which reads the
+        # ends that came first and watches for the rest (RegionRegistry.draining)
         sched = self.by_instance.get(slot.key)
-        if not (batch.relay or self.regions.users or self.workers.timeouts.get(slot.key)
+        if not (batch.relay or self.workers.timeouts.get(slot.key)
                 or sched is None or not sched.quiet_done
                 # a traced request or an ensemble step can be in the batch only while
                 # some are in flight: no walk over the batch otherwise

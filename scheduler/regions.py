@@ -62,6 +62,11 @@ class RegionRegistry:
         self._uids = itertools.count(1)
         # request (reply_to, id) -> the regions it uses
         self.users: dict[tuple[str, int], list[Region]] = {}
+        # unregistered regions that requests still use: while there is one, the loop
+        # reads every batch's end as it comes (server.py's _watch_done), since the
+        # unregister call waits for it; otherwise the ends of batches that use regions
+        # may wait for the loop's next wake like any other
+        self.draining: set[Region] = set()
 
     # -- calls ------------------------------------------------------------------------
 
@@ -202,6 +207,7 @@ class RegionRegistry:
 
         for r in pending:
             r.waiters.append(one_finished)
+            self.draining.add(r)
 
     def _check_allowed(self, kind: str, status: bool = False) -> None:
         if kind not in (SYSTEM, CUDA):
@@ -265,6 +271,7 @@ class RegionRegistry:
         for r in used:
             r.users -= 1
             if r.gone and not r.users:
+                self.draining.discard(r)
                 self.on_gone(r)
                 waiters, r.waiters = r.waiters, []
                 for w in waiters:

@@ -195,10 +195,10 @@ class Server:
 
     def _watch_done(self) -> None:
         """Wake for quiet BatchDones only while something waits on one: requests
-        queued, a version draining, the server stopping. Otherwise the next wake
-        reads them."""
+        queued, a version draining, an unregistered region's last users, the server
+        stopping. Otherwise the next wake reads them."""
         self.done_inbox.watch(self.pumps.any_waiting() or bool(self.manager.retiring)
-                              or self.manager.stopping)
+                              or bool(self.regions.draining) or self.manager.stopping)
 
     def _on_timer(self) -> None:
         self.outbox.cork()

@@ -164,3 +164,64 @@ def test_device_output_into_arena_and_out_of_bounds_target(gpu_instance, cp):
     finally:
         src.free()
         dst.free()
+
+
+def test_a_name_registered_again_with_another_handle_never_reaches_the_old_memory(cp):
+    """The registry gives a registration of an old name a new uid and the new handle,
+    and a worker opens regions by uid: a region unregistered and registered again under
+    the same name over other memory is opened anew, even while the worker still holds
+    the old one open (its RegionGone not read yet), so an output lands in the new
+    allocation and the old one is left alone."""
+    from scheduler.regions import RegionRegistry
+    from shm.messages.regions import CUDA, RegionOp, RegionRequest
+
+    registry = RegionRegistry(True, 1, lambda region: None, lambda *a: None)
+    old, new = Region(cp, 0, 4 * N), Region(cp, 0, 4 * N)
+    io, copies = TensorIO(None, "w"), Copies()
+    try:
+        def resolved(region: Region) -> TensorRef:
+            registry.register(RegionRequest(1, "fe", RegionOp.REGISTER, CUDA, "out",
+                                            byte_size=region.nbytes,
+                                            raw_handle=region.handle))
+            req = InferRequest(1, "fe", "m", 1, [], outputs=[RequestedOutput(
+                "OUTPUT0", target=TensorRef("OUTPUT0", "", [], segment="out",
+                                            nbytes=4 * N, region=-1))])
+            registry.resolve(req)
+            registry.finished(req)
+            registry.unregister(CUDA, "out", lambda: None)
+            return req.outputs[0].target
+
+        def write(target: TensorRef, value: float) -> None:
+            out = np.full(N, value, np.float32)
+            io.write([("OUTPUT0", "FP32", out)], {"OUTPUT0": target}, "fe", copies)
+
+        first = resolved(old)
+        write(first, 1.0)
+        second = resolved(new)  # same name, other memory; the worker forgot nothing
+        assert second.region != first.region and second.handle == new.handle
+        write(second, 2.0)
+        assert (old.get(0, N) == 1.0).all() and (new.get(0, N) == 2.0).all()
+        assert cuda_fake.CALLS["ipcOpenMemHandle"] == 2
+    finally:
+        io.close()
+        old.free()
+        new.free()
+
+
+def test_cuda_host_parts_script_prints_every_part():
+    """scripts/cuda_host_parts.py (the per-part host cost of a CUDA-region request with
+    the fake runtime) runs and names each role's part and the fake's apart."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "cuda_host_parts.py"),
+                          "--number", "3", "--repeat", "2"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "SHMSERVE_FAKE_CUDA": "1"})
+    assert out.returncode == 0, out.stderr
+    for part in ("frontend: gRPC decode, tensors in CUDA regions",
+                 "scheduler: built + regions resolved and released",
+                 "worker: input view, output copy, batch wait", "fake cupy: copy"):
+        assert part in out.stdout, out.stdout
+    assert "'memcpy_async': 1, 'stream_synchronize': 1" in out.stdout
