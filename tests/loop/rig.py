@@ -185,6 +185,11 @@ class RealWorker:
         self.worker: Worker | None = None
         started = threading.Event()
 
+        # a worker sets pb_utils' BLS hooks for its process: this one's are put back
+        # when it ends, so later tests in this process see pb_utils as it was
+        from workers.python_backend import pb_utils
+        hooks = (pb_utils._bls_executor, pb_utils._bls_async_executor)
+
         def run():
             try:
                 # made on its own thread: the worker receives there (BlsClient.receiver)
@@ -195,6 +200,7 @@ class RealWorker:
                 started.set()
                 self.worker.run()
             finally:
+                pb_utils._bls_executor, pb_utils._bls_async_executor = hooks
                 started.set()
                 rig.loop.call_soon_threadsafe(child.exit, 0)
 
