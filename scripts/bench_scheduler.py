@@ -101,6 +101,8 @@ def run(args) -> dict:
             "requests_per_s": round(args.requests / wall),
             "cpu_us_per_request": round(cpu / args.requests * 1e6, 2),
             "batch_sizes": dict(sorted(batch_sizes.items())),
+            # what the scheduler sends workers: ExecuteBatch frames, per request
+            "execute_bytes_per_request": round(sum(map(len, sent)) / args.requests, 1),
             "histograms": not args.no_histograms}
 
 
