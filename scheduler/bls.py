@@ -10,6 +10,8 @@ behind the very execution that waits for it (Triton deadlocks there), so it fail
 
 from __future__ import annotations
 
+import msgspec
+
 from scheduler.repository.models import ModelReadyState
 from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
@@ -23,13 +25,17 @@ def _datatype(config_input) -> str:
     return from_config(model_config_pb2.DataType.Name(config_input.data_type))
 
 
-def admit(req: InferRequest, mv) -> None:
-    """Check a BLS request against its callee (a ModelVersion, None if unknown) and set
-    its batch size; raises InferError with the reason it cannot run."""
+def admit(req: InferRequest, mv) -> InferRequest:
+    """Check a BLS request against its callee (a ModelVersion, None if unknown); returns
+    it with its batch size set (the worker reads it). Raises InferError with the reason
+    it cannot run."""
     if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
         raise InferError(ErrorCode.UNAVAILABLE, "Failed for execute the inference "
                                                 f"request. Model '{req.model}' is not ready.")
-    check(req, mv.config)
+    size = check(req, mv.config)
+    if size == req.batch_size:
+        return req
+    return msgspec.structs.replace(req, batch_size=size)
 
 
 def refusal(req: InferRequest, message: str) -> str:
@@ -49,9 +55,10 @@ def check_chain(req: InferRequest) -> None:
             "the call is refused")
 
 
-def check(req: InferRequest, config) -> None:
-    """Check a BLS request against its callee's config (a ModelConfig) and set its
-    batch size; raises InferError with the reason it cannot run."""
+def check(req: InferRequest, config) -> int:
+    """Check a BLS request against its callee's config (a ModelConfig); returns its
+    batch size (derived from its shapes). Raises InferError with the reason it cannot
+    run."""
     prefix = f"[request id: {req.request_id or '<id_unknown>'}] "
     check_chain(req)
     inputs = {i.name: i for i in config.input}
@@ -77,8 +84,7 @@ def check(req: InferRequest, config) -> None:
                       f"input(s) [{','.join(repr(n) for n in missing)}]. Please provide "
                       "all required input(s).")
     if config.max_batch_size <= 0:
-        req.batch_size = 1
-        return
+        return 1
     sizes = {ref.shape[0] if ref.shape else 0 for ref in req.inputs}
     if len(sizes) != 1:
         raise InferError(_INVALID, f"{prefix}input batch sizes differ for model "
@@ -88,4 +94,4 @@ def check(req: InferRequest, config) -> None:
         raise InferError(
             _INVALID, f"{prefix}inference request batch-size must be <= "
                       f"{config.max_batch_size} for '{req.model}'")
-    req.batch_size = size
+    return size

@@ -16,10 +16,13 @@ import logging
 import time
 from typing import Callable
 
+import msgspec
+
 from scheduler import bls
 from scheduler.regions import RegionRegistry
 from scheduler.repository.models import ModelReadyState, ModelTable
 from scheduler.scheduling.interface import InstanceScheduler, RequestOwner
+from scheduler.scheduling.queued import Queued
 from scheduler.scheduling.rate_limiter import InstanceSlot
 from scheduler.trace import TraceManager, request_timestamps
 from scheduler.processes.worker_pool import WorkerPool
@@ -71,7 +74,8 @@ class LoopCallbacks:
 
     # -- every scheduler ----------------------------------------------------------------
 
-    def send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
+    def send_batch(self, slot: InstanceSlot, batch: ExecuteBatch,
+                   requests: list[Queued]) -> None:
         # Quiet, unless something acts on its BatchDone by itself: responses relayed
         # in it, an ensemble step's timings, a trace, an execute-timeout watch, a
         # decoupled request's cancel routing, a sequence's slots. Client regions do
@@ -84,20 +88,21 @@ class LoopCallbacks:
                 # a traced request or an ensemble step can be in the batch only while
                 # some are in flight: no walk over the batch otherwise
                 or ((self.trace.pending or self.internal) and any(
-                    r.trace_id or r.reply_to == self.address for r in batch.requests))):
+                    q.trace_id or q.req.reply_to == self.address for q in requests))):
             batch.quiet = True
             self.quiet.add(batch.batch_id)
         self.outbox.send(slot.worker.address, batch)
         self.workers.batch_sent(slot, batch.batch_id)  # the execute-timeout watch
 
-    def fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
+    def fail(self, q: Queued, code: ErrorCode, reason: str) -> None:
+        req = q.req
         self.send_response(req.reply_to, InferResponse(req.id, error=Error(code, reason)))
-        self.request_ended(req)
+        self.request_ended(q)
 
-    def respond(self, req: InferRequest, response: InferResponse) -> None:
+    def respond(self, q: Queued, response: InferResponse) -> None:
         # a response its worker relayed through BatchDone (preserve_ordering); the
         # batch's client regions were released when its BatchDone came
-        self.send_response(req.reply_to, response)
+        self.send_response(q.req.reply_to, response)
 
     def wake(self, sched: InstanceScheduler) -> None:
         self._dirty.add(sched)
@@ -111,30 +116,30 @@ class LoopCallbacks:
         else:
             self.outbox.send(reply_to, response)
 
-    def request_ended(self, req: InferRequest, done: BatchDone | None = None,
+    def request_ended(self, q: Queued, done: BatchDone | None = None,
                       now: int = 0) -> None:
-        """`req` is answered, failed or dropped: its trace is written, and it no longer
+        """`q` is answered, failed or dropped: its trace is written, and it no longer
         uses its client regions."""
-        if req.trace_id:
-            self.trace.complete(req.trace_id,
-                                request_timestamps(req, done, now or self.clock()))
+        if q.trace_id:
+            self.trace.complete(q.trace_id,
+                                request_timestamps(q, done, now or self.clock()))
         if self.regions.users:
-            self.regions.finished(req)
+            self.regions.finished(q.req)
 
     # -- requests of this process's own (ensemble steps) --------------------------------
 
-    def submit(self, owner: RequestOwner, req: InferRequest) -> None:
-        req.id = next(self._ids)
-        req.reply_to = self.address
+    def submit(self, owner: RequestOwner, req: InferRequest) -> int:
+        request_id = next(self._ids)
+        req = msgspec.structs.replace(req, id=request_id, reply_to=self.address)
         if req.callers:  # a step of an ensemble that a python model called
             bls.check_chain(req)
         mv = self.models.resolve(req.model, req.version)
         if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
             raise not_ready(req)
         now = self.clock()
-        req.queue_ns = now
-        mv.scheduler.enqueue(req, now)
-        self.internal[req.id] = owner
+        mv.scheduler.enqueue(Queued(req), now)
+        self.internal[request_id] = owner
+        return request_id
 
     def forget(self, request_id: int) -> None:
         self.internal.pop(request_id, None)
@@ -142,17 +147,18 @@ class LoopCallbacks:
     def cancel(self, request_id: int) -> None:
         self._cancel_request(CancelRequest(request_id, self.address))
 
-    def finish(self, req: InferRequest, response: InferResponse,
+    def finish(self, q: Queued, response: InferResponse,
                lent: dict[tuple[str, int], str]) -> None:
         """An ensemble's answer to its client. Its output blocks belong to the workers
         that wrote them; the client releases them here and they are handed on."""
+        reply_to = q.req.reply_to
         if lent:
             for block, owner in lent.items():
-                self.lent[block] = (owner, req.reply_to)
+                self.lent[block] = (owner, reply_to)
             response.owner = self.address
-        self.send_response(req.reply_to, response)
+        self.send_response(reply_to, response)
         if response.final:  # else a decoupled ensemble's request goes on
-            self.request_ended(req)
+            self.request_ended(q)
 
     def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
         if owner == self.address:  # lent by this process: to their real owners
@@ -177,9 +183,10 @@ class LoopCallbacks:
         self.on_response(msg)
         self._after_burst()  # pump the models of the steps it started
 
-    def batch_ran(self, requests: list[InferRequest], msg: BatchDone) -> None:
+    def batch_ran(self, requests: list[Queued], msg: BatchDone) -> None:
         """A batch finished: the steps in it count toward their ensembles' timings."""
-        for req in requests:
+        for q in requests:
+            req = q.req
             if req.reply_to == self.address:
                 owner = self.internal.get(req.id)
                 if owner is not None:

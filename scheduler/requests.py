@@ -20,6 +20,7 @@ from scheduler.regions import RegionRegistry
 from scheduler.repository.manager import ModelRepositoryManager
 from scheduler.repository.models import ModelReadyState
 from scheduler.scheduling.interface import InstanceScheduler
+from scheduler.scheduling.queued import Queued
 from scheduler.trace import TraceManager
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CacheInsert, CancelRequest, InferRequest, RequestOrigin
@@ -53,40 +54,42 @@ class RequestCalls:
         mv = self.manager.models.resolve(req.model, req.version)
         if req.origin is RequestOrigin.BLS:  # checked here as a frontend would
             try:
-                bls.admit(req, mv)
+                req = bls.admit(req, mv)
             except InferError as exc:
-                self.callbacks.fail(req, exc.code, bls.refusal(req, exc.message))
+                self.callbacks.fail(Queued(req), exc.code, bls.refusal(req, exc.message))
                 return
+        q = Queued(req)  # the scheduler's record of it from here on
         if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
-            self.callbacks.fail(req, ErrorCode.UNAVAILABLE, not_ready(req).message)
+            self.callbacks.fail(q, ErrorCode.UNAVAILABLE, not_ready(req).message)
             return
         sched = mv.scheduler
         now = self.clock()
         # frontends set a key only for models that cache
-        if req.cache_key and self.cache is not None and self._answer_from_cache(req, mv, now):
+        if req.cache_key and self.cache is not None and self._answer_from_cache(q, mv, now):
             return
         if self.trace.active:  # the one check a request pays while tracing is off
-            req.trace_id = self.trace.sample(req.model, mv.version, req.request_id)
+            q.trace_id = self.trace.sample(req.model, mv.version, req.request_id)
         try:
             self.regions.resolve(req)  # names of client regions, if the request has any
-            sched.enqueue(req, now)
+            sched.enqueue(q, now)
         except InferError as exc:
-            self.callbacks.fail(req, exc.code,
+            self.callbacks.fail(q, exc.code,
                                 bls.refusal(req, exc.message)
                                 if req.origin is RequestOrigin.BLS else exc.message)
 
-    def _answer_from_cache(self, req: InferRequest, mv, now: int) -> bool:
+    def _answer_from_cache(self, q: Queued, mv, now: int) -> bool:
+        req = q.req
         start = self.clock()
         entry = self.cache.lookup(req.cache_key)
         end = self.clock()
         if entry is None:
-            req.cache_lookup_ns = end - start  # counted as cache_miss time if it runs
+            q.cache_lookup_ns = end - start  # counted as cache_miss time if it runs
             return False
-        req.queue_ns = now
+        q.queue_ns = now
         self.outbox.send(req.reply_to, InferResponse(req.id, outputs=entry.outputs,
                                                      model_version=mv.version,
                                                      cache_hit=True))
-        mv.scheduler.stats.cache_hit(req, start, end, self.clock())
+        mv.scheduler.stats.cache_hit(q, start, end, self.clock())
         return True
 
     def on_cache_insert(self, msg: CacheInsert) -> None:
@@ -131,6 +134,6 @@ class RequestCalls:
         if callbacks.internal:
             callbacks.batch_ran(requests, msg)
         if self.trace.pending or self.regions.users:  # else nothing to record per request
-            for req in requests:
-                callbacks.request_ended(req, msg, now)
+            for q in requests:
+                callbacks.request_ended(q, msg, now)
         self.dirty.update(woken)

@@ -126,8 +126,8 @@ class ModelStats:
 
     def batch_ran(self, requests, failed, sizes, total_size: int, start_ns: int,
                   input_end_ns: int, output_start_ns: int, end_ns: int) -> None:
-        """A batch ran: `failed` holds the indices of requests that failed in the
-        backend; `sizes` each request's batch size."""
+        """A batch of `requests` (Queued) ran: `failed` holds the indices of requests
+        that failed in the backend; `sizes` each request's batch size."""
         input_ns = input_end_ns - start_ns
         infer_ns = output_start_ns - input_end_ns
         output_ns = end_ns - output_start_ns
@@ -138,7 +138,8 @@ class ModelStats:
         if histograms:
             self.compute_ms.observe((end_ns - start_ns) / 1e6)
         n_ok = 0
-        for i, req in enumerate(requests):
+        for i, q in enumerate(requests):
+            req = q.req
             if failed and i in failed:
                 self.fail_count += 1
                 self.fail_ns += end_ns - req.start_ns
@@ -147,10 +148,10 @@ class ModelStats:
             n_ok += 1
             if req.cache_key:  # a cache miss, its insertion still to come
                 self.cache_miss_count += 1
-                self.cache_miss_ns += req.cache_lookup_ns
+                self.cache_miss_ns += q.cache_lookup_ns
             self.inference_count += sizes[i]
             total = end_ns - req.start_ns
-            queue = start_ns - req.queue_ns
+            queue = start_ns - q.queue_ns
             self.success_ns += total
             self.queue_ns += queue
             if histograms:
@@ -173,17 +174,17 @@ class ModelStats:
         bs.infer_ns += infer_ns
         bs.output_ns += output_ns
 
-    def ensemble_ran(self, req, batch_size: int, end_ns: int, input_ns: int, infer_ns: int,
+    def ensemble_ran(self, q, batch_size: int, end_ns: int, input_ns: int, infer_ns: int,
                      output_ns: int) -> None:
         """An ensemble request succeeded. Triton counts it as one execution of its batch
         size, with no queue time of its own (its steps queue in their models) and the
         compute phases of all its steps summed (core EnsembleContext's stats)."""
-        total = end_ns - (req.start_ns or req.queue_ns)
+        total = end_ns - (q.req.start_ns or q.queue_ns)
         self.success_count += 1
         self.success_ns += total
-        if req.cache_key:  # a response cache miss, its insertion still to come
+        if q.req.cache_key:  # a response cache miss, its insertion still to come
             self.cache_miss_count += 1
-            self.cache_miss_ns += req.cache_lookup_ns
+            self.cache_miss_ns += q.cache_lookup_ns
         self.inference_count += batch_size
         self.execution_count += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
@@ -197,11 +198,11 @@ class ModelStats:
             self.queue_ms.observe(0.0)
             self.compute_ms.observe((input_ns + infer_ns + output_ns) / 1e6)
 
-    def cache_hit(self, req, lookup_start_ns: int, lookup_end_ns: int, end_ns: int) -> None:
-        """A request answered from the response cache. Its queue time runs from
-        entering the scheduler (`req.queue_ns`) to the start of its lookup."""
-        total = end_ns - (req.start_ns or req.queue_ns)
-        queue = lookup_start_ns - req.queue_ns
+    def cache_hit(self, q, lookup_start_ns: int, lookup_end_ns: int, end_ns: int) -> None:
+        """A request (Queued) answered from the response cache. Its queue time runs
+        from entering the scheduler (`q.queue_ns`) to the start of its lookup."""
+        total = end_ns - (q.req.start_ns or q.queue_ns)
+        queue = lookup_start_ns - q.queue_ns
         self.success_count += 1
         self.success_ns += total
         self.queue_ns += queue
@@ -218,11 +219,11 @@ class ModelStats:
         self.cache_miss_ns += insert_ns
         self.success_ns += insert_ns
 
-    def failed(self, req, reason: str, end_ns: int) -> None:
-        """A request that reached the scheduler failed outside a batch (timed out in
-        the queue, cancelled, its instance lost)."""
+    def failed(self, q, reason: str, end_ns: int) -> None:
+        """A request (Queued) that reached the scheduler failed outside a batch (timed
+        out in the queue, cancelled, its instance lost)."""
         self.fail_count += 1
-        self.fail_ns += end_ns - (req.start_ns or req.queue_ns or end_ns)
+        self.fail_ns += end_ns - (q.req.start_ns or q.queue_ns or end_ns)
         self.failures[reason] += 1
 
     def responses_sent(self, entries) -> None:

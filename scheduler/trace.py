@@ -378,12 +378,12 @@ class TraceManager:
             setting.flush()
 
 
-def request_timestamps(req, done=None, end_ns: int = 0) -> list[tuple[str, int]]:
-    """A request's TIMESTAMPS records in Triton's order. `done`: the BatchDone of the
-    batch it ran in (None: it failed before running)."""
-    out = [("REQUEST_START", req.start_ns)]
-    if req.queue_ns:
-        out.append(("QUEUE_START", req.queue_ns))
+def request_timestamps(q, done=None, end_ns: int = 0) -> list[tuple[str, int]]:
+    """A request's (Queued) TIMESTAMPS records in Triton's order. `done`: the BatchDone
+    of the batch it ran in (None: it failed before running)."""
+    out = [("REQUEST_START", q.req.start_ns)]
+    if q.queue_ns:
+        out.append(("QUEUE_START", q.queue_ns))
     if done is not None:
         out += [("COMPUTE_START", done.compute_start_ns),
                 ("COMPUTE_INPUT_END", done.input_end_ns),

@@ -30,6 +30,7 @@ import msgspec  # noqa: E402
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
 from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler  # noqa: E402
+from scheduler.scheduling.queued import Queued  # noqa: E402
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter  # noqa: E402
 from shm.channel import _frame, _union  # noqa: E402
 from shm.messages.frontend import InferRequest  # noqa: E402
@@ -62,7 +63,7 @@ def run(args) -> dict:
     sched = DynamicBatchScheduler(
         "identity", 1, model_config(args.max_batch, args.delay_us), limiter,
         types.SimpleNamespace(  # the loop's Callbacks, as far as the scheduler uses them
-            send_batch=lambda slot, batch: sent.append(_frame(batch)),  # as the outbox does
+            send_batch=lambda slot, batch, requests: sent.append(_frame(batch)),  # as the outbox does
             fail=lambda req, code, why: None, respond=None, pump_soon=set().add,
             wake=lambda sched: None),
         histograms=not args.no_histograms, environ={})
@@ -87,7 +88,7 @@ def run(args) -> dict:
     for start in range(0, len(frames), args.burst):
         now = time.monotonic_ns()
         for frame in frames[start:start + args.burst]:
-            sched.enqueue(decode(frame), now)
+            sched.enqueue(Queued(decode(frame)), now)  # as the loop's on_infer does
         sched.pump(time.monotonic_ns())
         finish_running()
         sched.pump(time.monotonic_ns())  # the freed instances take what is left
@@ -101,6 +102,8 @@ def run(args) -> dict:
             "requests_per_s": round(args.requests / wall),
             "cpu_us_per_request": round(cpu / args.requests * 1e6, 2),
             "batch_sizes": dict(sorted(batch_sizes.items())),
+            # what the scheduler sends workers: ExecuteBatch frames, per request
+            "execute_bytes_per_request": round(sum(map(len, sent)) / args.requests, 1),
             "histograms": not args.no_histograms}
 
 

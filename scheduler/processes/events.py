@@ -42,9 +42,9 @@ class ChildEvents:
         the backstop for a path nobody foresaw (a backend reading a region in place).
         The regions are unregistered, and the restart is not held against the
         instance; the other requests in flight on that worker still fail with it."""
-        running = [req for slot in slots
+        running = [q.req for slot in slots
                    if (sched := self.manager.by_instance.get(slot.key)) is not None
-                   for req in sched.running(slot)]
+                   for q in sched.running(slot)]
         if self.regions.quarantine(running):
             for slot in slots:
                 self.workers.restarts.forgive(slot.key)
@@ -57,9 +57,9 @@ class ChildEvents:
         now = self.callbacks.clock()
         dropped = 0
         for sched in self.manager.schedulers():
-            for req in sched.drop_from(msg.address, now):
+            for q in sched.drop_from(msg.address, now):
                 dropped += 1
-                self.callbacks.request_ended(req, None, now)
+                self.callbacks.request_ended(q, None, now)
         if dropped:
             log.warning("dropped %d queued request(s) of a frontend that died", dropped)
         self.callbacks.reader_gone(msg.address)

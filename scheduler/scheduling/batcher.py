@@ -23,18 +23,19 @@ from typing import Any, Protocol
 from scheduler.scheduling.delay_hooks import SchedulerHold
 
 
-def waiting_since(req) -> int:
+def waiting_since(q) -> int:
     """Where a request's batch delay and queue timeout count from: when the frontend
     accepted it (start_ns, CLOCK_MONOTONIC like the scheduler's clock), not its
-    enqueue here (queue_ns). In Triton the queue is entered microseconds after
+    enqueue here (Queued.queue_ns). In Triton the queue is entered microseconds after
     parsing, in the same process; here the hop from the frontend takes tens of
     microseconds at rest and more under load, and counting it again as delay only
     added latency (c=1 p50 -50..60 us) and, under load, timer wake-ups (scheduler
     CPU per request -10..15 us at c=16; issue 12's closing note has the A/B). The
     enqueue counts when the frontend gave no time. Statistics count the queue from
     the enqueue."""
-    start = req.start_ns
-    return start if 0 < start <= req.queue_ns else req.queue_ns
+    start = q.req.start_ns
+    queued = q.queue_ns
+    return start if 0 < start <= queued else queued
 
 
 class Batcher(Protocol):

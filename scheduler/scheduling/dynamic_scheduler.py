@@ -19,6 +19,7 @@ from scheduler.scheduling.delay_hooks import SchedulerHold
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.scheduling.ordering import ResponseOrder
 from scheduler.scheduling.interface import Callbacks
+from scheduler.scheduling.queued import Queued
 from scheduler.stats import CANCELED, OTHER, REJECTED, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
@@ -50,21 +51,22 @@ def make_batcher(config, environ=None):
     return DefaultBatcher()
 
 
-def shape_key(config) -> Callable[[InferRequest], Hashable]:
+def shape_key(config) -> Callable[[Queued], Hashable]:
     """What requests must share to batch: the shapes of non-ragged inputs (and, where
     inputs are optional, which inputs they carry). A closure: it runs per request."""
     if config.max_batch_size <= 0:
-        return lambda req: None
+        return lambda q: None
     # inputs allowed to differ in shape within a batch
     ragged = frozenset(i.name for i in config.input if i.allow_ragged_batch)
     # with optional inputs, only requests carrying the same inputs batch together
     optional = any(i.optional for i in config.input)
 
-    def key(req: InferRequest) -> Hashable:
+    def key(q: Queued) -> Hashable:
+        inputs = q.req.inputs
         # sorted: the order a client lists its inputs in does not matter
-        k = tuple(sorted((t.name, tuple(t.shape[1:])) for t in req.inputs
+        k = tuple(sorted((t.name, tuple(t.shape[1:])) for t in inputs
                          if t.name not in ragged))
-        return (k, frozenset(t.name for t in req.inputs)) if optional else k
+        return (k, frozenset(t.name for t in inputs)) if optional else k
     return key
 
 
@@ -101,7 +103,7 @@ class DynamicBatchScheduler:
                        and config.dynamic_batching.preserve_ordering)
         self.order: ResponseOrder | None = ResponseOrder() if ordered else None
         self.stats = ModelStats(name, version, histograms)
-        self.in_flight: dict[int, tuple[InstanceSlot, list[InferRequest]]] = {}
+        self.in_flight: dict[int, tuple[InstanceSlot, list[Queued]]] = {}
         self.accepting = True
         # bytes copied by instance ([host, h2d, d2h, d2d], as workers report them)
         self.copies: dict[str, list[int]] = {}
@@ -115,15 +117,16 @@ class DynamicBatchScheduler:
 
     # -- requests ---------------------------------------------------------------------
 
-    def enqueue(self, req: InferRequest, now: int) -> None:
+    def enqueue(self, q: Queued, now: int) -> None:
+        req = q.req
         if not self.accepting:
             raise InferError(ErrorCode.UNAVAILABLE, log_prefix(req) + (
                 "Server is stopping, scheduler for model has stopped accepting new "
                 "inference requests"))
-        req.queue_ns = now
+        q.queue_ns = now
         try:
-            self.batcher.enqueue(req, batch_size=req.batch_size if self.batching else 1,
-                                 shape_key=self.shape_key(req), now=waiting_since(req),
+            self.batcher.enqueue(q, batch_size=req.batch_size if self.batching else 1,
+                                 shape_key=self.shape_key(q), now=waiting_since(q),
                                  priority=req.priority, timeout_ns=req.timeout_us * 1000)
         except QueueFull as exc:
             raise InferError(ErrorCode.UNAVAILABLE, log_prefix(req) + str(exc)) from None
@@ -131,9 +134,9 @@ class DynamicBatchScheduler:
 
     def pump(self, now: int) -> None:
         batcher = self.batcher
-        for req in batcher.expired(now):
-            self.stats.failed(req, REJECTED, now)
-            self._fail(req, ErrorCode.UNAVAILABLE, "Request timeout expired")
+        for q in batcher.expired(now):
+            self.stats.failed(q, REJECTED, now)
+            self._fail(q, ErrorCode.UNAVAILABLE, "Request timeout expired")
         limiter = self.rate_limiter
         while len(batcher):
             slot = limiter.acquire(self)
@@ -145,16 +148,18 @@ class DynamicBatchScheduler:
                 break
             self.dispatch(slot, batch)
 
-    def dispatch(self, slot: InstanceSlot, requests: list[InferRequest], **fields) -> int:
+    def dispatch(self, slot: InstanceSlot, requests: list[Queued], **fields) -> int:
         """Send a batch to the granted instance `slot`; returns its batch id. `fields`
-        are the ExecuteBatch's own (a sequence batch's slots)."""
+        are the ExecuteBatch's own (a sequence batch's slots). The worker gets the
+        requests as their requesters sent them, none of the scheduler's stamps."""
         batch_id = next(_batch_ids)
         self.rate_limiter.started(slot, batch_id)
         self.in_flight[batch_id] = (slot, requests)
         if self.order is not None:
             self.order.dispatched(batch_id, requests)
-        self._send_batch(slot, ExecuteBatch(batch_id, slot.key, requests,
-                                            relay=self.order is not None, **fields))
+        self._send_batch(slot, ExecuteBatch(batch_id, slot.key, [q.req for q in requests],
+                                            relay=self.order is not None, **fields),
+                         requests)
         return batch_id
 
     def next_deadline(self) -> int | None:
@@ -172,7 +177,8 @@ class DynamicBatchScheduler:
         woken = self.rate_limiter.release(slot)
         if msg.copies:
             self.copies[msg.instance] = msg.copies
-        sizes = [r.batch_size for r in requests] if self.batching else [1] * len(requests)
+        sizes = ([q.req.batch_size for q in requests] if self.batching
+                 else [1] * len(requests))
         self.stats.batch_ran(requests, msg.failed, sizes, sum(sizes), msg.compute_start_ns,
                              msg.input_end_ns, msg.output_start_ns, msg.compute_end_ns)
         if self.order is not None:
@@ -185,23 +191,23 @@ class DynamicBatchScheduler:
     def _release(self, pairs) -> None:
         """Hand on what preserve_ordering let go: relayed responses, or failures
         (code, reason) of batches that never finished."""
-        for req, result in pairs:
+        for q, result in pairs:
             if isinstance(result, tuple):
-                self._fail(req, *result)
+                self._fail(q, *result)
             else:
-                self._callbacks.respond(req, result)
+                self._callbacks.respond(q, result)
 
     def _fail_dispatched(self, batch_id: int, requests, code: ErrorCode, reason: str,
                          now: int) -> None:
         """Fail a batch that was sent to an instance (in request order, with
         preserve_ordering, so later batches are not held behind it for ever)."""
-        for req in requests:
-            self.stats.failed(req, OTHER, now)
+        for q in requests:
+            self.stats.failed(q, OTHER, now)
         if self.order is not None:
             self._release(self.order.done(batch_id, [(code, reason)] * len(requests)))
             return
-        for req in requests:
-            self._fail(req, code, reason)
+        for q in requests:
+            self._fail(q, code, reason)
 
     # -- instances ----------------------------------------------------------------------
 
@@ -220,30 +226,31 @@ class DynamicBatchScheduler:
     # -- leaving ------------------------------------------------------------------------
 
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
-        removed = self.batcher.remove(lambda r: r.id == request_id and r.reply_to == reply_to)
-        for req in removed:
-            self.stats.failed(req, CANCELED, now)
-            self._fail(req, ErrorCode.CANCELLED, "request was cancelled")
+        removed = self.batcher.remove(
+            lambda q: q.req.id == request_id and q.req.reply_to == reply_to)
+        for q in removed:
+            self.stats.failed(q, CANCELED, now)
+            self._fail(q, ErrorCode.CANCELLED, "request was cancelled")
         return bool(removed)
 
-    def drop_from(self, reply_to: str, now: int) -> list[InferRequest]:
+    def drop_from(self, reply_to: str, now: int) -> list[Queued]:
         """The frontend `reply_to` died: take its queued requests out, unanswered. Their
         inputs lie in its arena, which is gone, and nobody would read the answer."""
-        removed = self.batcher.remove(lambda r: r.reply_to == reply_to)
-        for req in removed:
-            self.stats.failed(req, OTHER, now)
+        removed = self.batcher.remove(lambda q: q.req.reply_to == reply_to)
+        for q in removed:
+            self.stats.failed(q, OTHER, now)
         return removed
 
-    def running(self, slot: InstanceSlot) -> list[InferRequest]:
-        return [req for s, requests in self.in_flight.values() if s is slot
-                for req in requests]
+    def running(self, slot: InstanceSlot) -> list[Queued]:
+        return [q for s, requests in self.in_flight.values() if s is slot
+                for q in requests]
 
     def running_on(self, reply_to: str, request_id: int) -> str | None:
         """The inbox of the worker running request `request_id` of `reply_to` (or,
         for a decoupled model, that ran it lately), None if none is known."""
         for slot, requests in self.in_flight.values():
-            for req in requests:
-                if req.id == request_id and req.reply_to == reply_to:
+            for q in requests:
+                if q.req.id == request_id and q.req.reply_to == reply_to:
                     return slot.worker.address if slot.worker is not None else None
         return self.lingering.get((reply_to, request_id))
 
@@ -256,8 +263,8 @@ class DynamicBatchScheduler:
         # requests whose worker died: a request still streaming after this many newer
         # ones is out of reach of a cancel
         lingering = self.lingering
-        for req in requests:
-            lingering[(req.reply_to, req.id)] = address
+        for q in requests:
+            lingering[(q.req.reply_to, q.req.id)] = address
         while len(lingering) > LINGER:
             lingering.popitem(last=False)
 
@@ -274,9 +281,9 @@ class DynamicBatchScheduler:
         return len(self.batcher)
 
     def fail_all(self, code: ErrorCode, reason: str, now: int) -> None:
-        for req in self.batcher.remove(lambda r: True):
-            self.stats.failed(req, OTHER, now)
-            self._fail(req, code, reason)
+        for q in self.batcher.remove(lambda r: True):
+            self.stats.failed(q, OTHER, now)
+            self._fail(q, code, reason)
         for batch_id in list(self.in_flight):
             slot, requests = self.in_flight.pop(batch_id)
             slot.batch = None

@@ -33,6 +33,7 @@ from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from scheduler.scheduling.ensemble_checks import EnsembleError, check_steps  # noqa: F401
 from scheduler.scheduling.interface import Callbacks
+from scheduler.scheduling.queued import Queued
 from scheduler.stats import CANCELED, OTHER, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest, RequestedOutput, RequestOrigin
@@ -95,12 +96,13 @@ class _Block:
 class _Run:
     """One ensemble request in flight."""
 
-    __slots__ = ("req", "tensors", "seq", "blocks", "started", "running", "iterations",
-                 "waiting", "answered", "timing_due", "timed_early", "error",
+    __slots__ = ("q", "req", "tensors", "seq", "blocks", "started", "running",
+                 "iterations", "waiting", "answered", "timing_due", "timed_early", "error",
                  "compute", "end_ns", "finished", "counted", "wanted", "readers")
 
-    def __init__(self, req: InferRequest):
-        self.req = req
+    def __init__(self, q: Queued):
+        self.q = q  # the scheduler's record (statistics, trace); req its wire message
+        self.req = q.req
         self.tensors: dict[Key, TensorRef | None] = {}  # None: an absent optional input
         # the sequence fields (id, start, end) that came with each step output: a
         # step reading one runs with them instead of the request's (see _sequence)
@@ -165,13 +167,14 @@ class EnsembleScheduler:
 
     # -- requests ---------------------------------------------------------------------
 
-    def enqueue(self, req: InferRequest, now: int) -> None:
+    def enqueue(self, q: Queued, now: int) -> None:
+        req = q.req
         if not self.accepting:
             raise InferError(ErrorCode.UNAVAILABLE, (
                 f"[request id: {req.request_id or '<id_unknown>'}] Server is stopping, "
                 "scheduler for model has stopped accepting new inference requests"))
-        req.queue_ns = now
-        run = _Run(req)
+        q.queue_ns = now
+        run = _Run(q)
         for ref in req.inputs:
             run.tensors[(ref.name, 0)] = ref
         for name in self.optional:
@@ -243,13 +246,13 @@ class EnsembleScheduler:
             origin=RequestOrigin.ENSEMBLE,
             callers=req.callers)  # BLS: a step may not call back into a waiting model
         try:
-            self.callbacks.submit(self, step_req)
+            step_id = self.callbacks.submit(self, step_req)
         except InferError as exc:
             self._step_failed(run, step, exc.code, exc.message)
             self._inputs_done(run, step, it)
             return
-        run.running[step_req.id] = (step.index, it, seq)
-        self.runs[step_req.id] = run
+        run.running[step_id] = (step.index, it, seq)
+        self.runs[step_id] = run
 
     def on_response(self, msg: InferResponse, now: int) -> None:
         """A step's response came to this process's inbox (a decoupled step sends any
@@ -400,7 +403,7 @@ class EnsembleScheduler:
         seq = next((run.seq[(name, it)] for name in run.wanted if (name, it) in run.seq),
                    (req.sequence_id, req.sequence_start, req.sequence_end))
         params = {"sequence_id": seq[0], "sequence_start": seq[1], "sequence_end": seq[2]}
-        self.callbacks.finish(req, InferResponse(req.id, outputs=outputs, final=final,
+        self.callbacks.finish(run.q, InferResponse(req.id, outputs=outputs, final=final,
                                             model_version=self.version,
                                             parameters=params), lent)
 
@@ -421,9 +424,9 @@ class EnsembleScheduler:
                 "output is not set while no more ensemble steps can be made")
         if run.error is not None:
             self._release_all(run)
-            self.stats.failed(req, CANCELED if run.error.code == ErrorCode.CANCELLED
+            self.stats.failed(run.q, CANCELED if run.error.code == ErrorCode.CANCELLED
                               else OTHER, now)
-            self.callbacks.finish(req, InferResponse(req.id, error=run.error), {})
+            self.callbacks.finish(run.q, InferResponse(req.id, error=run.error), {})
             for step_id in [i for i, r in self.runs.items() if r is run]:
                 self.runs.pop(step_id)
                 self.callbacks.forget(step_id)
@@ -436,7 +439,7 @@ class EnsembleScheduler:
                 it = run.waiting.pop(0)
                 self._send(run, it, final=not run.waiting)
         else:  # a decoupled ensemble with nothing more to say: the final flag alone
-            self.callbacks.finish(req, InferResponse(req.id, empty=True,
+            self.callbacks.finish(run.q, InferResponse(req.id, empty=True,
                                                 model_version=self.version), {})
         self._release_all(run)
         run.end_ns = now
@@ -451,7 +454,7 @@ class EnsembleScheduler:
         """Count a successful request once every step's timing is in."""
         if run.finished and run.error is None and not run.timing_due and not run.counted:
             run.counted = True
-            self.stats.ensemble_ran(run.req, run.req.batch_size if self.batching else 1,
+            self.stats.ensemble_ran(run.q, run.req.batch_size if self.batching else 1,
                                     run.end_ns, *run.compute)
 
     # -- leaving ------------------------------------------------------------------------
@@ -468,7 +471,7 @@ class EnsembleScheduler:
         self._maybe_finish(run, now)
         return True
 
-    def drop_from(self, reply_to: str, now: int) -> list[InferRequest]:
+    def drop_from(self, reply_to: str, now: int) -> list[Queued]:
         """The frontend `reply_to` died: its runs stop as if cancelled (their step
         requests leave the queues; a running step's outputs are released)."""
         for client, request_id in [k for k in self.active if k[0] == reply_to]:

@@ -21,6 +21,9 @@ own beside this one that implements `Scheduler` (and `InstanceScheduler` if it r
 batches on instances), and one branch in scheduling/factory.py's `create_scheduler`:
 the frontends never see the difference. This module imports no scheduler, so every
 scheduler can import it.
+
+Schedulers hold each request as a `Queued` (scheduling/queued.py): the frozen wire
+InferRequest, which goes on to the worker as it came, plus the scheduler's own stamps.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Hashable, Protocol
 from scheduler.scheduling.rate_limiter import InstanceSlot
 from scheduler.stats import ModelStats
 from shm.errors import ErrorCode
+from scheduler.scheduling.queued import Queued
 from shm.messages.frontend import InferRequest
 from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone, ExecuteBatch
@@ -45,7 +49,7 @@ class Scheduler(Protocol):
     stats: ModelStats
     accepting: bool  # False once the version unloads: new requests are refused
 
-    def enqueue(self, req: InferRequest, now: int) -> None:
+    def enqueue(self, q: Queued, now: int) -> None:
         """Take a request; raises InferError if it is refused (a full queue, a model
         that is unloading). A scheduler with something to run asks to be pumped
         (Callbacks.pump_soon)."""
@@ -53,7 +57,7 @@ class Scheduler(Protocol):
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
         """Drop a queued request whose client went away; True if it was queued here."""
 
-    def drop_from(self, reply_to: str, now: int) -> list[InferRequest]:
+    def drop_from(self, reply_to: str, now: int) -> list[Queued]:
         """A frontend died: remove its queued requests without answering them."""
 
     def begin_unload(self) -> None:
@@ -89,7 +93,7 @@ class InstanceScheduler(Scheduler, Protocol):
     def next_deadline(self) -> int | None:
         """When `pump` must run again if nothing else happens (None: on an event)."""
 
-    def batch_done(self, msg: BatchDone, now: int) -> tuple[list[InferRequest], list[Hashable]]:
+    def batch_done(self, msg: BatchDone, now: int) -> tuple[list[Queued], list[Hashable]]:
         """A batch finished: returns its requests and the schedulers the freed
         instance lets run (its own, and others waiting for the same resources)."""
 
@@ -99,7 +103,7 @@ class InstanceScheduler(Scheduler, Protocol):
     def instance_back(self, slot: InstanceSlot) -> None:
         """A restarted instance takes batches again."""
 
-    def running(self, slot: InstanceSlot) -> list[InferRequest]:
+    def running(self, slot: InstanceSlot) -> list[Queued]:
         """The requests `slot` is running now."""
 
     def running_on(self, reply_to: str, request_id: int) -> str | None:
@@ -131,13 +135,15 @@ class Callbacks(Protocol):
     def clock(self) -> int:
         """The loop's clock (CLOCK_MONOTONIC ns): every `now` a scheduler is given."""
 
-    def send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
-        """Hand a batch to the worker running `slot`."""
+    def send_batch(self, slot: InstanceSlot, batch: ExecuteBatch,
+                   requests: list[Queued]) -> None:
+        """Hand a batch to the worker running `slot`; `requests` are its requests as
+        the scheduler holds them (their stamps decide how its BatchDone is read)."""
 
-    def fail(self, req: InferRequest, code: ErrorCode, reason: str) -> None:
+    def fail(self, q: Queued, code: ErrorCode, reason: str) -> None:
         """Answer a request with an error; the request has ended."""
 
-    def respond(self, req: InferRequest, response: InferResponse) -> None:
+    def respond(self, q: Queued, response: InferResponse) -> None:
         """Hand on a response its worker relayed (preserve_ordering)."""
 
     def pump_soon(self, sched: InstanceScheduler) -> None:
@@ -150,9 +156,10 @@ class Callbacks(Protocol):
 
     # -- requests of the process's own (an ensemble's steps) ----------------------------
 
-    def submit(self, owner: RequestOwner, req: InferRequest) -> None:
-        """Give `req` an id, route its responses (and its batch's BatchDone) to
-        `owner`, and enqueue it to its model; raises InferError if it is refused."""
+    def submit(self, owner: RequestOwner, req: InferRequest) -> int:
+        """Give `req` an id (returned) and this process's inbox, route its responses
+        (and its batch's BatchDone) to `owner`, and enqueue it to its model; raises
+        InferError if it is refused."""
 
     def forget(self, request_id: int) -> None:
         """The owner expects nothing more for this request."""
@@ -160,7 +167,7 @@ class Callbacks(Protocol):
     def cancel(self, request_id: int) -> None:
         """Drop a request of the process's own if it is still queued."""
 
-    def finish(self, req: InferRequest, response: InferResponse,
+    def finish(self, q: Queued, response: InferResponse,
                lent: dict[tuple[str, int], str]) -> None:
         """Answer a client (a decoupled ensemble answers several times, the last
         response carries `final`); `lent` maps each output block to its owner, to

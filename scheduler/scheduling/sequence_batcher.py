@@ -127,9 +127,10 @@ class SequenceBatcher:
 
     # -- requests ---------------------------------------------------------------------
 
-    def enqueue(self, req, now: int, *, accepting: bool = True) -> None:
-        """Place a request in its sequence's slot or backlog queue; raises Triton's
-        InferError for a request the sequence batcher refuses."""
+    def enqueue(self, q, now: int, *, accepting: bool = True) -> None:
+        """Place a request (a Queued) in its sequence's slot or backlog queue; raises
+        Triton's InferError for a request the sequence batcher refuses."""
+        req = q.req
         if req.batch_size > 1:
             raise InferError(ErrorCode.INVALID_ARG,
                              f"inference request to model '{self.model}' must specify "
@@ -156,9 +157,9 @@ class SequenceBatcher:
             log.warning("sequence %s for model '%s' has a conflict. The previous sequence "
                         "did not end before this sequence start. Previous sequence will "
                         "be terminated early.", corrid, self.model)
-        req.queue_ns = now
+        q.queue_ns = now
         if backlog is not None:
-            backlog.append(req)
+            backlog.append(q)
             backlog.timeout_from(req, now)
             if req.sequence_end:
                 del self._backlog_of[corrid]
@@ -167,7 +168,7 @@ class SequenceBatcher:
         if slot is None:
             slot = self._take_free_slot()
             if slot is None:  # no free slot: a new backlog queue, served FIFO
-                queue = _Backlog([req])
+                queue = _Backlog([q])
                 queue.timeout_from(req, now)
                 self.backlog.append(queue)
                 if not req.sequence_end:
@@ -181,7 +182,7 @@ class SequenceBatcher:
         if req.sequence_end:
             del self.assigned[corrid]
             del self.last_seen[corrid]
-        slot.queue.append(req)
+        slot.queue.append(q)
         if self.oldest:
             self._advance(slot)
 
@@ -201,7 +202,7 @@ class SequenceBatcher:
             queue = self.backlog.popleft()
             if not queue:
                 continue
-            last = queue[-1]
+            last = queue[-1].req
             corrid = last.sequence_id
             slot.corrid = corrid
             if not last.sequence_end:  # the rest of the sequence comes to the slot
@@ -254,7 +255,7 @@ class SequenceBatcher:
         for queue in self.backlog:
             if queue.expires and queue.expires <= now:
                 out.extend(queue)
-                corrid = queue[-1].sequence_id if queue else None
+                corrid = queue[-1].req.sequence_id if queue else None
                 if self._backlog_of.get(corrid) is queue:
                     del self._backlog_of[corrid]
             else:
@@ -318,10 +319,10 @@ class SequenceBatcher:
             if not slot.queue or (shape_key and shape_key(slot.queue[0]) != first_key):
                 fillers.append(slot.index)
                 continue
-            req = slot.queue.popleft()
-            requests.append(req)
+            q = slot.queue.popleft()
+            requests.append(q)
             req_slots.append(slot.index)
-            if req.sequence_end:
+            if q.req.sequence_end:
                 self._release(slot)
         return SequenceBatch(requests, req_slots, fillers)
 
@@ -329,15 +330,15 @@ class SequenceBatcher:
         """Oldest: hand the slot's next request to its instance's batcher once the
         previous one ran (Triton's CompleteAndNext)."""
         while not slot.in_flight and slot.queue:
-            req = slot.queue.popleft()
-            if req is FORCE_END:
+            q = slot.queue.popleft()
+            if q is FORCE_END:
                 self._release(slot)
                 continue
             slot.in_flight = True
-            key = self.shape_key(req) if self.shape_key else None
-            self._dyn[slot.instance].enqueue((req, slot.index), batch_size=1,
-                                              shape_key=key, now=waiting_since(req))
-            if req.sequence_end:
+            key = self.shape_key(q) if self.shape_key else None
+            self._dyn[slot.instance].enqueue((q, slot.index), batch_size=1,
+                                              shape_key=key, now=waiting_since(q))
+            if q.req.sequence_end:
                 # the slot goes to the next sequence now; its first request waits
                 # until this one has run (in_flight)
                 self._release(slot)
@@ -385,20 +386,20 @@ class SequenceBatcher:
         for slots in self.instances.values():
             for slot in slots:
                 kept = deque()
-                for req in slot.queue:
-                    if req is not FORCE_END and predicate(req):
-                        removed.append(req)
-                        if req.sequence_end:
+                for q in slot.queue:
+                    if q is not FORCE_END and predicate(q):
+                        removed.append(q)
+                        if q.req.sequence_end:
                             kept.append(FORCE_END)
                     else:
-                        kept.append(req)
+                        kept.append(q)
                 slot.queue = kept
         for queue in self.backlog:
-            for req in [r for r in queue if predicate(r)]:
-                queue.remove(req)
-                removed.append(req)
+            for q in [r for r in queue if predicate(r)]:
+                queue.remove(q)
+                removed.append(q)
         for key, dyn in self._dyn.items():
-            for req, index in dyn.remove(lambda item: predicate(item[0])):
-                removed.append(req)
+            for q, index in dyn.remove(lambda item: predicate(item[0])):
+                removed.append(q)
                 self.batch_done(key, [index])
         return removed

@@ -17,11 +17,11 @@ import logging
 from scheduler.scheduling.delay_hooks import SchedulerHold
 from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler, shape_key
 from scheduler.scheduling.interface import Callbacks
+from scheduler.scheduling.queued import Queued
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.scheduling.sequence_batcher import SequenceBatcher
 from scheduler.stats import REJECTED
 from shm.errors import ErrorCode
-from shm.messages.frontend import InferRequest
 from shm.messages.worker import BatchDone
 
 log = logging.getLogger("shmserve.scheduler")
@@ -83,17 +83,17 @@ class SequenceBatchScheduler:
             if not slot.passive and slot.key not in self.batcher.instances:
                 self.batcher.add_instance(slot.key)
 
-    def enqueue(self, req: InferRequest, now: int) -> None:
+    def enqueue(self, q: Queued, now: int) -> None:
         self._sync_instances()
-        self.batcher.enqueue(req, now, accepting=self.batches.accepting)
+        self.batcher.enqueue(q, now, accepting=self.batches.accepting)
         self._pump_soon(self)
 
     def pump(self, now: int) -> None:
         batcher = self.batcher
         self._sync_instances()
-        for req in batcher.expired(now):
-            self.stats.failed(req, REJECTED, now)
-            self._fail(req, ErrorCode.UNAVAILABLE,
+        for q in batcher.expired(now):
+            self.stats.failed(q, REJECTED, now)
+            self._fail(q, ErrorCode.UNAVAILABLE,
                        "timeout of the corresponding sequence has been expired")
         for corrid in batcher.reap(now):
             log.debug("model '%s': sequence %s was idle too long; its slot is released",
@@ -169,10 +169,10 @@ class SequenceBatchScheduler:
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
         return self.batches.cancel(reply_to, request_id, now)
 
-    def drop_from(self, reply_to: str, now: int) -> list[InferRequest]:
+    def drop_from(self, reply_to: str, now: int) -> list[Queued]:
         return self.batches.drop_from(reply_to, now)
 
-    def running(self, slot: InstanceSlot) -> list[InferRequest]:
+    def running(self, slot: InstanceSlot) -> list[Queued]:
         return self.batches.running(slot)
 
     def running_on(self, reply_to: str, request_id: int) -> str | None:

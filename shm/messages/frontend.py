@@ -34,10 +34,14 @@ class RequestOrigin(enum.IntEnum):
     WARMUP = 3
 
 
-class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
+class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
+                   frozen=True):
     """One inference request. `id` is unique within `reply_to` (the requester's inbox);
     responses go straight there from the worker that ran it. `version` 0 means the
-    version policy's choice. `outputs` None means every output."""
+    version policy's choice. `outputs` None means every output. Frozen: what the
+    scheduler learns about a request while it waits (queue entry, trace, cache lookup)
+    lives in its own record (scheduler/scheduling/queued.py), and the struct goes on to
+    the worker in ExecuteBatch as the requester sent it."""
 
     id: int
     reply_to: str
@@ -54,15 +58,10 @@ class InferRequest(msgspec.Struct, tag=True, array_like=True, omit_defaults=True
     sequence_end: bool = False
     parameters: dict = {}
     # CLOCK_MONOTONIC ns: set by the frontend once the request is valid (Triton's
-    # request start), and by the scheduler when it enters the model's queue
+    # request start)
     start_ns: int = 0
-    queue_ns: int = 0
-    # the response cache key (frontend/cache_key.py), set only for models that cache;
-    # the scheduler records how long its lookup took, counted as cache_miss time
+    # the response cache key (frontend/cache_key.py), set only for models that cache
     cache_key: bytes = b""
-    cache_lookup_ns: int = 0
-    # set by the scheduler when the trace extension sampled this request (0: not traced)
-    trace_id: int = 0
     # BLS: the models whose execute() made this call, outermost first (empty for a
     # client's request); the scheduler refuses a call to a model already in it, which
     # would wait for itself.

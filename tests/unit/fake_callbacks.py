@@ -9,7 +9,7 @@ class FakeCallbacks:
     clock = staticmethod(time.monotonic_ns)
 
     def __init__(self, send_batch=None, fail=None, respond=None):
-        self.send_batch = send_batch or (lambda slot, batch: None)
+        self.send_batch = send_batch or (lambda slot, batch, requests: None)
         self.fail = fail or (lambda req, code, reason: None)
         self.respond = respond or (lambda req, response: None)
         self.pumped: set = set()  # schedulers that asked to be pumped

@@ -13,6 +13,8 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from scheduler import bls as admission
+from scheduler.repository.models import ModelReadyState
+from scheduler.scheduling.queued import Queued
 from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from shm.arena import Arena
@@ -45,20 +47,24 @@ def _bls_req(shape=(2, 4), datatype="FP32", callers=(), name="X", model="callee"
 # -- admission --------------------------------------------------------------------
 
 
+def _callee(config):
+    """The callee's ModelVersion, as far as admission reads it."""
+    return types.SimpleNamespace(scheduler=object(), state=ModelReadyState.READY,
+                                 config=config)
+
+
 def test_admit_derives_the_batch_size_from_the_callee_config():
-    # Triton: the batch size is the first dimension where the model batches, else 1
-    req = _bls_req((3, 4))
-    admission.check(req, _config())
-    assert req.batch_size == 3
-    req = _bls_req((3, 4))
-    admission.check(req, _config(max_batch_size=0))
-    assert req.batch_size == 1
+    # Triton: the batch size is the first dimension where the model batches, else 1.
+    # The request is frozen: admit returns it with the size the worker reads
+    assert admission.admit(_bls_req((3, 4)), _callee(_config())).batch_size == 3
+    assert admission.admit(_bls_req((3, 4)), _callee(_config(max_batch_size=0))
+                           ).batch_size == 1
     # the origin marks a BLS call, not a batch size of 0: whatever size it carries
     # (the default 1 here) is the scheduler's to derive
     req = _bls_req((5, 4))
     assert req.batch_size == 1
-    admission.check(req, _config())
-    assert req.batch_size == 5
+    assert admission.check(req, _config()) == 5
+    assert admission.admit(req, _callee(_config())).batch_size == 5
 
 
 @pytest.mark.parametrize("req,text", [
@@ -87,8 +93,7 @@ def test_admit_refuses_a_call_into_a_model_waiting_up_the_chain(callers):
 
 def test_admit_lets_a_chain_without_the_callee_through():
     req = _bls_req(callers=["a", "b"])
-    admission.check(req, _config())
-    assert req.batch_size == 2
+    assert admission.check(req, _config()) == 2
 
 
 # -- where a cancel goes ----------------------------------------------------------
@@ -98,7 +103,7 @@ def _scheduler(decoupled=False):
     sent = []
     limiter = RateLimiter()
     s = DynamicBatchScheduler("callee", 1, _config(decoupled=decoupled), limiter,
-                              FakeCallbacks(lambda slot, b: sent.append(b)))
+                              FakeCallbacks(lambda slot, b, _: sent.append(b)))
     slot = InstanceSlot("callee/1/c_0#1", "c_0", "KIND_CPU", 0)
     slot.worker = types.SimpleNamespace(address="ipc://worker-0")
     limiter.add(s, slot)
@@ -111,7 +116,7 @@ def _done(batch):
 
 def test_a_running_request_is_found_on_its_worker_and_forgotten_when_done():
     s, sent = _scheduler()
-    s.enqueue(InferRequest(7, "ipc://fe", "callee", 1, [], batch_size=1), 0)
+    s.enqueue(Queued(InferRequest(7, "ipc://fe", "callee", 1, [], batch_size=1)), 0)
     s.pump(0)
     assert s.cancel("ipc://fe", 7, 0) is False  # not queued any more
     assert s.running_on("ipc://fe", 7) == "ipc://worker-0"
@@ -123,7 +128,7 @@ def test_a_running_request_is_found_on_its_worker_and_forgotten_when_done():
 def test_a_decoupled_request_stays_reachable_after_its_batch():
     # its model may go on sending after execute returned: a cancel must still reach it
     s, sent = _scheduler(decoupled=True)
-    s.enqueue(InferRequest(7, "ipc://fe", "callee", 1, [], batch_size=1), 0)
+    s.enqueue(Queued(InferRequest(7, "ipc://fe", "callee", 1, [], batch_size=1)), 0)
     s.pump(0)
     s.batch_done(_done(sent[0]), 0)
     assert s.running_on("ipc://fe", 7) == "ipc://worker-0"

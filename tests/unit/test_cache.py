@@ -14,6 +14,7 @@ from scheduler.cache import ResponseCache, entry_size, parse_cache_config
 from scheduler.cli import parse_args
 from scheduler.metrics import Metrics
 from scheduler.stats import ModelStats
+from scheduler.scheduling.queued import Queued
 from shm.messages.frontend import InferRequest
 from shm.tensor import TensorRef
 
@@ -188,7 +189,7 @@ def test_a_hit_counts_as_success_and_cache_hit_never_as_compute():
     """Rule (UpdateSuccessCacheHit): success and queue count a hit, inference_count,
     execution_count and compute phases do not."""
     st = ModelStats("m", 1)
-    req = InferRequest(1, "r", "m", 1, [], start_ns=1_000, queue_ns=1_500)
+    req = Queued(InferRequest(1, "r", "m", 1, [], start_ns=1_000), queue_ns=1_500)
     st.cache_hit(req, lookup_start_ns=2_000, lookup_end_ns=2_300, end_ns=3_000)
     j = st.as_json()
     inf = j["inference_stats"]
@@ -203,11 +204,11 @@ def test_a_miss_counts_lookup_plus_insertion():
     """Rule (UpdateSuccessCacheMiss): a successful miss is a cache_miss of lookup +
     insertion time; the insertion is added to the request duration."""
     st = ModelStats("m", 1)
-    hit_less = InferRequest(1, "r", "m", 1, [], start_ns=0, queue_ns=10)
-    miss = InferRequest(2, "r", "m", 1, [], start_ns=0, queue_ns=10, cache_key=b"k",
-                        cache_lookup_ns=40)
-    failed = InferRequest(3, "r", "m", 1, [], start_ns=0, queue_ns=10, cache_key=b"j",
-                          cache_lookup_ns=40)
+    hit_less = Queued(InferRequest(1, "r", "m", 1, [], start_ns=0), queue_ns=10)
+    miss = Queued(InferRequest(2, "r", "m", 1, [], start_ns=0, cache_key=b"k"),
+                  queue_ns=10, cache_lookup_ns=40)
+    failed = Queued(InferRequest(3, "r", "m", 1, [], start_ns=0, cache_key=b"j"),
+                    queue_ns=10, cache_lookup_ns=40)
     st.batch_ran([hit_less, miss, failed], [2], [1, 1, 1], 3, 100, 200, 300, 400)
     st.cache_inserted(60)
     inf = st.as_json()["inference_stats"]

@@ -6,6 +6,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2
 
 from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
+from scheduler.scheduling.queued import Queued
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter, group_resources
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
@@ -26,9 +27,11 @@ def _config(max_batch_size=8, delay_us=1000, preferred=None):
     return cfg
 
 
-def _req(i, rows=1, cols=4, inputs=("X",), **kw):
+def _req(i, rows=1, cols=4, inputs=("X",), reply_to="ipc://fe", start_ns=0, **kw):
+    """A request as the loop hands it to the scheduler (scheduling/queued.py)."""
     tensors = [TensorRef(n, "FP32", [rows, cols], data=bytes(rows * cols * 4)) for n in inputs]
-    return InferRequest(i, "ipc://fe", "m", 1, tensors, batch_size=rows, start_ns=0, **kw)
+    return Queued(InferRequest(i, reply_to, "m", 1, tensors, batch_size=rows,
+                               start_ns=start_ns, **kw))
 
 
 class Harness:
@@ -37,8 +40,8 @@ class Harness:
         self.limiter = limiter or RateLimiter()
         self.s = DynamicBatchScheduler(
             "m", 1, config, self.limiter,
-            FakeCallbacks(lambda slot, b: self.sent.append((slot.key, b)),
-                          lambda r, code, why: self.failed.append((r.id, code, why))),
+            FakeCallbacks(lambda slot, b, _: self.sent.append((slot.key, b)),
+                          lambda q, code, why: self.failed.append((q.req.id, code, why))),
             environ=environ or {})
         for slot in slots or [InstanceSlot(f"m/1/m_0_{i}#1", f"m_0_{i}", "KIND_CPU", 0)
                               for i in range(instances)]:
@@ -78,7 +81,7 @@ def test_busy_instances_hold_batches_back_until_one_is_done():
     assert h.ids() == [[0]]  # the only instance is busy
     assert h.s.next_deadline() is None  # no timer spins while nothing can run
     requests, woken = h.done(0)
-    assert [r.id for r in requests] == [0] and woken == [h.s]
+    assert [q.req.id for q in requests] == [0] and woken == [h.s]
     h.s.pump(0)
     assert h.ids() == [[0], [1, 2, 3]]
 
@@ -178,12 +181,10 @@ def test_a_dead_frontends_queued_requests_are_dropped_unanswered():
     answered (nobody reads), each counts as a failure; other frontends' stay queued."""
     h = Harness(_config(delay_us=10_000), instances=1)
     h.s.enqueue(_req(1), 0)
-    other = _req(2)
-    other.reply_to = "ipc://fe2"
-    h.s.enqueue(other, 0)
+    h.s.enqueue(_req(2, reply_to="ipc://fe2"), 0)
     h.s.enqueue(_req(3), 0)
     dropped = h.s.drop_from("ipc://fe", 5)
-    assert sorted(r.id for r in dropped) == [1, 3]
+    assert sorted(q.req.id for q in dropped) == [1, 3]
     assert h.failed == []
     assert h.s.pending == 1
     assert h.s.stats.fail_count == 2
@@ -398,14 +399,11 @@ def test_the_delay_counts_from_when_the_frontend_accepted_the_request():
     # queued here at 300 us is due at 1 ms, not 1.3 ms; one accepted a whole delay
     # ago goes to an idle instance on the same pump
     h = Harness(_config())
-    late = _req(1)
-    late.start_ns = 100 * US
-    h.s.enqueue(late, 400 * US)
+    h.s.enqueue(_req(1, start_ns=100 * US), 400 * US)
     assert h.s.next_deadline() == 1100 * US
     h.s.pump(1100 * US)
     assert h.ids() == [[1]]
-    stale = _req(2)
-    stale.start_ns = 2 * MS
+    stale = _req(2, start_ns=2 * MS)
     h.s.enqueue(stale, 3 * MS)
     h.s.pump(3 * MS)
     assert h.ids() == [[1], [2]]

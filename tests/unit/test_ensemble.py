@@ -1,12 +1,14 @@
 """The ensemble scheduler as a pure state machine: a fake host takes the step requests
 it submits and the tests answer them, so each rule is checked without processes."""
 
+import msgspec
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 from scheduler.repository.config import ConfigError, normalize, validate
 from scheduler.scheduling.ensemble import EnsembleError, EnsembleScheduler, check_steps
+from scheduler.scheduling.queued import Queued
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest, RequestedOutput
 from shm.messages.results import Error, InferResponse
@@ -69,9 +71,10 @@ class FakeHost:
     def submit(self, owner, req):
         if req.model in self.refuse:
             raise InferError(ErrorCode.UNAVAILABLE, f"model '{req.model}' is not ready")
-        req.id, req.reply_to = next(self.ids), self.address
+        req = msgspec.structs.replace(req, id=next(self.ids), reply_to=self.address)
         self.routes[req.id] = owner
         self.submitted.append(req)
+        return req.id
 
     def forget(self, request_id):
         self.routes.pop(request_id, None)
@@ -79,8 +82,8 @@ class FakeHost:
     def cancel(self, request_id):
         self.cancelled.append(request_id)
 
-    def finish(self, req, response, lent):
-        self.finished.append((req, response, lent))
+    def finish(self, q, response, lent):
+        self.finished.append((q.req, response, lent))
 
     def release(self, owner, blocks):
         self.released.extend((owner, b) for b in blocks)
@@ -91,7 +94,8 @@ class FakeHost:
 
 def client_request(**kw):
     inp = TensorRef("IN", "FP32", [1, 16], segment="fe-seg", offset=0, nbytes=64)
-    return InferRequest(7, "ipc:///run/frontend0", "ens", 0, [inp], start_ns=1, **kw)
+    return Queued(InferRequest(7, "ipc:///run/frontend0", "ens", 0, [inp], start_ns=1,
+                               **kw))
 
 
 def answer(sched, req, owner="ipc:///run/worker-a", offset=0, error="", now=10):
@@ -267,13 +271,13 @@ def test_cancel_drops_queued_steps_and_answers_once_they_end():
     req = client_request()
     sched.enqueue(req, 5)
     a = host.submitted[0]
-    assert sched.cancel(req.reply_to, req.id, 6)
+    assert sched.cancel(req.req.reply_to, req.req.id, 6)
     assert host.cancelled == [a.id]
     cancelled = Error(ErrorCode.CANCELLED, "request was cancelled")
     sched.on_response(InferResponse(a.id, error=cancelled), 7)
     (_, resp, _), = host.finished
     assert resp.error.code == ErrorCode.CANCELLED
-    assert not sched.cancel(req.reply_to, req.id, 8)
+    assert not sched.cancel(req.req.reply_to, req.req.id, 8)
 
 
 # -- load-time checks ------------------------------------------------------------------

@@ -8,6 +8,7 @@ import pytest
 
 from frontend.dataplane import put_inputs
 from frontend.types import DecodedInput
+from scheduler.scheduling.queued import Queued
 from shm.arena import Arena
 from shm.channel import encode
 from shm.errors import ErrorCode
@@ -104,10 +105,11 @@ def test_every_reply_that_can_fail_carries_one_error_struct(reply):
 
 def test_messages_nobody_updates_are_frozen_and_the_working_ones_are_not():
     # a receiver that changed a control message or a state update would change what
-    # another handler (or a retry) sees; requests and batches are updated in place
-    # on purpose (ids, batch sizes, timings), replies are filled in before sending
+    # another handler (or a retry) sees; batches are updated in place on purpose
+    # (quiet, timings), replies are filled in before sending. A request is frozen:
+    # the scheduler's stamps live in its own record (scheduling/queued.py)
     inboxes = set(SCHEDULER_INBOX) | set(FRONTEND_INBOX) | set(WORKER_INBOX)
-    working = {InferRequest, ExecuteBatch, BatchDone, InferResponse, StatsReply,
+    working = {ExecuteBatch, BatchDone, InferResponse, StatsReply,
                RegionReply, RepositoryReply, LogSettingsReply, TraceSettingReply}
     assert working <= inboxes
     for struct in inboxes - working:
@@ -117,3 +119,14 @@ def test_messages_nobody_updates_are_frozen_and_the_working_ones_are_not():
     update = ModelStateUpdate("m", 1, ModelReadyState.READY)
     with pytest.raises(AttributeError):
         update.state = ModelReadyState.UNAVAILABLE
+
+
+def test_a_request_on_the_wire_carries_none_of_the_schedulers_state():
+    # queue entry, trace and cache lookup are the scheduler's record's (Queued): the
+    # worker gets the request as its requester sent it, and nobody can change it
+    stamps = set(Queued.__struct_fields__) - {"req"}
+    assert stamps == {"queue_ns", "cache_lookup_ns", "trace_id"}
+    assert not stamps & set(InferRequest.__struct_fields__)
+    req = InferRequest(1, "fe", "m", 0, [])
+    with pytest.raises(AttributeError):
+        req.batch_size = 2

@@ -9,6 +9,7 @@ from tritonclient.grpc import model_config_pb2
 
 from scheduler.scheduling.dynamic_scheduler import DynamicBatchScheduler
 from scheduler.scheduling.ordering import ResponseOrder
+from scheduler.scheduling.queued import Queued
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from shm.errors import ErrorCode
 from shm.messages.frontend import InferRequest
@@ -49,8 +50,9 @@ def _config(preserve=True):
 
 
 def _req(i):
-    return InferRequest(i, "ipc://fe", "m", 1, [TensorRef("X", "FP32", [1, 4], data=bytes(16))],
-                        batch_size=1, start_ns=0)
+    return Queued(InferRequest(i, "ipc://fe", "m", 1,
+                               [TensorRef("X", "FP32", [1, 4], data=bytes(16))],
+                               batch_size=1, start_ns=0))
 
 
 class Harness:
@@ -59,9 +61,9 @@ class Harness:
         self.limiter = RateLimiter()
         self.s = DynamicBatchScheduler(
             "m", 1, _config(preserve), self.limiter,
-            FakeCallbacks(lambda slot, b: self.sent.append(b),
-                          lambda r, code, why: self.out.append((r.id, code)),
-                          lambda r, resp: self.out.append((r.id, resp.id))), environ={})
+            FakeCallbacks(lambda slot, b, _: self.sent.append(b),
+                          lambda q, code, why: self.out.append((q.req.id, code)),
+                          lambda q, resp: self.out.append((q.req.id, resp.id))), environ={})
         for i in range(2):
             self.limiter.add(self.s, InstanceSlot(f"m/1/m_0_{i}#1", f"m_0_{i}", "KIND_CPU", 0))
 

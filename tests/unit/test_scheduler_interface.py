@@ -45,7 +45,7 @@ def test_a_batching_scheduler_asks_to_be_pumped_and_says_what_its_slot_runs(conf
     s.enqueue(r, 0)
     assert callbacks.pumped == {s}
     s.pump(10**9)  # past any queue delay
-    assert s.running(slot) == [r] and s.running_on(r.reply_to, r.id) is None  # no worker
+    assert s.running(slot) == [r] and s.running_on(r.req.reply_to, r.req.id) is None  # no worker
     s.begin_unload()
     assert callbacks.woken == [s] and not s.accepting
 

@@ -3,6 +3,7 @@
 import pytest
 
 from scheduler.scheduling.delay_hooks import SchedulerHold
+from scheduler.scheduling.queued import Queued
 from scheduler.scheduling.sequence_batcher import SequenceBatcher
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
@@ -12,11 +13,14 @@ MS = 1_000_000
 _ids = iter(range(1, 10**9))
 
 
-def req(corrid, start=False, end=False, shape=(1, 1), batch_size=1, accepted_ns=0):
-    return InferRequest(next(_ids), "fe", "acc", 1,
-                        [TensorRef("INPUT", "INT32", list(shape), data=b"\0" * 4)],
-                        batch_size=batch_size, sequence_id=corrid, sequence_start=start,
-                        sequence_end=end, start_ns=accepted_ns)
+def req(corrid, start=False, end=False, shape=(1, 1), batch_size=1, accepted_ns=0,
+        timeout_us=0):
+    """A request as the scheduler holds it (scheduling/queued.py)."""
+    return Queued(InferRequest(next(_ids), "fe", "acc", 1,
+                               [TensorRef("INPUT", "INT32", list(shape), data=b"\0" * 4)],
+                               batch_size=batch_size, sequence_id=corrid,
+                               sequence_start=start, sequence_end=end,
+                               start_ns=accepted_ns, timeout_us=timeout_us))
 
 
 def direct(instances=("i0",), slots=4, **kw):
@@ -35,7 +39,7 @@ def oldest(instances=("i0",), candidates=4, max_batch_size=4, **kw):
 
 
 def ids(batch):
-    return [r.sequence_id for r in batch.requests]
+    return [q.req.sequence_id for q in batch.requests]
 
 
 def test_direct_each_sequence_keeps_its_slot():
@@ -144,7 +148,7 @@ def test_start_on_active_id_goes_on_in_its_slot():
     assert len(b.assigned) == 1 and b.assigned[4].index == 0
     b.next_batch("i0", 2)
     batch = b.next_batch("i0", 3)
-    assert batch.slots == [0] and batch.requests[0].sequence_start
+    assert batch.slots == [0] and batch.requests[0].req.sequence_start
 
 
 def test_idle_sequence_releases_its_slot():
@@ -191,7 +195,7 @@ def test_minimum_slot_utilization_and_queue_delay():
 def test_unequal_shapes_get_a_filler_row():
     """Rule (direct): a request whose shape differs from the batch's waits, its row is
     a filler, when the model does not allow ragged batches."""
-    b = direct(shape_key=lambda r: tuple(r.inputs[0].shape))
+    b = direct(shape_key=lambda q: tuple(q.req.inputs[0].shape))
     b.enqueue(req(1, start=True, shape=(1, 2)), 0)
     b.enqueue(req(2, start=True, shape=(1, 3)), 0)
     batch = b.next_batch("i0", 1)
@@ -277,8 +281,7 @@ def test_backlogged_sequence_times_out_whole():
     expired"); the others keep their place."""
     b = direct(slots=1)
     b.enqueue(req(1, start=True), 0)
-    timed = req(2, start=True)
-    timed.timeout_us = 1000
+    timed = req(2, start=True, timeout_us=1000)
     b.enqueue(timed, 0)
     second = req(2)
     b.enqueue(second, 10)

@@ -7,6 +7,7 @@ from tritonclient.grpc import model_config_pb2
 
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.scheduling.factory import create_scheduler
+from scheduler.scheduling.queued import Queued
 from scheduler.scheduling.sequence_scheduler import SequenceBatchScheduler
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
@@ -34,9 +35,11 @@ _ids = iter(range(1, 10**9))
 
 
 def _req(corrid, start=False, end=False):
-    return InferRequest(next(_ids), "fe", "acc", 1,
-                        [TensorRef("INPUT", "INT32", [1, 1], data=bytes(4))],
-                        sequence_id=corrid, sequence_start=start, sequence_end=end)
+    """A request as the loop hands it to the scheduler (scheduling/queued.py)."""
+    return Queued(InferRequest(next(_ids), "fe", "acc", 1,
+                               [TensorRef("INPUT", "INT32", [1, 1], data=bytes(4))],
+                               sequence_id=corrid, sequence_start=start,
+                               sequence_end=end))
 
 
 class Harness:
@@ -45,8 +48,8 @@ class Harness:
         self.limiter = RateLimiter()
         self.s = create_scheduler(
             "acc", 1, config, self.limiter,
-            FakeCallbacks(lambda slot, b: self.sent.append((slot.key, b)),
-                          lambda r, code, why: self.failed.append((r.id, code, why))),
+            FakeCallbacks(lambda slot, b, _: self.sent.append((slot.key, b)),
+                          lambda q, code, why: self.failed.append((q.req.id, code, why))),
             environ={})
         for i in range(instances):
             self.limiter.add(self.s, InstanceSlot(f"acc/1/acc_0_{i}#1", f"acc_0_{i}",
@@ -142,8 +145,8 @@ def test_oldest_preserve_ordering_relays_in_request_order():
     sent, answered = [], []
     limiter = RateLimiter()
     s = create_scheduler("acc", 1, cfg, limiter,
-                         FakeCallbacks(lambda slot, b: sent.append(b),
-                                       respond=lambda r, resp: answered.append(r.sequence_id)),
+                         FakeCallbacks(lambda slot, b, _: sent.append(b),
+                                       respond=lambda q, resp: answered.append(q.req.sequence_id)),
                          environ={})
     for i in range(2):
         limiter.add(s, InstanceSlot(f"acc/1/acc_0_{i}#1", f"acc_0_{i}", "KIND_CPU", 0))

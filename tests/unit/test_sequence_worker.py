@@ -31,11 +31,12 @@ def _config(max_batch=4, corrid="TYPE_UINT64", kinds=("int32", "fp32", "bool"),
             "output": [{"name": "OUTPUT", "data_type": "TYPE_INT32", "dims": ["2"]}]}
 
 
-def _req(i, corrid, start=False, end=False):
+def _req(i, corrid, start=False, end=False, outputs=None):
     x = np.full((1, 2), i, dtype=np.int32)
     return InferRequest(i, "fe", "acc", 1, [TensorRef("INPUT", "INT32", [1, 2],
                                                       data=x.tobytes())],
-                        sequence_id=corrid, sequence_start=start, sequence_end=end)
+                        outputs=outputs, sequence_id=corrid, sequence_start=start,
+                        sequence_end=end)
 
 
 
@@ -129,8 +130,8 @@ def test_client_requested_outputs_kept(tmp_path):
     """Rule: the outputs the client asked for come back; the state output only if
     asked for by name."""
     ctx = SequenceContext(_config(), str(tmp_path))
-    req = _req(1, 11, start=True)
-    req.outputs = [RequestedOutput("OUTPUT"), RequestedOutput("ACC_OUT")]
+    req = _req(1, 11, start=True,
+               outputs=[RequestedOutput("OUTPUT"), RequestedOutput("ACC_OUT")])
     msg = ExecuteBatch(1, "i", [req], slots=[0])
     rows, order = ctx.rows(msg)
     out = ctx.results(msg, rows, order, _accumulate(rows))

@@ -219,7 +219,7 @@ def test_record_layout_is_tritons():
 
 
 def test_request_timestamps_in_tritons_order():
-    req = SimpleNamespace(start_ns=1, queue_ns=2)
+    req = SimpleNamespace(req=SimpleNamespace(start_ns=1), queue_ns=2)  # a Queued
     done = SimpleNamespace(compute_start_ns=3, input_end_ns=4, output_start_ns=5,
                            compute_end_ns=6)
     assert request_timestamps(req, done, 7) == [

@@ -215,18 +215,17 @@ class BlsClient:
             raise
         correlation = request.correlation_id()
         flags = request.flags()
+        wanted = request.requested_output_names()
         msg = InferRequest(
             call.id, self.address, request._model_name, max(request._model_version, 0),
-            refs, outputs=None, request_id=request.request_id(),
+            refs, request_id=request.request_id(),
+            outputs=[RequestedOutput(name) for name in sorted(wanted)] if wanted else None,
             origin=RequestOrigin.BLS,  # the scheduler derives its batch size
             timeout_us=request.timeout(), sequence_id=correlation,
             sequence_start=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
             sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END),
             parameters=json.loads(request.parameters()),
             callers=[*self.callers, self.model] if self.model else list(self.callers))
-        wanted = request.requested_output_names()
-        if wanted:
-            msg.outputs = [RequestedOutput(name) for name in sorted(wanted)]
         self._calls[call.id] = call
         self._send_msg(self.scheduler, msg)
         return call
