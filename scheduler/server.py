@@ -438,7 +438,7 @@ class Server:
     # -- shutdown -----------------------------------------------------------------------
 
     async def shutdown(self) -> None:
-        self.stopping = self.manager.stopping = True
+        self.stopping = self.manager.stopping = self.outbox.stopping = True
         self.done_inbox.watch(True)  # whatever still runs ends promptly
         await self.control.stop_polling()  # nothing loads while we stop
         # 1. frontends stop taking requests and finish those in flight, which still

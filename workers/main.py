@@ -237,10 +237,9 @@ class Worker:
             inst, config = create_instance(msg)
             seq = self._sequence_context(msg, inst, config)
         except Exception as exc:  # the reason goes to the model's state, not a crash
-            if getattr(exc, "logged", False):  # the model's own error, logged with its frames
-                log.error("failed to load %s", msg.instance)
-            else:
-                log.exception("failed to load %s", msg.instance)
+            # The scheduler logs the reason in one line ("failed to load 'm' version
+            # 1: ..."), as Triton does; our own frames help only who debugs the server.
+            log.debug("failed to load %s", msg.instance, exc_info=True)
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, False,
                                                             error=_reason(exc)))
             return
