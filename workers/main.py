@@ -47,8 +47,8 @@ from workers.instance import Instance, WorkerLinks
 from workers.python_backend import bls, pb_utils
 from workers.python_backend.bls import BlsClient
 from workers.sequence import SequenceContext
-from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, TensorIO, targets_of,
-                             unpinner)
+from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, ErrorResponse, TensorIO,
+                             targets_of, unpinner)
 
 log = logging.getLogger("shmserve.worker")
 
@@ -459,7 +459,8 @@ class Worker:
                     continue
                 except InferError as exc:
                     result = exc
-            failed.append(i)
+            if not isinstance(result, ErrorResponse):  # a success in statistics
+                failed.append(i)
             responses.append(InferResponse(request.id,
                                            error=Error(result.code, result.message)))
         # once for the batch: its copies into clients' CUDA regions are complete

@@ -22,7 +22,7 @@ from shm.messages.worker import LoadInstance
 from workers.batch_io import Reshaper
 from workers.instance import Instance, WorkerLinks
 from workers.python_backend import pb_utils
-from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, DeviceView,
+from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, DeviceView, ErrorResponse,
                              is_device_array)
 
 log = logging.getLogger("shmserve.python")
@@ -320,7 +320,7 @@ class PythonInstance(Instance):
         if resp.has_error():
             err = resp.error()
             code = err.code() if hasattr(err, "code") else ErrorCode.INTERNAL
-            return InferError(ErrorCode(int(code)), err.message())
+            return ErrorResponse(ErrorCode(int(code)), err.message())
         wanted = None if req.outputs is None else {o.name for o in req.outputs}
         out = []
         for tensor in resp.output_tensors():
