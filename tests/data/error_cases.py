@@ -604,6 +604,18 @@ def http_bytes_output_not_utf8(c):
         return {"body": f"200 whose body is not UTF-8 JSON ({type(e).__name__})"}
 
 
+@case("BYTES input data in the JSON body that is not UTF-8", protocols=("http",))
+def http_json_bytes_input_not_utf8(c):
+    # the model gets the bytes as they came: asked back as binary, they are the same
+    body = (b'{"inputs":[{"name":"INPUT0","shape":[1,2],"datatype":"BYTES","data":'
+            b'["\xff\xfe","\xc3("]}],"outputs":[{"name":"OUTPUT0",'
+            b'"parameters":{"binary_data":true}}]}')
+    data = c.raw("POST", "/v2/models/err_bytes/infer", body)
+    result = httpclient.InferenceServerClient.parse_response_body(
+        data, header_length=len(data) - 12)  # the output: 4 + 2 and 4 + 2 bytes
+    return {"body": repr(result.as_numpy("OUTPUT0").tolist())}
+
+
 @case("an unknown shared_memory_region parameter in a JSON input", protocols=("http",))
 def http_json_shm_unknown(c):
     body = _json_input()
