@@ -223,6 +223,8 @@ def test_clean_stop_and_failed_load_log_no_warning(tmp_path):
     repo = _repo(tmp_path, crashing=True)
     (repo / "no_file" / "1").mkdir(parents=True)  # fails in our code, not the model's
     (repo / "no_file" / "config.pbtxt").write_text(f'backend: "python"\n{IO}')
+    (repo / "bad_config" / "1").mkdir(parents=True)  # refused before any load
+    (repo / "bad_config" / "config.pbtxt").write_text(f'backend: "python"\nbogus: 1\n')
     srv = ServerProcess(repo, "--exit-on-error=false", "--strict-readiness=false",
                         log_dir=tmp_path, frontends=2)
     srv.start()
@@ -235,11 +237,14 @@ def test_clean_stop_and_failed_load_log_no_warning(tmp_path):
     log = srv.log()
     assert "server stopped" in log, log
     assert _lines(log, "W") == [], log
-    errors = sorted(_lines(log, "E"), key=lambda line: "no_file" in line)
-    assert len(errors) == 2, log
+    errors = sorted(_lines(log, "E"), key=lambda line: ("'no_file'" in line) + 2 * (
+        "'bad_config'" in line))
+    assert len(errors) == 3, log
     assert ("failed to load 'crashing' version 1: RuntimeError: cannot open weights "
             "file") in errors[0]
     assert "failed to load 'no_file' version 1: python model file not found" in errors[1]
+    assert ("Poll failed for model directory 'bad_config': failed to parse model "
+            "configuration") in errors[2]
     assert "crashing/1/model.py(3): initialize" in log
     assert "Traceback" not in log, log
 
