@@ -217,14 +217,14 @@ def _lines(log: str, letter: str) -> list[str]:
 def test_clean_stop_and_failed_load_log_no_warning(tmp_path):
     """Rule (issue 26, 7): normal events do not look like faults. A model that fails
     to load logs its reason in one error record (its type, text and model.py line; no
-    traceback of ours, also where our code found the fault); serving requests and a clean stop (SIGTERM) log no warning
-    and no error at all (operators alert on them), with workers and frontends
-    stopping together."""
+    traceback of ours, also where our code found the fault, or before any load);
+    serving requests and a clean stop (SIGTERM) log no warning and no error at all
+    (operators alert on them), with workers and frontends stopping together."""
     repo = _repo(tmp_path, crashing=True)
     (repo / "no_file" / "1").mkdir(parents=True)  # fails in our code, not the model's
     (repo / "no_file" / "config.pbtxt").write_text(f'backend: "python"\n{IO}')
     (repo / "bad_config" / "1").mkdir(parents=True)  # refused before any load
-    (repo / "bad_config" / "config.pbtxt").write_text(f'backend: "python"\nbogus: 1\n')
+    (repo / "bad_config" / "config.pbtxt").write_text('backend: "python"\nbogus: 1\n')
     srv = ServerProcess(repo, "--exit-on-error=false", "--strict-readiness=false",
                         log_dir=tmp_path, frontends=2)
     srv.start()
