@@ -199,25 +199,51 @@ class InferenceServicer:
         and each of its responses is written as soon as it arrives (a decoupled model's
         as the model sends them), so responses of different requests may interleave
         (clients match them by id, as with Triton). Errors travel in-band, in
-        `error_message`; the stream itself stays open. A stream the client cancels or
-        drops cancels its requests still running."""
+        `error_message`; the stream itself stays open, unless the client opened it
+        with the header `triton_grpc_error: true` (see _stream_one). A stream the
+        client cancels or drops cancels its requests still running."""
         lock = asyncio.Lock()  # one write in flight per call (grpc's rule)
         tasks: set[asyncio.Task] = set()
+        md = context.invocation_metadata() or ()
+        # Triton's opt-in: the first error response ends the stream as its gRPC status
+        failed = (asyncio.get_running_loop().create_future()
+                  if _grpc_error_mode(md) else None)
 
         async def write(reply: bytes) -> None:
             async with lock:
+                if failed is not None and failed.done():
+                    return  # the stream ends with the error: nothing after it
                 await context.write(reply)
 
         # the stream's metadata, forwarded into each of its requests
-        metadata = (context.invocation_metadata() or ()) if self.header_forward else None
-        try:
+        metadata = md if self.header_forward else None
+
+        async def read() -> None:
             async for data in request_iterator:
-                task = asyncio.ensure_future(self._stream_one(data, write, metadata))
+                task = asyncio.ensure_future(self._stream_one(data, write, metadata,
+                                                              failed))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.gather(*tasks)
+
+        reader = None
+        try:
+            if failed is None:
+                await read()
+                return
+            reader = asyncio.ensure_future(read())
+            await asyncio.wait((reader, failed), return_when=asyncio.FIRST_COMPLETED)
+            if not failed.done():
+                failed.cancel()
+                return reader.result()
+            reader.cancel()  # no more requests are read or answered on this stream
+            await asyncio.gather(reader, return_exceptions=True)
+            error = failed.result()
+            await _abort(context, error)
         finally:
+            if reader is not None:
+                reader.cancel()  # no-op once done; the call itself was cancelled
             for task in tasks:  # the client went away: stop what it no longer awaits
                 task.cancel()
 
@@ -226,8 +252,12 @@ class InferenceServicer:
         classification.apply(result, request.outputs, view.config.max_batch_size > 0,
                              view.labels)
 
-    async def _stream_one(self, data: bytes, write, metadata=None) -> None:
-        """Run one request of a stream and write each of its responses."""
+    async def _stream_one(self, data: bytes, write, metadata=None, failed=None) -> None:
+        """Run one request of a stream and write each of its responses. With `failed`
+        (the stream's triton_grpc_error mode) an error response of the model sets it
+        instead of travelling in-band, and this request says no more; errors found
+        before the request runs (unknown model, wrong datatype) stay in-band, as
+        Triton 2.51 answers them in that mode too."""
         request_id = ""
         try:
             request = grpc_codec.decode_infer_request(data)
@@ -263,6 +293,10 @@ class InferenceServicer:
                         await write(grpc_codec.encode_stream_empty_final(
                             request_id, name, request.model_version))
                     continue
+                if isinstance(result, InferError) and failed is not None:
+                    if not failed.done():
+                        failed.set_result(result)
+                    return
                 if isinstance(result, InferError):
                     await write(grpc_codec.encode_stream_error(
                         result.message, request_id, model_name=name, model_version=version,
@@ -273,6 +307,10 @@ class InferenceServicer:
                         self._classify(result, request)
                     reply = grpc_codec.encode_stream_response(result, request_id, final)
                 except InferError as e:
+                    if failed is not None:
+                        if not failed.done():
+                            failed.set_result(e)
+                        return
                     reply = grpc_codec.encode_stream_error(
                         e.message, request_id, model_name=name, model_version=version,
                         final=final)
@@ -292,6 +330,13 @@ class InferenceServicer:
 
 _DECOUPLED_REFUSAL = ("ModelInfer RPC doesn't support models with decoupled transaction "
                       "policy")
+
+
+def _grpc_error_mode(metadata) -> bool:
+    """Whether the stream's client sent `triton_grpc_error: true` (Triton compares the
+    value with "true"; any letter case is taken here)."""
+    return any(k == "triton_grpc_error" and isinstance(v, str) and v.lower() == "true"
+               for k, v in metadata)
 
 
 def _serialize(message) -> bytes:

@@ -16,12 +16,18 @@ import msgspec
 
 from frontend.dataplane import SchedulerDataPlane
 from frontend.transport.h2_keepalive import KeepaliveSettings
-from shm.lifecycle import die_with_parent, keep_freed_heap, run_loop, watch_parent
+from shm.lifecycle import (die_with_parent, exit_when_overdue, keep_freed_heap, run_loop,
+                           watch_parent)
 from shm.log import configure_logging
 from shm.messages.frontend import FrontendReady, FrontendStopped
 from shm.messages.roles import FrontendSpec
 
 log = logging.getLogger("shmserve.frontend")
+
+# a stop ends by the exit timeout plus this, whatever its engines wait for; the
+# scheduler kills a frontend still there a little later (FrontendPool.drain)
+STOP_MARGIN_S = 1.0
+MIN_GRACE_S = 0.25  # an engine's least time to write the failures and close
 
 
 def keepalive_settings(spec: FrontendSpec) -> KeepaliveSettings:
@@ -73,6 +79,11 @@ async def serve(spec: FrontendSpec) -> int:
         await engine.start()
 
     timeout = await core.drain_requested
+    # The whole stop fits the exit timeout, whatever the clients do (a stream that
+    # never ends, a peer that never reads): past it and a margin, a thread ends us.
+    deadline = loop.time() + timeout
+    overdue = exit_when_overdue(spec.segment_prefix, timeout + STOP_MARGIN_S,
+                                role_of(spec))
     # Draining: new requests are refused (core.stopping); wait for those in flight.
     try:
         await asyncio.wait_for(core.idle.wait(), timeout)
@@ -81,9 +92,11 @@ async def serve(spec: FrontendSpec) -> int:
     abandoned = len(core.pending)
     core.fail_pending()
     for engine, grace in engines:
-        await engine.stop(grace)
+        # what is left of the timeout, and at least a moment to send the failures
+        await engine.stop(min(grace, max(deadline - loop.time(), MIN_GRACE_S)))
     core.outbox.send(spec.scheduler, FrontendStopped(spec.index, abandoned))
     core.close()
+    overdue.cancel()
     return 0
 
 

@@ -46,8 +46,9 @@ class LoopCallbacks:
     def __init__(self, loop: asyncio.AbstractEventLoop, address: str, outbox: Outbox,
                  workers: WorkerPool, trace: TraceManager, regions: RegionRegistry,
                  dirty: set, after_burst: Callable[[], None],
-                 cancel_request: Callable[[CancelRequest], None]):
+                 cancel_request: Callable[[CancelRequest], None], clock=time.monotonic_ns):
         self.loop = loop
+        self.clock = clock  # the loop's: every `now` a scheduler is given
         self.address = address
         self.outbox = outbox
         self.workers = workers
@@ -113,7 +114,7 @@ class LoopCallbacks:
         uses its client regions."""
         if req.trace_id:
             self.trace.complete(req.trace_id,
-                                request_timestamps(req, done, now or time.monotonic_ns()))
+                                request_timestamps(req, done, now or self.clock()))
         if self.regions.users:
             self.regions.finished(req)
 
@@ -127,7 +128,7 @@ class LoopCallbacks:
         mv = self.models.resolve(req.model, req.version)
         if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
             raise not_ready(req)
-        now = time.monotonic_ns()
+        now = self.clock()
         req.queue_ns = now
         mv.scheduler.enqueue(req, now)
         self.internal[req.id] = owner
@@ -167,7 +168,7 @@ class LoopCallbacks:
             if blocks and msg.owner:
                 self.release(msg.owner, blocks)
             return
-        owner.on_response(msg, time.monotonic_ns())
+        owner.on_response(msg, self.clock())
 
     def _deliver_internal(self, msg: InferResponse) -> None:
         self.on_response(msg)

@@ -6,12 +6,14 @@ import argparse
 import logging
 import os
 import ssl
+import stat
 
 from scheduler.cache import parse_cache_config
 from scheduler.log_settings import LOG_FORMATS, from_args
 from scheduler.metrics import parse_metrics_config
 from scheduler.scheduling.rate_limiter import parse_resource
 from scheduler.trace import parse_trace_config
+from shm.cpu_quota import cgroup_cpu_quota, usable_cpus
 from shm.header_pattern import compile_forward_pattern
 from shm.messages.roles import GrpcKeepalive
 
@@ -107,12 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
                    help="deprecated: the same as --cache-config local,size=BYTES")
     # shmserve's own knobs
-    # Half the cores: the other half runs the scheduler, the workers and, on a
+    # Half the cores (capped by a cgroup CPU quota: a 2-CPU pod on a 64-core node gets
+    # one frontend, not 32): the other half runs the scheduler, the workers and, on a
     # benchmark box, the client. With one frontend per core on 2 cores, HTTP
     # throughput at concurrency 16 fell 3-5x (136-238 against 604-701 infer/s).
     p.add_argument("--frontend-processes", type=int, default=None,
                    help="frontend processes sharing the HTTP and gRPC ports "
-                        "(default: half the cores it may run on, at least 1)")
+                        "(default: half the cores it may run on, within its cgroup's "
+                        "CPU quota, at least 1)")
     p.add_argument("--cpus", default=None, metavar="LIST",
                    help="run every process of the server on these CPUs only, e.g. 2-7 or "
                         "1,3 (default: the CPUs it was started with)")
@@ -405,6 +409,23 @@ def _check_regex(flag: str, pattern: str) -> None:
     compile_forward_pattern(pattern, f"--{flag.replace('_', '-')}")
 
 
+def repository_problem(paths: list[str]) -> str | None:
+    """Why the server cannot start on these --model-repository paths, in Triton's
+    words with the path added (Triton 2.51: "failed to stat file P" for a missing one,
+    "repository path is not a valid directory" for a file), or None. Without it a
+    missing path served nothing and ended with "some models failed to load"."""
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            return (f"creating server: Internal - failed to stat file {path} "
+                    f"(--model-repository: {exc.strerror or exc})")
+        if not stat.S_ISDIR(st.st_mode):
+            return ("creating server: Invalid argument - repository path is not a "
+                    f"valid directory: {path}")
+    return None
+
+
 def apply_process_policy(policy: str) -> str | None:
     """Put this process (and so every child it starts) under SCHED_BATCH when asked
     and it runs under the normal policy; a real-time or idle policy someone chose is
@@ -479,7 +500,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         except ValueError as exc:
             parser.error(str(exc))
     if args.frontend_processes is None:
-        args.frontend_processes = max(1, len(args.cpus or available_cpus()) // 2)
+        args.frontend_processes = max(1, usable_cpus(len(args.cpus or available_cpus()),
+                                                     cgroup_cpu_quota()) // 2)
     if args.frontend_processes < 1:
         raise SystemExit("--frontend-processes must be at least 1")
     try:

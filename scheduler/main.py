@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: stopped.append(signum))
 
-    from scheduler.cli import apply_process_policy, parse_args, warn_ignored
+    from scheduler.cli import (apply_process_policy, parse_args, repository_problem,
+                               warn_ignored)
     from scheduler.processes.root import STOP_SIGNALS, Root, supervised
     from shm.lifecycle import die_with_parent, run_loop
     from shm.log import configure_logging
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> None:
         configure_logging("root", args.log_settings)
         if stopped:
             sys.exit(0)  # stopped before anything started
+        problem = repository_problem(args.model_repository)
+        if problem:  # before any process or port: nothing would serve
+            logging.getLogger("shmserve.root").error("error: %s", problem)
+            sys.exit(1)
         if args.cpus:
             # every process of the server is a child of this one and inherits it
             os.sched_setaffinity(0, args.cpus)

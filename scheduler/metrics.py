@@ -364,3 +364,18 @@ class MetricsServer:
             self._server.close()
             await self._server.wait_closed()
 
+
+
+async def start_metrics(args, manager, gpus: int, settle) -> MetricsServer | None:
+    """The metrics endpoint the flags ask for (--allow-metrics and the rest), started;
+    `settle` reads what is still on its way in before each scrape."""
+    if not args.allow_metrics:
+        return None
+    metrics = Metrics(manager, args.metrics_config, cpu=args.allow_cpu_metrics,
+                      gpu=args.allow_gpu_metrics and gpus > 0)
+    metrics.settle = settle
+    server = MetricsServer(metrics, args.metrics_address, args.metrics_port,
+                           args.metrics_interval_ms)
+    await server.start()
+    log.info("Started Metrics Service at %s:%d", args.metrics_address, args.metrics_port)
+    return server

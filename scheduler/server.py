@@ -1,15 +1,17 @@
 """The scheduler process's loop: every message in, through one dispatch table.
 
-One asyncio loop. The inbox delivers every message; after each burst the model
-schedulers it touched are pumped once, so requests that arrive together are batched
-together, and a precise timer wakes the loop for the earliest batching deadline.
-Most batches end in a quiet inbox (callbacks.send_batch): their BatchDone wakes the loop only
-while a request waits for an instance; otherwise it is read on the next wake, once what
-that wake sends is out, so at c=1 the scheduler wakes once per request, not twice. The
-rooms around it: the model manager (loading, states), the worker pool and the frontend
-pool (processes), the rate limiter (instances), the region registry (client shm), the
-response cache. Schedulers reach the process through one Callbacks object
-(callbacks.py); control calls go from the dispatch table straight to their owners.
+One asyncio loop. The inbox delivers every message to its owner's handler; after each
+burst the model schedulers it touched are pumped once (pumps.py), so requests that
+arrive together are batched together, and a precise timer wakes the loop for the
+earliest batching deadline. Most batches end in a quiet inbox (callbacks.send_batch):
+their BatchDone wakes the loop only while a request waits for an instance; otherwise it
+is read on the next wake, once what that wake sends is out, so at c=1 the scheduler
+wakes once per request, not twice.
+
+The rooms around the loop: requests.py (admission, cache, cancels, a batch's end),
+callbacks.py (what schedulers ask of the process), processes/events.py (children that
+come and go), the model manager and control (repository/), the pools (processes/), the
+region registry, settings and statistics calls (settings.py).
 """
 
 from __future__ import annotations
@@ -26,30 +28,30 @@ import time
 
 import orjson
 
-from scheduler import bls
-from scheduler.callbacks import LoopCallbacks, not_ready
+from scheduler.callbacks import LoopCallbacks
 from scheduler.cache import ResponseCache
-from scheduler.processes.frontend_pool import FrontendHandle, FrontendPool, PortInUse
-from scheduler.metrics import Metrics, MetricsServer
-from scheduler.repository.control import ModelControl
-from scheduler.repository.manager import ModelRepositoryManager
-from scheduler.repository.models import ModelReadyState
-from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
-from scheduler.regions import Region, RegionRegistry
-from scheduler.scheduling.interface import InstanceScheduler
-from scheduler.timer import PreciseTimer
-from scheduler.trace import TraceManager
+from scheduler.metrics import MetricsServer, start_metrics
+from scheduler.processes import leftovers
+from scheduler.processes.events import ChildEvents
+from scheduler.processes.frontend_pool import FrontendPool, PortInUse
 from scheduler.processes.supervisor import Child
 from scheduler.processes.worker_pool import WorkerPool
+from scheduler.regions import RegionRegistry
+from scheduler.repository.control import ModelControl
+from scheduler.repository.manager import ModelRepositoryManager
+from scheduler.pumps import Pumps
+from scheduler.requests import RequestCalls
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from scheduler.settings import SettingsCalls
+from scheduler.timer import PreciseTimer
+from scheduler.trace import TraceManager
 from shm import devices
 from shm.arena import remove_segments
 from shm.channel import ipc_address
-from shm.errors import ErrorCode, InferError
+from shm.errors import ErrorCode
 from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
-                                   FrontendStopped, InferRequest, RequestOrigin, ServerState,
-                                   StatsRequest)
-from shm.messages.regions import RegionGone, RegionRequest
+                                   FrontendStopped, InferRequest, StatsRequest)
+from shm.messages.regions import RegionRequest
 from shm.messages.repository import RepositoryRequest
 from shm.messages.results import InferResponse, ReleaseBlocks
 from shm.messages.scheduler import SCHEDULER_INBOX
@@ -59,16 +61,21 @@ from shm.messages.worker import (BatchDone, InstanceLoaded, ResponseStats, Worke
 from shm.transport import SOCKETS, Transport
 
 log = logging.getLogger("shmserve.scheduler")
+# the least time workers get to finalize their models at a stop, when the frontends'
+# drain used up the exit timeout
+WORKER_STOP_MIN_S = 1.0
 
 
 class Server:
     """`transport` makes the channels (Unix sockets; shm/transport.py's MemoryHub in
     loop tests), `launcher` starts the children (scheduler/processes/supervisor.py's
     Child, or an in-process fake), `timer` wakes the loop at a batching deadline
-    (PreciseTimer, or one a test fires)."""
+    (PreciseTimer, or one a test fires), `clock` is every `now` the loop gives its
+    schedulers (CLOCK_MONOTONIC ns, the clock PreciseTimer and the workers use; a
+    test's clock moves only when the test says)."""
 
     def __init__(self, args, transport: Transport = SOCKETS, launcher=Child,
-                 timer=PreciseTimer):
+                 timer=PreciseTimer, clock=time.monotonic_ns):
         self.args = args
         self.loop = asyncio.get_running_loop()
         # Everything this server puts in /dev/shm starts with this prefix; the root
@@ -77,60 +84,65 @@ class Server:
         self.shm_prefix = getattr(args, "shm_prefix", "") or \
             f"shmserve-{os.getpid():x}{secrets.token_hex(2)}-"
         self.run_dir = getattr(args, "run_dir", "") or tempfile.mkdtemp(prefix="shmserve-")
+        # held while this process lives: a server killed whole is swept by the next
+        self._run_lock = leftovers.hold_run_dir(self.run_dir, self.shm_prefix)
         self.address = ipc_address(self.run_dir, "scheduler")
         self.inbox = transport.inbox(self.address, SCHEDULER_INBOX)
         # BatchDone of quiet batches (callbacks.send_batch): watched only while it matters
         self.done_inbox = transport.inbox(done_address(self.address), (BatchDone,))
         self._drained = False  # the quiet inbox was read in this burst
-        self._waiting: set[InstanceScheduler] = set()  # pumped with requests still queued
         # SHMSERVE_WAKE_COUNTS=PATH: what woke this loop, as JSON at exit (tests, tools)
         self.wakes: collections.Counter = collections.Counter()
         self.outbox = transport.outbox(self.loop)
-        self.stopping = False
         self.stop_requested = asyncio.Event()
         self.metrics: MetricsServer | None = None
-        self._dirty: set[InstanceScheduler] = set()
-        self._deadlines: dict[InstanceScheduler, int] = {}  # when each must be pumped again
-        self.timer = timer(self.loop, self._on_timer)
+        self.pumps = Pumps(timer(self.loop, self._on_timer), clock)
         self.gpus = devices.gpu_count()  # SHMSERVE_FAKE_GPUS injects a count
-        self.regions = RegionRegistry(args.allow_client_shm, self.gpus, self._region_gone,
+        self.regions = RegionRegistry(args.allow_client_shm, self.gpus,
+                                      lambda region: self.events.region_gone(region),
                                       send=self.outbox.send)
         self.trace = TraceManager(args.trace_config)
-        self.cache = ResponseCache(args.cache_bytes) if args.cache_bytes > 0 else None
         self.rate_limiter = RateLimiter(args.rate_limit == "execution_count",
                                         args.rate_limit_resource)
         self.workers = WorkerPool(args, self.run_dir, self.shm_prefix, self.address,
                                   self.outbox, peers=lambda: self.frontends.addresses(),
                                   on_instances_lost=self._instances_lost, launcher=launcher)
-        self.frontends = FrontendPool(args, self.run_dir, self.shm_prefix, self.address,
-                                      self.outbox, self.workers.restarts,
-                                      on_gone=self._frontend_gone,
-                                      on_ready=self._frontend_ready, launcher=launcher)
+        self.frontends = FrontendPool(
+            args, self.run_dir, self.shm_prefix, self.address, self.outbox,
+            self.workers.restarts, on_gone=lambda msg: self.events.frontend_gone(msg),
+            on_ready=lambda fe: self.events.frontend_ready(fe), launcher=launcher)
         # what schedulers ask of this process, ensemble steps included
         self.callbacks = LoopCallbacks(self.loop, self.address, self.outbox, self.workers,
-                                       self.trace, self.regions, self._dirty,
-                                       self._after_burst, self.on_cancel)
+                                       self.trace, self.regions, self.pumps.dirty,
+                                       self._after_burst, lambda msg: requests.on_cancel(msg),
+                                       clock)
         self.manager = ModelRepositoryManager(
             args, self.workers, self.rate_limiter, self.gpus,
             publish=self.frontends.broadcast, callbacks=self.callbacks)
         self.callbacks.models = self.manager.models
         self.callbacks.by_instance = self.manager.by_instance
         self._quiet = self.callbacks.quiet  # quiet batches whose BatchDone is not read yet
+        self.events = ChildEvents(self.manager, self.workers, self.regions, self.callbacks,
+                                  self.outbox, args.strict_readiness)
+        cache = ResponseCache(args.cache_bytes) if args.cache_bytes > 0 else None
+        self.requests = requests = RequestCalls(self.manager, self.callbacks, self.regions,
+                                                self.trace, cache, self.outbox, self.pumps.dirty,
+                                                self.wakes, clock)
         self.control = ModelControl(self.manager, args, send=self.outbox.send)
         settings = SettingsCalls(args, self.trace, self.manager, self.outbox.send,
                                  (self.frontends.broadcast, self.workers.broadcast))
         self.handlers = {
-            InferRequest: self.on_infer,
-            CancelRequest: self.on_cancel,
-            BatchDone: self.on_batch_done,
-            ResponseStats: self.on_response_stats,
+            InferRequest: requests.on_infer,
+            CancelRequest: requests.on_cancel,
+            BatchDone: requests.on_batch_done,
+            ResponseStats: requests.on_response_stats,
+            CacheInsert: requests.on_cache_insert,
             FrontendReady: self.frontends.on_frontend_ready,
             FrontendStopped: self.frontends.on_frontend_stopped,
             WorkerReady: self.workers.on_worker_ready,
             InstanceLoaded: self.workers.on_instance_loaded,
             InferResponse: self.callbacks.on_response,
             ReleaseBlocks: self.callbacks.on_release,
-            CacheInsert: self.on_cache_insert,
             # control calls, answered by their owners
             RegionRequest: self.regions.on_call,
             RepositoryRequest: self.control.on_call,
@@ -154,7 +166,7 @@ class Server:
     def _dispatch_done(self, msg: BatchDone) -> None:
         self.outbox.cork()
         self.wakes["quiet BatchDone"] += 1
-        self.on_batch_done(msg)
+        self.requests.on_batch_done(msg)
 
     def _after_quiet_burst(self) -> None:
         self.wakes["quiet inbox wake"] += 1
@@ -166,7 +178,7 @@ class Server:
 
     def _after_burst(self) -> None:
         try:
-            self._pump_dirty()
+            self.pumps.run_dirty()
         finally:
             self.outbox.uncork()
         if self._quiet and not self._drained:
@@ -175,57 +187,24 @@ class Server:
             # they freed is pumped
             self._drain_done()
             try:
-                self._pump_dirty()
+                self.pumps.run_dirty()
             finally:
                 self.outbox.uncork()
         self._drained = False
         self._watch_done()
 
-    def _pump_dirty(self) -> None:
-        if self._dirty:
-            now = time.monotonic_ns()
-            # emptied in place: the callbacks hold the set (pump_soon)
-            dirty = tuple(self._dirty)
-            self._dirty.clear()
-            for sched in dirty:
-                self._pump(sched, now)
-            self._arm_timer()
-
     def _watch_done(self) -> None:
         """Wake for quiet BatchDones only while something waits on one: requests
-        queued (for an instance, or for resources an instance holds), a version
-        draining, the server stopping. Otherwise the next wake reads them."""
-        waiting = self._waiting
-        if waiting:
-            waiting.difference_update([s for s in waiting if not s.pending])
-        self.done_inbox.watch(bool(waiting) or bool(self.manager.retiring) or self.stopping)
-
-    def _pump(self, sched: InstanceScheduler, now: int) -> None:
-        """Run a scheduler and note when it must run again. Only a scheduler that was
-        pumped can have a new deadline: every event that could move one earlier (a
-        request, a finished batch, an instance back) marks its scheduler dirty."""
-        sched.pump(now)
-        if sched.pending:
-            self._waiting.add(sched)
-        deadline = sched.next_deadline()
-        if deadline is None:
-            self._deadlines.pop(sched, None)
-        else:
-            self._deadlines[sched] = deadline
-
-    def _arm_timer(self) -> None:
-        if self._deadlines:
-            self.timer.set(min(self._deadlines.values()))
+        queued, a version draining, the server stopping. Otherwise the next wake
+        reads them."""
+        self.done_inbox.watch(self.pumps.any_waiting() or bool(self.manager.retiring)
+                              or self.manager.stopping)
 
     def _on_timer(self) -> None:
         self.outbox.cork()
         self.wakes["timer"] += 1
         try:
-            now = time.monotonic_ns()
-            for sched, deadline in list(self._deadlines.items()):
-                if deadline <= now:
-                    self._pump(sched, now)
-            self._arm_timer()
+            self.pumps.run_due()
         finally:
             self.outbox.uncork()
         self._after_burst()  # the batch ends that came, and what they free
@@ -248,7 +227,8 @@ class Server:
                 log.error("exiting: some models failed to load (--exit-on-error=true)")
                 code = 1
             elif not self.stop_requested.is_set():
-                await self._start_metrics()
+                self.metrics = await start_metrics(self.args, self.manager, self.gpus,
+                                                   self._settle)
                 await self.frontends.start()
                 log.info("Started HTTPService at %s:%d", self.args.http_address,
                          self.args.http_port)
@@ -265,162 +245,20 @@ class Server:
             await self.shutdown()
         return code
 
-    async def _start_metrics(self) -> None:
-        a = self.args
-        if not a.allow_metrics:
-            return
-        metrics = Metrics(self.manager, a.metrics_config, cpu=a.allow_cpu_metrics,
-                          gpu=a.allow_gpu_metrics and self.gpus > 0)
-        metrics.settle = self._settle
-        self.metrics = MetricsServer(metrics, a.metrics_address, a.metrics_port,
-                                     a.metrics_interval_ms)
-        await self.metrics.start()
-        log.info("Started Metrics Service at %s:%d", a.metrics_address, a.metrics_port)
-
     def request_stop(self) -> None:
         if not self.stop_requested.is_set():
             log.info("stopping: draining in-flight requests (up to %.0fs)",
                      self.args.exit_timeout_secs)
             self.stop_requested.set()
 
-    # -- requests -----------------------------------------------------------------------
-
-    def on_infer(self, req: InferRequest) -> None:
-        mv = self.manager.models.resolve(req.model, req.version)
-        if req.origin is RequestOrigin.BLS:  # checked here as a frontend would
-            try:
-                bls.admit(req, mv)
-            except InferError as exc:
-                self.callbacks.fail(req, exc.code, bls.refusal(req, exc.message))
-                return
-        if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
-            self.callbacks.fail(req, ErrorCode.UNAVAILABLE, not_ready(req).message)
-            return
-        sched = mv.scheduler
-        now = time.monotonic_ns()
-        # frontends set a key only for models that cache; the lookup is the queue's
-        # front door, as in Triton's scheduler (a hit never enters the queue)
-        if req.cache_key and self.cache is not None and self._answer_from_cache(req, mv, now):
-            return
-        if self.trace.active:  # the one check a request pays while tracing is off
-            req.trace_id = self.trace.sample(req.model, mv.version, req.request_id)
-        try:
-            self.regions.resolve(req)  # names of client regions, if the request has any
-            sched.enqueue(req, now)
-        except InferError as exc:
-            self.callbacks.fail(req, exc.code,
-                                bls.refusal(req, exc.message)
-                                if req.origin is RequestOrigin.BLS else exc.message)
-
-    def _answer_from_cache(self, req: InferRequest, mv, now: int) -> bool:
-        start = time.monotonic_ns()
-        entry = self.cache.lookup(req.cache_key)
-        end = time.monotonic_ns()
-        if entry is None:
-            req.cache_lookup_ns = end - start  # counted as cache_miss time if it runs
-            return False
-        req.queue_ns = now
-        self.outbox.send(req.reply_to, InferResponse(req.id, outputs=entry.outputs,
-                                                     model_version=mv.version,
-                                                     cache_hit=True))
-        mv.scheduler.stats.cache_hit(req, start, end, time.monotonic_ns())
-        return True
-
-    def on_cache_insert(self, msg: CacheInsert) -> None:
-        if self.cache is None:
-            return
-        start = time.monotonic_ns()
-        if not self.cache.insert(msg.key, msg.model, msg.version, msg.outputs):
-            log.debug("response of '%s' version %d not cached: larger than the cache",
-                      msg.model, msg.version)
-        insert_ns = time.monotonic_ns() - start
-        mv = self.manager.models.resolve(msg.model, msg.version)
-        if mv is not None and mv.scheduler is not None:
-            mv.scheduler.stats.cache_inserted(insert_ns)
-
-    def on_cancel(self, msg: CancelRequest) -> None:
-        now = time.monotonic_ns()
-        for sched in list(self.manager.schedulers()):
-            if sched.cancel(msg.reply_to, msg.id, now):
-                return
-        # running: the model sees request.is_cancelled() in the worker running it
-        for sched in self.manager.instance_schedulers():
-            address = sched.running_on(msg.reply_to, msg.id)
-            if address:
-                self.outbox.send(address, msg)
-                return
-
-    def on_response_stats(self, msg: ResponseStats) -> None:
-        sched = self.manager.by_instance.get(msg.instance)
-        if sched is not None:
-            sched.stats.responses_sent(msg.responses)
-            sched.request_complete(msg.reply_to, msg.id)
-
-    def on_batch_done(self, msg: BatchDone) -> None:
-        self.wakes["BatchDone"] += 1
-        self._quiet.discard(msg.batch_id)
-        sched = self.manager.by_instance.get(msg.instance)
-        if sched is None:
-            return
-        now = time.monotonic_ns()
-        requests, woken = sched.batch_done(msg, now)
-        if self.callbacks.internal:
-            self.callbacks.batch_ran(requests, msg)
-        if self.trace.pending or self.regions.users:  # else nothing to record per request
-            for req in requests:
-                self.callbacks.request_ended(req, msg, now)
-        self._dirty.update(woken)
-
     def _instances_lost(self, slots: list[InstanceSlot], how: str) -> None:
         drained = bool(self._quiet)
         if drained:  # batches that finished before the worker died are not lost
             self.done_inbox.drain()
             self._quiet.difference_update(slot.batch for slot in slots)
-        if "SIGBUS" in how:
-            self._quarantine_regions(slots)
-        self.manager.instances_lost(slots, how)
+        self.events.instances_lost(slots, how)
         if drained:
             self._after_burst()  # send what the drain answered; pump what it freed
-
-    def _quarantine_regions(self, slots: list[InstanceSlot]) -> None:
-        """A worker died of SIGBUS running requests that read client regions. Workers
-        read and write clients' objects with preadv/pwrite (shm/regions.py), so this is
-        the backstop for a path nobody foresaw (a backend reading a region in place).
-        The regions are unregistered, and the restart is not held against the
-        instance; the other requests in flight on that worker still fail with it."""
-        running = [req for slot in slots
-                   if (sched := self.manager.by_instance.get(slot.key)) is not None
-                   for req in sched.running(slot)]
-        if self.regions.quarantine(running):
-            for slot in slots:
-                self.workers.restarts.forgive(slot.key)
-
-    def _frontend_gone(self, msg) -> None:
-        """A frontend died: workers forget it, and the ensemble outputs it held go back
-        to their owners (it will never release them). Its requests still queued are
-        dropped: their inputs lie in its arena, which died with it."""
-        self.workers.broadcast(msg)
-        now = time.monotonic_ns()
-        dropped = 0
-        for sched in self.manager.schedulers():
-            for req in sched.drop_from(msg.address, now):
-                dropped += 1
-                self.callbacks.request_ended(req, None, now)
-        if dropped:
-            log.warning("dropped %d queued request(s) of a frontend that died", dropped)
-        self.callbacks.reader_gone(msg.address)
-
-    # -- processes ----------------------------------------------------------------------
-
-    def _region_gone(self, region: Region) -> None:
-        log.info("unregistered %s shared memory region '%s'", region.kind, region.name)
-        self.workers.broadcast(RegionGone(region.uid))
-
-    def _frontend_ready(self, fe: FrontendHandle) -> None:
-        for mv in self.manager.models.all():
-            self.outbox.send(fe.address, self.manager.state_update(mv))
-        self.outbox.send(fe.address, ServerState(ready=not self.stopping, stopping=self.stopping,
-                                                 strict=self.args.strict_readiness))
 
     def _settle(self) -> None:
         """Read the quiet BatchDones that came, outside a burst (a metrics scrape, the
@@ -438,15 +276,17 @@ class Server:
     # -- shutdown -----------------------------------------------------------------------
 
     async def shutdown(self) -> None:
-        self.stopping = self.manager.stopping = self.outbox.stopping = True
+        self.manager.stopping = self.outbox.stopping = True
         self.done_inbox.watch(True)  # whatever still runs ends promptly
         await self.control.stop_polling()  # nothing loads while we stop
+        # the whole stop fits --exit-timeout-secs (and small margins), as Triton's
+        deadline = time.monotonic() + self.args.exit_timeout_secs
         # 1. frontends stop taking requests and finish those in flight, which still
         #    run: queued requests are batched and executed meanwhile
         await self.frontends.drain(self.args.exit_timeout_secs)
         # 2. workers finalize their models and free their arenas
         self._settle()  # what ran is counted, not failed
-        now = time.monotonic_ns()
+        now = self.callbacks.clock()
         for sched in self.manager.schedulers():
             if sched.stats.execution_count:
                 log.info("%s", sched.summary())
@@ -454,7 +294,8 @@ class Server:
         if self.callbacks.lent:
             log.warning("%d ensemble output block(s) were never released by their clients",
                         len(self.callbacks.lent))
-        await self.workers.stop_all()
+        # what the timeout left, and a moment for finalize() even when none is left
+        await self.workers.stop_all(max(deadline - time.monotonic(), WORKER_STOP_MIN_S))
         self.control.remove_files()
         self.trace.close()
         if self.metrics is not None:
@@ -464,10 +305,11 @@ class Server:
         if leftovers:
             log.warning("removed %d shared-memory segment(s) left by dead processes",
                         len(leftovers))
-        self.timer.close()
+        self.pumps.timer.close()
         self.inbox.close()
         self.done_inbox.close()
         self._dump_wakes()
         self.outbox.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        os.close(self._run_lock)
         log.info("server stopped")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -140,6 +141,27 @@ def exit_orphaned(segment_prefix: str, address: str = "") -> None:
             shutil.rmtree(os.path.dirname(address[len("ipc://"):]), ignore_errors=True)
     finally:
         os._exit(1)
+
+
+def exit_when_overdue(segment_prefix: str, seconds: float, role: str) -> threading.Timer:
+    """Arm a stop's deadline: a process still here `seconds` from now removes its own
+    segments and exits, whatever its event loop is doing (a client that never reads,
+    a task that ignores its cancel). A stop is bounded by --exit-timeout-secs, not by
+    the clients; a thread, not the loop, so a loop held by one request cannot miss it.
+    Returns the timer (cancel it for a stop that ended in time)."""
+    def overdue():
+        from shm.arena import remove_segments
+        try:
+            logging.getLogger(f"shmserve.{role}").warning(
+                "the stop overran its %.1fs (exit timeout); leaving now", seconds)
+            remove_segments(segment_prefix + "-")
+        finally:
+            os._exit(1)
+
+    timer = threading.Timer(seconds, overdue)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 PROFILE_ENV = "SHMSERVE_CPROFILE"  # a folder: each process writes ROLE-PID.prof there

@@ -28,7 +28,7 @@ import time
 
 from shm import cuda  # noqa: F401 (its fake cupy, with SHMSERVE_FAKE_CUDA, before any model)
 from shm.arena import Arena
-from shm.channel import Inbox, Outbox
+from shm.channel import Outbox
 from shm.errors import ErrorCode, InferError
 from shm.lifecycle import die_with_parent, exit_orphaned, parent_gone, watch_parent
 from shm.log import apply_log_settings, configure_logging
@@ -41,6 +41,7 @@ from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, Instance
                                  LoadInstance, ResponseStats, StopWorker, UnloadInstance,
                                  WorkerReady, done_address)
 from shm.tensor import arena_blocks
+from shm.transport import SOCKETS, Transport
 from workers import warmup
 from workers.backends import create_instance
 from workers.instance import Instance, WorkerLinks
@@ -95,7 +96,7 @@ class InstanceThread:
         # main thread may run a batch itself only while the two are equal
         self.given = 0
         self.done = 0
-        self.outbox = Outbox()
+        self.outbox = worker.transport.outbox()
         self.thread = threading.Thread(target=self._run, name=f"instance {key}", daemon=True)
         self.thread.start()
 
@@ -132,15 +133,22 @@ class InstanceThread:
 
 
 class Worker:
+    """`transport` makes the channels (Unix sockets; shm/transport.py's MemoryHub runs
+    a worker on a thread beside a scheduler loop in tests/loop/), `clock` stamps each
+    batch's start and end for the statistics."""
+
     def __init__(self, name: str, address: str, scheduler: str, segment_prefix: str,
-                 arena_bytes: int, device: str = "cpu", high_water: int | None = None):
+                 arena_bytes: int, device: str = "cpu", high_water: int | None = None,
+                 transport: Transport = SOCKETS, clock=time.monotonic_ns):
         self.name = name
+        self.transport = transport
+        self.clock = clock
         self.address = address
         self.scheduler = scheduler
         self.done_address = done_address(scheduler)
         self.device = device
-        self.inbox = Inbox(address, WORKER_INBOX)
-        self.outbox = Outbox()
+        self.inbox = transport.inbox(address, WORKER_INBOX)
+        self.outbox = transport.outbox()
         pin = unpin = None
         self.gpu = gpu_of(device)
         if self.gpu is not None:
@@ -158,14 +166,14 @@ class Worker:
         self.instances = {}
         self.threads: dict[str, InstanceThread] = {}
         # python models' calls to other models, and the cancel flags of what runs here
-        self.bls = BlsClient(address, scheduler, self.io)
+        self.bls = BlsClient(address, scheduler, self.io, transport.outbox())
         pb_utils._bls_executor = self.bls.exec
         pb_utils._bls_async_executor = self.bls.async_exec
         self.sequences: dict[str, SequenceContext] = {}  # stateful instances
         # responses a python model sends through its response sender, from any thread
         # (decoupled models send from their own threads after execute returned): an
         # Outbox of their own, one sender at a time
-        self.response_outbox = Outbox()
+        self.response_outbox = transport.outbox()
         self.response_lock = threading.Lock()
         # Receiving: this process's main thread, or a model waiting inside a batch
         # that runs inline on it (pump); what a pump cannot handle waits in `deferred`
@@ -420,7 +428,7 @@ class Worker:
 
     def run_batch(self, inst, msg: ExecuteBatch, outbox: Outbox) -> None:
         """Run one batch on `inst` and answer every request, then the scheduler."""
-        start = time.monotonic_ns()
+        start = self.clock()
         failed = []
         copies = inst.copies if inst is not None else Copies()
         if inst is None:
@@ -478,7 +486,7 @@ class Worker:
                     failed.append(i)
                 responses[i] = InferResponse(r.id, error=error)
         done = BatchDone(msg.batch_id, msg.instance, start, input_end, output_start,
-                         time.monotonic_ns(), failed, copies.as_list())
+                         self.clock(), failed, copies.as_list())
         if msg.relay:
             # preserve_ordering: the scheduler releases them in request order; a request
             # answered as the model sent gets a placeholder that frontends ignore

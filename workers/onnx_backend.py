@@ -26,6 +26,7 @@ import numpy as np
 import onnxruntime as ort
 
 from shm import datatypes
+from shm.cpu_quota import cgroup_cpu_quota, usable_cpus
 from shm.errors import ErrorCode, InferError
 from workers.batch_io import Reshaper
 from workers.instance import FrameworkBackend
@@ -106,12 +107,14 @@ def _use_threads(options: ort.SessionOptions, backend_config: dict, intra: int,
 
 
 def default_intra_op_threads(config: dict, kind: str) -> int:
-    """Cores this process may use, shared among the config's instances of `kind` (all
-    in one worker process): ORT's own default gives every session all cores."""
+    """Cores this process may use (within its cgroup's CPU quota), shared among the
+    config's instances of `kind` (all in one worker process): ORT's own default gives
+    every session all of the node's cores."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
+    cores = usable_cpus(cores, cgroup_cpu_quota())
     group_kind = "KIND_GPU" if kind == "cuda" else "KIND_CPU"
     instances = sum(max(int(g.get("count") or 1), 1) for g in config.get("instance_group") or []
                     if g.get("kind", "KIND_CPU") == group_kind)

@@ -51,6 +51,14 @@ class PointSpec:
     request_rate: float = 0.0  # > 0: open loop at this many requests/s (this process)
     distribution: str = "constant"  # of the open loop's send times: or "poisson"
     rate_phase: float = 0.0  # seconds this process's constant schedule is shifted by
+    model_version: str = ""
+    headers: dict | None = None  # HTTP headers on every request (perf_analyzer's -H)
+    parameters: dict | None = None  # request parameters on every request
+    compression: str | None = None  # gRPC request compression
+    string_length: int | None = None
+    string_data: str | None = None
+    sequence: dict | None = None  # a sequence model's plan (scheduler/bench/sequences.py)
+    total_streams: int = 1  # streams of the point over every process (sequence ids)
 
 
 class Recorder:
@@ -73,6 +81,9 @@ class Recorder:
         self.late = 0  # open loop: in-window sends that left after their time
         self.unsent = 0  # open loop: in-window sends that never left
         self.first_error = ""
+        self.sequences = 0  # sequences whose END was answered inside the window
+        self.ttft: list[float] = []  # --streaming: send to first response, per request
+        self.responses = 0  # --streaming: responses with outputs inside the window
         self.cpu_start = None
         self.wall_start = None
         self.stopped = False
@@ -98,13 +109,27 @@ class Recorder:
                 self.issued += 1
         return True
 
-    def done(self, t_send: float, ok: bool):
+    def done(self, t_send: float, ok: bool, ended: bool = False) -> bool:
+        """A request answered; `ended`: it carried sequence_end. True when it counts
+        (sent inside the window and answered in time)."""
         t = time.perf_counter()
         if not ok:
             self.mismatches += 1
         if self.start <= t_send and (self.drain or t <= self.deadline):
             self.latencies.append(t - t_send)
             self.last_done = t
+            self.sequences += ended
+            return True
+        return False
+
+    def done_stream(self, t_send: float, t_first: float | None, responses: int, ok: bool,
+                    ended: bool = False) -> None:
+        """--streaming: a request's final flag came; `t_first` its first response with
+        outputs (None: it had none), `responses` how many had outputs."""
+        if self.done(t_send, ok, ended):
+            self.responses += responses
+            if t_first is not None:
+                self.ttft.append(t_first - t_send)
 
     def error(self, exc: BaseException):
         self.errors += 1
@@ -132,6 +157,9 @@ class Recorder:
             "sent": self.issued,
             "late": self.late,
             "unsent": self.unsent,
+            "sequences": self.sequences,
+            "ttft": self.ttft,
+            "responses": self.responses,
         }
 
 
@@ -191,12 +219,31 @@ class Stream:
     stay there: checking them costs a device-to-host copy, stamping one a host-to-device
     copy, so both happen only with verification on."""
 
-    def __init__(self, spec: PointSpec, index: int, mod, entries=None):
+    def __init__(self, spec: PointSpec, index: int, mod, entries=None,
+                 data_streams=None, expected_streams=None):
         from scheduler.bench.inputs import TensorSpec, make_arrays
         self.spec = spec
         self.mod = mod  # tritonclient.http or tritonclient.grpc (both have InferInput)
         specs = [TensorSpec(**t) for t in spec.inputs]
-        arrays = make_arrays(specs, spec.input_data, spec.stream_offset + index, entries)
+        arrays = make_arrays(specs, spec.input_data, spec.stream_offset + index, entries,
+                             spec.string_length, spec.string_data)
+        self.sequence = None
+        # a sequence model's JSON data streams: each request sends its step's tensors
+        self.data_streams = data_streams if spec.sequence else None
+        # the data file's validation_data, laid out as its streams; `expected_now`:
+        # {output: flat values} the current request's response must hold
+        self.expected_streams = expected_streams
+        self.expected_now = None
+        if expected_streams and not self.data_streams:
+            flat = [e for s in expected_streams for e in s]
+            self.expected_now = flat[(spec.stream_offset + index) % len(flat)]
+        if spec.sequence:
+            from scheduler.bench.sequences import SequenceDriver
+            g = spec.stream_offset + index
+            self.sequence = SequenceDriver(
+                spec.sequence, g, spec.total_streams,
+                seed=zlib.crc32(spec.tag.encode()) + g,
+                lengths=[len(s) for s in data_streams] if self.data_streams else None)
         self.seq = 0
         self.inputs, self.outputs = [], []
         for t in specs:
@@ -227,6 +274,46 @@ class Stream:
                 x.region = f"{base}_in{k}"
             for k, y in enumerate(self.outputs):
                 y.region = f"{base}_out{k}"
+
+    def base_kwargs(self) -> dict:
+        """The infer call's keywords every request of this stream shares."""
+        return _infer_kwargs(self)
+
+    def request(self, kw: dict) -> tuple[dict, bool]:
+        """The next request's keywords (a sequence's id and flags added) and whether it
+        ends a sequence."""
+        if self.sequence is None:
+            return kw, False
+        flags = self.sequence.next()
+        if self.data_streams:
+            self._set_step(self.sequence.data_index, self.sequence.step)
+        return {**kw, **flags}, flags["sequence_end"]
+
+    def _set_step(self, stream: int, step: int) -> None:
+        """Put a data stream's step into the request (no shared memory: cli.py refuses
+        data streams with it); an identity model's expected output follows."""
+        steps = self.data_streams[stream]
+        entry = steps[step % len(steps)]
+        if self.expected_streams:
+            want = self.expected_streams[stream]
+            self.expected_now = want[step % len(want)]
+        for k, x in enumerate(self.inputs):
+            data = entry[x.name]
+            x.request.set_shape(list(data.shape))
+            x.request.set_data_from_numpy(data)
+            if k < len(self.outputs) and self.outputs[k].data is x.data:
+                self.outputs[k].data = data
+            x.data = data
+
+    def closing(self, kw: dict) -> dict | None:
+        """Keywords of an unmeasured request ending this stream's open sequence, if one
+        is open when the stream stops (see SequenceDriver.close)."""
+        flags = self.sequence.close() if self.sequence is not None else None
+        return None if flags is None else {**kw, **flags}
+
+    def failed(self) -> None:
+        if self.sequence is not None:
+            self.sequence.failed()
 
     @property
     def expected(self):
@@ -316,9 +403,14 @@ class Stream:
                 _cuda_regions().set_shared_memory_region(x.handle, [x.data])
 
     def check(self, result) -> bool:
+        import numpy as np
+        if self.expected_now is not None:  # validation_data (responses carry outputs)
+            for name, want in self.expected_now.items():
+                got = result.as_numpy(name)
+                if got is None or not np.array_equal(got.ravel(), want):
+                    return False
         if not self.spec.verify:
             return True
-        import numpy as np
         for y in self.outputs:
             if y.data is None:
                 continue
@@ -339,40 +431,65 @@ class Stream:
 
 
 def _infer_kwargs(stream: Stream) -> dict:
+    spec = stream.spec
     kw = {"inputs": [x.request for x in stream.inputs],
           "outputs": [y.request for y in stream.outputs]}
+    if spec.model_version:
+        kw["model_version"] = spec.model_version
+    if spec.parameters:
+        kw["parameters"] = dict(spec.parameters)
     if stream.mod.__name__.startswith("tritonclient.grpc"):
-        kw["client_timeout"] = stream.spec.timeout  # HTTP clients take it at creation
+        kw["client_timeout"] = spec.timeout  # HTTP clients take it at creation
+        if spec.compression:
+            kw["compression_algorithm"] = spec.compression
+    elif spec.headers:
+        kw["headers"] = dict(spec.headers)  # as perf_analyzer: HTTP only
     return kw
 
 
 def _sync_stream(stream: Stream, infer, model: str, rec: Recorder, sleep=time.sleep):
     """Closed loop over a blocking infer call (threads, greenlets)."""
-    kw = _infer_kwargs(stream)
+    base = stream.base_kwargs()
     while rec.next():
         stream.prepare()
+        kw, ended = stream.request(base)
         t = time.perf_counter()
         try:
             res = infer(model, **kw)
         except Exception as e:
             rec.error(e)
+            stream.failed()
             sleep(0.01)  # a dead server must not turn the loop into a spin
             continue
-        rec.done(t, stream.check(res))
+        rec.done(t, stream.check(res), ended)
+    closing = stream.closing(base)
+    if closing is not None:
+        try:
+            infer(model, **closing)
+        except Exception:
+            pass  # the server ends it at its idle timeout
 
 
 async def _async_stream(stream: Stream, client, model: str, rec: Recorder):
-    kw = _infer_kwargs(stream)
+    base = stream.base_kwargs()
     while rec.next():
         stream.prepare()
+        kw, ended = stream.request(base)
         t = time.perf_counter()
         try:
             res = await client.infer(model, **kw)
         except Exception as e:
             rec.error(e)
+            stream.failed()
             await asyncio.sleep(0.01)
             continue
-        rec.done(t, stream.check(res))
+        rec.done(t, stream.check(res), ended)
+    closing = stream.closing(base)
+    if closing is not None:
+        try:
+            await client.infer(model, **closing)
+        except Exception:
+            pass  # the server ends it at its idle timeout
 
 
 def _run_grpc_callback(streams, spec, rec):
@@ -382,34 +499,45 @@ def _run_grpc_callback(streams, spec, rec):
     client = grpcclient.InferenceServerClient(spec.url)
     finished = threading.Semaphore(0)
 
-    def issue(stream, kw):
+    def issue(stream, base):
         # a loop, not recursion, so a run of send failures cannot grow the stack
         while rec.next():
             stream.prepare()
+            kw, ended = stream.request(base)
             t = time.perf_counter()
 
-            def callback(result, error, stream=stream, kw=kw, t=t):
+            def callback(result, error, stream=stream, base=base, t=t, ended=ended):
                 try:
                     if error is not None:
                         rec.error(error)
+                        stream.failed()
                         time.sleep(0.01)
                     else:
-                        rec.done(t, stream.check(result))
+                        rec.done(t, stream.check(result), ended)
                 except BaseException as e:  # an exception here would end the stream
                     rec.error(e)
-                issue(stream, kw)
+                issue(stream, base)
 
             try:
                 client.async_infer(spec.model, callback=callback, **kw)
                 return
             except Exception as e:
                 rec.error(e)
+                stream.failed()
                 time.sleep(0.01)
+        closing = stream.closing(base)
+        if closing is not None:
+            try:  # its answer only releases the stream; a failure changes nothing
+                client.async_infer(spec.model, callback=lambda result, error:
+                                   finished.release(), **closing)
+                return
+            except Exception:
+                pass
         finished.release()
 
     try:
         for s in streams:
-            issue(s, _infer_kwargs(s))
+            issue(s, s.base_kwargs())
         for _ in streams:
             finished.acquire()
     finally:
@@ -480,7 +608,7 @@ def _run_open(streams, spec, rec, t0):
     seed = zlib.crc32(spec.tag.encode()) + spec.stream_offset  # reproducible
     times = send_times(spec.request_rate, spec.distribution, t0, rec.deadline, seed,
                        spec.rate_phase)
-    kws = {id(s): _infer_kwargs(s) for s in streams}
+    kws = {id(s): s.base_kwargs() for s in streams}
     if spec.protocol == "grpc":
         import tritonclient.grpc.aio as aioclient
         make = lambda: aioclient.InferenceServerClient(spec.url)  # noqa: E731
@@ -499,8 +627,14 @@ def _run_open(streams, spec, rec, t0):
     asyncio.run(main())
 
 
+def _run_grpc_stream(streams, spec, rec):
+    from scheduler.bench.streaming import run_stream
+    run_stream(streams, spec, rec)
+
+
 RUNNERS = {
     "grpc-callback": _run_grpc_callback,
+    "grpc-stream": _run_grpc_stream,
     "grpc-threads": _run_grpc_threads,
     "grpc-aio": _run_grpc_aio,
     "http-gevent": _run_http_gevent,
@@ -520,12 +654,17 @@ class PointSession:
             import tritonclient.http as mod
         self.mod = mod
         self.control = None  # a blocking client for registration, off the measured path
-        entries = None
+        entries = streams = expected = None
         if spec.input_data not in ("random", "zero"):
-            from scheduler.bench.inputs import TensorSpec, load_input_data
-            entries = load_input_data(spec.input_data,
-                                      [TensorSpec(**t) for t in spec.inputs])
-        self.streams = [Stream(spec, i, mod, entries) for i in range(spec.streams)]
+            from scheduler.bench.inputs import (
+                TensorSpec, load_input_streams, load_validation_streams,
+            )
+            streams = load_input_streams(spec.input_data,
+                                         [TensorSpec(**t) for t in spec.inputs])
+            entries = [e for s in streams for e in s]
+            expected = load_validation_streams(spec.input_data, spec.outputs)
+        self.streams = [Stream(spec, i, mod, entries, streams, expected)
+                        for i in range(spec.streams)]
         self.registered: list[str] = []
 
     def setup(self):

@@ -159,28 +159,109 @@ def load_input_data(path: str, inputs: list) -> list[dict]:
     """perf_analyzer's JSON input data: {"data": [{"INPUT0": [...], ...}, ...]}, each
     entry one request's tensors. A tensor is a flat list, or {"content": [...],
     "shape": [...]}, or {"b64": "..."} (raw bytes). Returns one {name: numpy array}
-    per entry, shaped as `inputs` says unless the entry gives its own shape."""
+    per entry, shaped as `inputs` says unless the entry gives its own shape. Data
+    streams (below) come back one after the other."""
+    return [e for stream in load_input_streams(path, inputs) for e in stream]
+
+
+def load_input_streams(path: str, inputs: list) -> list[list[dict]]:
+    """The data streams of a JSON input data file: for a sequence model,
+    {"data": [[step, step, ...], [...]]} gives one stream per inner list, the steps of
+    one sequence; a flat {"data": [entry, ...]} is one stream (perf_analyzer's
+    input_data.md)."""
     with open(path) as f:
         doc = json.load(f)
-    return parse_input_data(doc, inputs)
+    return parse_input_streams(doc, inputs)
 
 
 def parse_input_data(doc, inputs: list) -> list[dict]:
+    return [e for stream in parse_input_streams(doc, inputs) for e in stream]
+
+
+def parse_input_streams(doc, inputs: list) -> list[list[dict]]:
     import numpy as np
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list) \
             or not doc["data"]:
         raise ValueError('input data must be {"data": [{...}, ...]} with one entry or more')
-    entries = []
-    for k, entry in enumerate(doc["data"]):
-        if not isinstance(entry, dict):
-            raise ValueError(f"input data entry {k} is not an object")
-        arrays = {}
-        for spec in inputs:
-            if spec.name not in entry:
-                raise ValueError(f"input data entry {k} has no {spec.name!r}")
-            arrays[spec.name] = _tensor(entry[spec.name], spec, k, np)
-        entries.append(arrays)
-    return entries
+    nested = all(isinstance(s, list) for s in doc["data"])
+    streams = doc["data"] if nested else [doc["data"]]
+    out = []
+    for i, stream in enumerate(streams):
+        if not stream:
+            raise ValueError(f"input data stream {i} is empty")
+        entries = []
+        for j, entry in enumerate(stream):
+            k = f"{i}.{j}" if nested else j
+            if not isinstance(entry, dict):
+                raise ValueError(f"input data entry {k} is not an object")
+            arrays = {}
+            for spec in inputs:
+                if spec.name not in entry:
+                    raise ValueError(f"input data entry {k} has no {spec.name!r}")
+                arrays[spec.name] = _tensor(entry[spec.name], spec, k, np)
+            entries.append(arrays)
+        out.append(entries)
+    return out
+
+
+def load_validation_streams(path: str, outputs: list) -> list[list[dict]] | None:
+    """The expected outputs of a JSON input data file's "validation_data" (None if it
+    has none): the same layout as its "data" (streams or a flat list), each entry
+    {output name: values} for some of `outputs` ({"name", "datatype"}), compared as
+    flat arrays with the response's."""
+    with open(path) as f:
+        doc = json.load(f)
+    return parse_validation_streams(doc, outputs)
+
+
+def parse_validation_streams(doc, outputs: list) -> list[list[dict]] | None:
+    import numpy as np
+    if not isinstance(doc, dict) or "validation_data" not in doc:
+        return None
+    data, valid = doc.get("data"), doc["validation_data"]
+    nested = isinstance(data, list) and data and all(isinstance(s, list) for s in data)
+    streams = valid if nested else [valid]
+    shape_of = (lambda x: [len(s) if isinstance(s, list) else -1 for s in x]) \
+        if nested else (lambda x: [len(x)])
+    if not isinstance(valid, list) or not isinstance(data, list) \
+            or (nested and not all(isinstance(s, list) for s in valid)) \
+            or shape_of(valid) != shape_of(data):
+        raise ValueError('"validation_data" must have one entry per entry of "data", '
+                         "in the same layout")
+    types = {o["name"]: o.get("datatype") or "" for o in outputs}
+    out = []
+    for i, stream in enumerate(streams):
+        entries = []
+        for j, entry in enumerate(stream):
+            if not isinstance(entry, dict):
+                raise ValueError(f"validation data entry {j} is not an object")
+            unknown = sorted(set(entry) - set(types))
+            if unknown:
+                raise ValueError(f"validation data names no output the bench asks for: "
+                                 f"{', '.join(unknown)}")
+            entries.append({name: _expected(v, name, types[name], np)
+                            for name, v in entry.items()})
+        out.append(entries)
+    return out
+
+
+def _expected(value, name: str, datatype: str, np):
+    """One expected output, flattened."""
+    if isinstance(value, dict):
+        if "b64" in value:
+            raw = base64.b64decode(value["b64"])
+            if datatype == "BYTES":
+                return np.array([raw], dtype=np.object_)
+            return np.frombuffer(raw, dtype=_np_dtype(datatype)).copy()
+        if "content" not in value:
+            raise ValueError(f"validation data {name}: an object needs 'content' or 'b64'")
+        value = value["content"]
+    if datatype == "BYTES":
+        flat = np.array(value, dtype=np.object_).ravel()
+        return np.array([v.encode() if isinstance(v, str) else bytes(v) for v in flat],
+                        dtype=np.object_)
+    return np.array(value).ravel().astype(_np_dtype(datatype)) if datatype \
+        else np.array(value).ravel()
 
 
 def _tensor(value, spec: TensorSpec, k: int, np):
@@ -215,9 +296,11 @@ def _np_dtype(datatype: str):
     return dt
 
 
-def make_arrays(inputs: list, mode: str, seed: int, entries: list | None = None) -> dict:
+def make_arrays(inputs: list, mode: str, seed: int, entries: list | None = None,
+                string_length: int | None = None, string_data: str | None = None) -> dict:
     """One request's tensors: random (seeded), zeros, or entry `seed` of a data file's
-    `entries` (cycled)."""
+    `entries` (cycled). BYTES elements: `string_data` if given, else random letters
+    (`string_length` of them) or b"0"."""
     import numpy as np
     if entries:
         return {k: v.copy() for k, v in entries[seed % len(entries)].items()}
@@ -226,10 +309,13 @@ def make_arrays(inputs: list, mode: str, seed: int, entries: list | None = None)
     for spec in inputs:
         if spec.datatype == "BYTES":
             n = element_count(spec.shape)
-            if mode == "zero":
+            if string_data is not None:
+                items = [string_data.encode()] * n
+            elif mode == "zero":
                 items = [b"0"] * n
             else:
-                letters = rng.integers(97, 123, size=(n, STRING_LENGTH), dtype=np.uint8)
+                letters = rng.integers(97, 123, size=(n, string_length or STRING_LENGTH),
+                                       dtype=np.uint8)
                 items = [row.tobytes() for row in letters]
             out[spec.name] = np.array(items, dtype=np.object_).reshape(spec.shape)
             continue
@@ -248,14 +334,17 @@ def make_arrays(inputs: list, mode: str, seed: int, entries: list | None = None)
 # ---------------------------------------------------------------------- the server
 
 
-def fetch_model_info(url: str, protocol: str, model: str, timeout: float = 30.0):
-    """(metadata, max_batch_size) of `model`, over the protocol the bench speaks."""
+def fetch_model_info(url: str, protocol: str, model: str, timeout: float = 30.0,
+                     version: str = "", with_config: bool = False):
+    """(metadata, max_batch_size) of `model`, over the protocol the bench speaks; with
+    `with_config`, its config (as JSON) too."""
     if protocol == "grpc":
         import tritonclient.grpc as mod
         client = mod.InferenceServerClient(url)
         try:
-            meta = client.get_model_metadata(model, as_json=True, client_timeout=timeout)
-            cfg = client.get_model_config(model, as_json=True,
+            meta = client.get_model_metadata(model, version, as_json=True,
+                                             client_timeout=timeout)
+            cfg = client.get_model_config(model, version, as_json=True,
                                           client_timeout=timeout)["config"]
         finally:
             client.close()
@@ -263,8 +352,16 @@ def fetch_model_info(url: str, protocol: str, model: str, timeout: float = 30.0)
         import tritonclient.http as mod
         client = mod.InferenceServerClient(url, network_timeout=timeout)
         try:
-            meta = client.get_model_metadata(model)
-            cfg = client.get_model_config(model)
+            meta = client.get_model_metadata(model, version)
+            cfg = client.get_model_config(model, version)
         finally:
             client.close()
-    return meta, int(cfg.get("max_batch_size", 0) or 0)
+    out = (meta, int(cfg.get("max_batch_size", 0) or 0))
+    return out + (cfg,) if with_config else out
+
+
+def model_kind(config: dict) -> tuple[bool, bool]:
+    """(has a sequence batcher, is decoupled) from a model's config as JSON (gRPC's
+    JSON and HTTP's spell the fields alike)."""
+    policy = config.get("model_transaction_policy") or {}
+    return bool(config.get("sequence_batching") is not None), bool(policy.get("decoupled"))

@@ -67,42 +67,26 @@ from dataclasses import asdict, dataclass, field
 from scheduler.bench.client import (  # noqa: F401
     RUNNERS, ClientPool, PointSession, PointSpec, Recorder, SetupError, Stream,
 )
-from scheduler.bench.inputs import (
-    DEFAULT_VARIABLE_DIM, OutputSpec, TensorSpec, Workload, fetch_model_info,
-    load_input_data, parse_named_shape, workload_from_metadata,
+# the command line (scheduler/bench/cli.py); the tests and compare.py read it here too
+from scheduler.bench.cli import (  # noqa: F401
+    CALL_MODES, DEFAULT_IMPL, IMPLS, NUMERIC_DTYPES, BenchConfig, build_parser,
+    config_from_args, default_verify, parse_float_list, parse_int_list, sequence_plan,
 )
+from scheduler.bench.inputs import (
+    OutputSpec, TensorSpec, Workload, fetch_model_info, load_input_data,
+    load_validation_streams, model_kind, workload_from_metadata,
+)
+from scheduler.bench.pa_flags import check_refused
 from scheduler.bench.procs import (
     PySpy, RoleSampler, find_server, format_top, group_roles, wait_until,
 )
 from scheduler.bench.report import (
-    cpu_line, is_stable, plot_files, read_stats, server_line, server_split, write_csv,
+    cpu_line, is_stable, over_threshold, plot_files, read_stats, server_line,
+    server_split, write_csv, write_pa_csv,
 )
-
-DEFAULT_IMPL = {"grpc": "grpc-callback", "http": "http-gevent"}
-IMPLS = {
-    "grpc": ("grpc-callback", "grpc-aio", "grpc-threads"),
-    "http": ("http-gevent", "http-aio"),
-}
-NUMERIC_DTYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
-                  "INT64", "FP16", "FP32", "FP64")
-
 
 # ----------------------------------------------------------------------------------------
 # pure helpers (unit-tested)
-
-
-def parse_int_list(text: str) -> list[int]:
-    """'1,4,16' -> [1, 4, 16]; every item must be a positive integer."""
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not items:
-        raise ValueError(f"empty list: {text!r}")
-    out = []
-    for t in items:
-        v = int(t)
-        if v <= 0:
-            raise ValueError(f"must be positive: {t!r} in {text!r}")
-        out.append(v)
-    return out
 
 
 def parse_shape(text: str) -> list[int]:
@@ -198,6 +182,12 @@ class Row:
     trials: int = 1  # windows measured for this point (--max-trials)
     stable: bool | None = None  # whether the last windows met the stability rule
     profile: str = ""  # --profile-role: the top functions of that role
+    sequences: int = 0  # sequence models: sequences ended (END answered) in the window
+    responses: int = 0  # --streaming: responses with outputs in the window
+    responses_per_s: float = math.nan
+    ttft_p50_ms: float = math.nan  # --streaming: send to first response
+    ttft_p99_ms: float = math.nan
+    ttft_mean_ms: float = math.nan
 
 
 COLUMNS = [
@@ -262,6 +252,14 @@ def summarize(parts: list[dict], *, protocol, shape, dtype, concurrency, shm, im
     )
     if percentile_q is not None:
         row.percentile, row.pct_ms = percentile_q, percentile(lat, percentile_q) * 1e3
+    row.sequences = sum(p.get("sequences", 0) for p in parts)
+    ttft = [x for p in parts for x in p.get("ttft", ())]
+    row.responses = sum(p.get("responses", 0) for p in parts)
+    if impl == "grpc-stream":
+        row.responses_per_s = row.responses / seconds if seconds > 0 else 0.0
+        row.ttft_p50_ms = percentile(ttft, 50) * 1e3
+        row.ttft_p99_ms = percentile(ttft, 99) * 1e3
+        row.ttft_mean_ms = sum(ttft) / len(ttft) * 1e3 if ttft else math.nan
     if request_rate:
         sent = sum(p.get("sent", 0) for p in parts)
         row.achieved_rate = sent / seconds if seconds > 0 else 0.0
@@ -287,9 +285,11 @@ def merge_trials(trials: list[Row], stable: bool | None, count: int) -> Row:
             return math.nan
         return sum(values) / k
     for name in ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "mean_ms",
-                 "pct_ms", "client_cpu", "client_us", "achieved_rate"):
+                 "pct_ms", "client_cpu", "client_us", "achieved_rate", "responses_per_s",
+                 "ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms"):
         setattr(out, name, mean(name))
-    for name in ("requests", "errors", "mismatches", "late", "unsent"):
+    for name in ("requests", "errors", "mismatches", "late", "unsent", "sequences",
+                 "responses"):
         setattr(out, name, sum(getattr(r, name) for r in trials))
     out.seconds = round(sum(r.seconds for r in trials), 4)
     n = sum(r.requests for r in trials)
@@ -321,57 +321,6 @@ def row_to_json(row: Row) -> dict:
 
 # ----------------------------------------------------------------------------------------
 # the sweep
-
-
-@dataclass
-class BenchConfig:
-    """Everything one sweep needs; compare.py builds these too. Without `workloads`
-    each of `shapes` is sent as one input (`input_name`, `dtype`) and one output, as
-    compare.py does; main() reads every input from the model's metadata instead."""
-
-    url: str
-    protocol: str
-    model: str
-    shapes: list
-    dtype: str = "FP32"
-    input_name: str = "INPUT0"
-    output_name: str = "OUTPUT0"
-    concurrency: list = field(default_factory=lambda: [1])
-    duration: float = 5.0
-    max_requests: int | None = None
-    warmup: float = 1.0
-    timeout: float = 30.0
-    shm: str = "none"
-    cuda_device: int = 0
-    verify: bool = True
-    client_processes: int = 1
-    impl: str | None = None
-    server: str = ""
-    named_shapes: dict = field(default_factory=dict)  # NAME -> dims after the batch dim
-    batch_size: int = 1
-    input_data: str = "random"
-    output_shm_size: int = 102400
-    request_rates: list = field(default_factory=list)  # open loop points (requests/s)
-    distribution: str = "constant"
-    max_inflight: int = 64  # open loop: requests in flight at most (all processes)
-    percentile: float | None = None
-    stability_percentage: float = 10.0
-    max_trials: int = 1
-    server_pid: int | None = None
-    profile_role: str | None = None
-    workloads: list | None = None  # one Workload per point of the shape sweep
-
-    def client_impl(self) -> str:
-        if self.request_rates:
-            return f"{self.protocol}-aio"  # the open loop runs on asyncio clients
-        return self.impl or DEFAULT_IMPL[self.protocol]
-
-    def loads(self) -> list[tuple[int, float]]:
-        """(concurrency, request rate) of each load point: a concurrency sweep, or the
-        open loop's rates at `max_inflight` slots."""
-        if self.request_rates:
-            return [(self.max_inflight, r) for r in self.request_rates]
-        return [(c, 0.0) for c in self.concurrency]
 
 
 def legacy_workload(cfg: BenchConfig, shape) -> Workload:
@@ -487,7 +436,10 @@ def run_one(pool: ClientPool, cfg: BenchConfig, shape, concurrency: int,
             duration=cfg.duration, max_requests=budget, tag=tag, stream_offset=offset,
             input_data=cfg.input_data, output_shm_size=cfg.output_shm_size,
             request_rate=rate / len(split), distribution=cfg.distribution,
-            rate_phase=i / rate if rate else 0.0))
+            rate_phase=i / rate if rate else 0.0, model_version=cfg.model_version,
+            headers=cfg.headers, parameters=cfg.parameters, compression=cfg.compression,
+            string_length=cfg.string_length, string_data=cfg.string_data,
+            sequence=cfg.sequence, total_streams=concurrency))
         offset += streams
     ticks = cpu_times()
     parts = pool.run_point(specs, probe.window if probe else None)
@@ -532,6 +484,10 @@ def measure_stable(pool: ClientPool, cfg: BenchConfig, shape, concurrency: int,
         warmup = cfg.warmup if k == 0 else min(cfg.warmup, 0.5)
         row = measure_point(pool, cfg, shape, concurrency, rate, probe, warmup)
         trials.append(row)
+        if cfg.verbose:
+            print(f"  window {k + 1}: {row.throughput:.1f} infer/s, avg "
+                  f"{_ms(row.mean_ms)} ms, p50 {_ms(row.p50_ms)} ms, p99 "
+                  f"{_ms(row.p99_ms)} ms, {row.requests} requests", flush=True)
         if row.errors or not row.requests or cfg.max_trials == 1:
             break
         if is_stable([(r.throughput, r.pct_ms if cfg.percentile is not None
@@ -541,158 +497,20 @@ def measure_stable(pool: ClientPool, cfg: BenchConfig, shape, concurrency: int,
     return merge_trials(trials[-3:] if stable is False else trials[-1:], stable, len(trials))
 
 
-def default_verify(model: str) -> bool:
-    """Identity models echo their input, so their outputs can be checked."""
-    return "identity" in model.lower()
-
-
-def parse_float_list(text: str) -> list[float]:
-    """'100,200.5' -> [100.0, 200.5]; every item must be positive."""
-    out = [float(t) for t in str(text).split(",") if t.strip()]
-    if not out or any(v <= 0 for v in out):
-        raise ValueError(f"need positive numbers: {text!r}")
-    return out
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bench", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="`shmserve-bench plot OUT.png RUN.json [RUN.json ...]` draws earlier runs "
-               "on one plot.")
-    p.add_argument("--url", default=None,
-                   help="host:port (default 127.0.0.1:8000 for http, :8001 for grpc)")
-    p.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
-    p.add_argument("--model", default="identity_fp32")
-    g = p.add_argument_group("inputs (read from the model's metadata)")
-    g.add_argument("--shape", action="append", type=parse_named_shape,
-                   metavar="[NAME:]1,16",
-                   help="NAME:16 gives input NAME's dims after the batch dim, as "
-                        "perf_analyzer's --shape (variable dims otherwise default to "
-                        f"{DEFAULT_VARIABLE_DIM}); an unnamed 1,16 is the whole request "
-                        "shape of every input; repeat unnamed ones for a sweep")
-    g.add_argument("-b", "--batch-size", type=int, default=1,
-                   help="the batch dim of a batching model's inputs (default 1)")
-    g.add_argument("--input-data", default="random", metavar="random|zero|FILE.json",
-                   help="what inputs hold: random values, zeros, or perf_analyzer's JSON "
-                        'input data ({"data": [{"INPUT0": [...], ...}, ...]}; each '
-                        "stream takes one entry in turn)")
-    g.add_argument("--dtype", default=None, type=str.upper,
-                   help="send the inputs as this datatype instead of the model's")
-    g.add_argument("--input-name", default=None, help="send only this input")
-    g.add_argument("--output-name", default=None, help="ask only for this output")
-    g.add_argument("--output-shm-size", type=int, default=102400,
-                   help="bytes of an output's shm region when its size is not known")
-    g = p.add_argument_group("load")
-    g.add_argument("--concurrency", type=parse_int_list, default=[1], metavar="1,4,16",
-                   help="closed loop: concurrent streams per point; a list is a sweep")
-    g.add_argument("--request-rate", type=parse_float_list, default=None,
-                   metavar="100,200",
-                   help="open loop instead: requests/s sent on a fixed schedule whatever "
-                        "the server answers; latency counts from the scheduled time")
-    g.add_argument("--request-distribution", choices=["constant", "poisson"],
-                   default="constant", help="the open loop's gaps between sends")
-    g.add_argument("--max-inflight", type=int, default=64,
-                   help="open loop: requests in flight at most; a send that finds none "
-                        "free waits and counts as late")
-    g.add_argument("--duration", type=float, default=5.0,
-                   help="seconds measured per window")
-    g.add_argument("--max-requests", type=int, default=None,
-                   help="stop a window after this many requests (whichever comes first)")
-    g.add_argument("--warmup", type=float, default=1.0,
-                   help="unmeasured seconds before a point")
-    g.add_argument("--timeout", type=float, default=30.0,
-                   help="seconds one request may take; a slower one is an error")
-    g.add_argument("--percentile", type=float, default=None, metavar="P",
-                   help="report the P-th percentile latency and use it for stability "
-                        "(as perf_analyzer); implies --max-trials 10")
-    g.add_argument("--stability-percentage", type=float, default=10.0,
-                   help="windows are stable when throughput and latency of the last 3 "
-                        "are within this percent (max/min)")
-    g.add_argument("--max-trials", type=int, default=None,
-                   help="windows per point at most until stable (default 1: one window; "
-                        "10 with --percentile)")
-    p.add_argument("--shm", choices=["none", "system", "cuda"], default="none",
-                   help="where tensors travel: in the request (none), or in POSIX (system) "
-                        "or CUDA shared-memory regions registered with the server")
-    p.add_argument("--cuda-device", type=int, default=0,
-                   help="the GPU that holds the regions with --shm cuda")
-    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=None,
-                   help="check output k == input k (default: on when the model name "
-                        "contains 'identity')")
-    p.add_argument("--client-processes", type=int, default=1,
-                   help="split each point's streams over this many client processes")
-    p.add_argument("--client-impl", default=None,
-                   choices=sorted(RUNNERS), help="client technique (default: "
-                   + ", ".join(f"{k}: {v}" for k, v in DEFAULT_IMPL.items()) + ")")
-    g = p.add_argument_group("the server's side")
-    g.add_argument("--server-pid", type=int, default=None,
-                   help="the server's top process, for CPU per request by role (default: "
-                        "found from the local port the bench talks to)")
-    g.add_argument("--profile-role", default=None, metavar="ROLE",
-                   help="run py-spy on the first process of ROLE (frontend, frontend 1, "
-                        "scheduler, worker MODEL/..., tritonserver) for each window and "
-                        "print its top functions")
-    g = p.add_argument_group("output")
-    g.add_argument("--json", default=None, metavar="PATH", help="write all rows as JSON")
-    g.add_argument("--csv", default=None, metavar="PATH",
-                   help="write all rows as CSV (perf_analyzer's column names, us)")
-    g.add_argument("--plot", default=None, metavar="PATH.png",
-                   help="plot throughput against p50/p99 latency (needs matplotlib)")
-    g.add_argument("--plot-with", action="append", default=[], metavar="RUN.json",
-                   help="draw an earlier run's JSON on the same plot; repeatable")
-    g.add_argument("--server-name", default="", help="label for the rows and the plot")
-    g.add_argument("--window-file", default=None, metavar="PATH",
-                   help="write each point's measured window (start and end, "
-                        "CLOCK_MONOTONIC seconds) here, for tools sampling CPU time")
-    return p
-
-
-def config_from_args(args) -> BenchConfig:
-    if args.client_impl and not args.client_impl.startswith(args.protocol):
-        raise SystemExit(f"bench: --client-impl {args.client_impl} does not speak "
-                         f"{args.protocol}")
-    if args.dtype is not None and args.dtype not in NUMERIC_DTYPES + ("BYTES",):
-        raise SystemExit(f"bench: --dtype {args.dtype} is not supported "
-                         f"(one of {', '.join(NUMERIC_DTYPES)}, BYTES)")
-    if args.client_processes < 1:
-        raise SystemExit("bench: --client-processes must be >= 1")
-    if args.max_requests is not None and args.max_requests < 1:
-        raise SystemExit("bench: --max-requests must be >= 1")
-    if args.batch_size < 1 or args.max_inflight < 1:
-        raise SystemExit("bench: --batch-size and --max-inflight must be >= 1")
-    if args.percentile is not None and not 0 < args.percentile < 100:
-        raise SystemExit("bench: --percentile must be between 0 and 100")
-    max_trials = args.max_trials if args.max_trials is not None else \
-        (10 if args.percentile is not None else 1)
-    if max_trials < 1:
-        raise SystemExit("bench: --max-trials must be >= 1")
-    if args.input_data not in ("random", "zero") and not os.path.isfile(args.input_data):
-        raise SystemExit(f"bench: --input-data {args.input_data}: no such file")
-    unnamed = [dims for name, dims in (args.shape or []) if name is None]
-    named = {name: dims for name, dims in (args.shape or []) if name is not None}
-    url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
-    return BenchConfig(
-        url=url, protocol=args.protocol, model=args.model,
-        shapes=unnamed or ([] if named else [[1, 16]]), dtype=args.dtype or "FP32",
-        input_name=args.input_name or "INPUT0",
-        output_name=args.output_name or "OUTPUT0", concurrency=args.concurrency,
-        duration=args.duration, max_requests=args.max_requests, warmup=args.warmup,
-        timeout=args.timeout, shm=args.shm, cuda_device=args.cuda_device,
-        verify=default_verify(args.model) if args.verify is None else args.verify,
-        client_processes=args.client_processes, impl=args.client_impl,
-        server=args.server_name, named_shapes=named, batch_size=args.batch_size,
-        input_data=args.input_data, output_shm_size=args.output_shm_size,
-        request_rates=args.request_rate or [], distribution=args.request_distribution,
-        max_inflight=args.max_inflight, percentile=args.percentile,
-        stability_percentage=args.stability_percentage, max_trials=max_trials,
-        server_pid=args.server_pid, profile_role=args.profile_role)
-
-
 def resolve_workloads(cfg: BenchConfig, args) -> list[Workload]:
     """The tensors of each point, from the model's metadata over the bench's protocol:
     every input (or --input-name's), every output (or --output-name's)."""
-    meta, max_batch = fetch_model_info(cfg.url, cfg.protocol, cfg.model, cfg.timeout)
+    meta, max_batch, model_cfg = fetch_model_info(cfg.url, cfg.protocol, cfg.model,
+                                                  cfg.timeout, cfg.model_version, True)
+    sequential, decoupled = model_kind(model_cfg)
+    if decoupled and not cfg.streaming:
+        raise ValueError("the model is decoupled: its responses come over the gRPC "
+                         "stream; add --streaming (with -i grpc), as perf_analyzer needs")
+    if sequential:
+        if cfg.request_rates:
+            raise ValueError("a sequence model is driven in the closed loop only (one "
+                             "sequence per concurrent stream): use --concurrency-range")
+        cfg.sequence = sequence_plan(cfg)
     unnamed = [dims for name, dims in (args.shape or []) if name is None]
     out = []
     for whole in unnamed or [None]:
@@ -708,6 +526,10 @@ def resolve_workloads(cfg: BenchConfig, args) -> list[Workload]:
                 t.datatype = args.dtype
         if cfg.input_data not in ("random", "zero"):
             load_input_data(cfg.input_data, work.inputs)  # its errors, said up front
+            if load_validation_streams(cfg.input_data, [asdict(o) for o in work.outputs]) \
+                    and cfg.shm != "none":
+                raise ValueError("validation_data is checked in the responses: use "
+                                 "--shared-memory none")
         out.append(work)
     return out
 
@@ -797,6 +619,13 @@ def point_lines(row: Row) -> list[str]:
     if row.request_rate:
         lines.append(f"    open loop: target {row.request_rate:g}/s, sent "
                      f"{row.achieved_rate:.1f}/s, late {row.late}, unsent {row.unsent}")
+    if row.sequences:
+        lines.append(f"    sequences: {row.sequences} ended inside the window")
+    if not math.isnan(row.responses_per_s):
+        lines.append(f"    streaming: {row.responses_per_s:.1f} responses/s "
+                     f"({row.responses} responses), time to first response p50 "
+                     f"{_ms(row.ttft_p50_ms)} ms, p99 {_ms(row.ttft_p99_ms)} ms, avg "
+                     f"{_ms(row.ttft_mean_ms)} ms")
     if row.stable is not None:
         lines.append(f"    {'stable' if row.stable else 'NOT stable'} after {row.trials} "
                      f"window(s) of {row.seconds / min(row.trials, 3):.1f}s")
@@ -831,11 +660,18 @@ def write_outputs(args, cfg: BenchConfig, rows: list[Row], argv) -> None:
         write_json(args.json, rows, meta)
     if args.csv:
         write_csv(args.csv, [row_to_json(r) for r in rows])
-    if args.plot:
+    if args.pa_csv:
+        write_pa_csv(args.pa_csv, [row_to_json(r) for r in rows], args.verbose_csv)
+    measured = [r for r in rows if r.requests]  # a point with none has no numbers
+    if args.plot and not measured:
+        # an empty plot would pass for a result: say why there is none (exit 1 follows)
+        print(f"bench: no plot written to {args.plot}: no point completed a request",
+              file=sys.stderr)
+    elif args.plot:
         label = cfg.server or f"{cfg.model} {cfg.protocol}"
         try:
             plot_files(args.plot, args.plot_with,
-                       extra=[(label, [row_to_json(r) for r in rows])])
+                       extra=[(label, [row_to_json(r) for r in measured])])
         except ImportError:
             print("bench: --plot needs matplotlib (pip install matplotlib, or the "
                   "`bench` extra)", file=sys.stderr)
@@ -845,7 +681,8 @@ def main(argv=None) -> int:
     argv_list = sys.argv[1:] if argv is None else list(argv)
     if argv_list[:1] == ["plot"]:
         return plot_main(argv_list[1:])
-    args = build_parser().parse_args(argv)
+    check_refused(argv_list)
+    args = build_parser().parse_args(argv_list)
     signal.signal(signal.SIGTERM, _interrupt)  # unwind: client processes clean up
     cfg = config_from_args(args)
     try:
@@ -864,6 +701,13 @@ def main(argv=None) -> int:
           f"verify={cfg.verify} client_processes={cfg.client_processes} {load} "
           f"duration={cfg.duration}s warmup={cfg.warmup}s", flush=True)
     print(f"# server pid {pid}" if pid else f"# {note}", flush=True)
+    if cfg.sequence:
+        length, var = cfg.sequence["length"], cfg.sequence["variation"]
+        print("# sequence model: " + (f"{length} requests per sequence (+/- {var:g}%)"
+                                      if length else "sequences of the data's streams")
+              + f", ids from {cfg.sequence_ids[0]}"
+              + (f" to {cfg.sequence_ids[1]} (excluded)" if cfg.sequence_ids[1] else ""),
+              flush=True)
     for work in cfg.workloads:
         print(f"# inputs {work.label()}; outputs "
               f"{' '.join(o.name for o in work.outputs)}", flush=True)
@@ -873,6 +717,8 @@ def main(argv=None) -> int:
     try:
         with ClientPool(cfg.client_processes, args.window_file) as pool:
             for work, (c, rate) in itertools.product(cfg.workloads, cfg.loads()):
+                if over_threshold(rows, cfg.latency_threshold_ms):
+                    break  # perf_analyzer's -l: the sweep ends past the threshold
                 row = measure_stable(pool, cfg, work, c, rate, probe)
                 rows.append(row)
                 print(format_row(row), flush=True)

@@ -138,6 +138,11 @@ CSV_FIELDS = [
     ("Late", lambda r: r.get("late") if r.get("request_rate") else ""),
     ("Unsent", lambda r: r.get("unsent") if r.get("request_rate") else ""),
     ("Stable", lambda r: "" if r.get("stable") is None else r.get("stable")),
+    ("Sequences", lambda r: r.get("sequences") or ""),
+    ("Responses/Second", lambda r: r.get("responses_per_s") or ""),
+    ("First Response avg", lambda r: _us(r.get("ttft_mean_ms"))),
+    ("First Response p50", lambda r: _us(r.get("ttft_p50_ms"))),
+    ("First Response p99", lambda r: _us(r.get("ttft_p99_ms"))),
 ]
 
 
@@ -160,6 +165,66 @@ def write_csv(path: str, rows: list[dict]) -> None:
             cpu = r.get("cpu_us") or {}
             w.writerow([get(r) for _, get in CSV_FIELDS] +
                        ["" if cpu.get(x) is None else cpu[x] for x in roles])
+
+
+# ---------------------------------------------------------------------- -f
+
+PA_SERVER = ("queue_us", "compute_input_us", "compute_infer_us", "compute_output_us")
+
+
+def pa_csv_lines(rows: list[dict], verbose: bool = False) -> list[list]:
+    """perf_analyzer's -f file (its report writer's layout): Concurrency (or Request
+    Rate), Inferences/Second, Client Send, Network+Server Send/Recv, the server's
+    queue and compute phases, Client Recv, p50/p90/p95/p99 latency (and the
+    --percentile one), with --verbose-csv Avg latency, request/response and response
+    wait; times in whole microseconds, rows by increasing throughput. tritonclient
+    does not time the client's send and receive apart from the wait, so Client Send,
+    Client Recv and request/response are 0 and that time is in Network+Server
+    Send/Recv and response wait."""
+    rate = any(r.get("request_rate") for r in rows)
+    qs = {50.0, 90.0, 95.0, 99.0} | {float(r["percentile"]) for r in rows
+                                     if r.get("percentile") is not None}
+    header = ["Request Rate" if rate else "Concurrency", "Inferences/Second",
+              "Client Send", "Network+Server Send/Recv", "Server Queue",
+              "Server Compute Input", "Server Compute Infer", "Server Compute Output",
+              "Client Recv"] + [f"p{q:g} latency" for q in sorted(qs)]
+    if verbose:
+        header += ["Avg latency", "request/response", "response wait"]
+    out = [header]
+    for r in sorted(rows, key=lambda r: r.get("throughput") or 0.0):
+        split = r.get("server_stats") or {}
+        server = [int(split.get(k) or 0) for k in PA_SERVER]
+        avg = _whole_us(r.get("mean_ms"))
+        line = [f"{r['request_rate']:g}" if rate else r.get("concurrency"),
+                f"{r.get('throughput') or 0.0:.6g}", 0, max(avg - sum(server), 0),
+                *server, 0]
+        for q in sorted(qs):
+            key = {50.0: "p50_ms", 90.0: "p90_ms", 95.0: "p95_ms", 99.0: "p99_ms"}.get(q)
+            line.append(_whole_us(r.get(key) if key else r.get("pct_ms")))
+        if verbose:
+            line += [avg, 0, avg]
+        out.append(line)
+    return out
+
+
+def _whole_us(ms) -> int:
+    return 0 if ms is None or (isinstance(ms, float) and math.isnan(ms)) \
+        else int(ms * 1e3)
+
+
+def write_pa_csv(path: str, rows: list[dict], verbose: bool = False) -> None:
+    with open(path, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(pa_csv_lines(rows, verbose))
+
+
+def over_threshold(rows, threshold_ms: float | None) -> bool:
+    """perf_analyzer's -l: the last point's latency (its --percentile one, else the
+    average) is above `threshold_ms`."""
+    if threshold_ms is None or not threshold_ms or not rows:
+        return False
+    last = rows[-1]
+    value = last.pct_ms if last.percentile is not None else last.mean_ms
+    return value is not None and not math.isnan(value) and value > threshold_ms
 
 
 # ---------------------------------------------------------------------- plot

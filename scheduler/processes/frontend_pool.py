@@ -215,10 +215,13 @@ class FrontendPool:
             asyncio.get_running_loop().create_task(self._spawn(fe.index))
 
     async def drain(self, timeout: float) -> None:
-        """Stop taking requests, finish those in flight, exit."""
+        """Stop taking requests, finish those in flight, exit: within `timeout` and
+        a margin, whatever their clients do. A frontend ends itself a second after
+        the timeout (frontend/main.py); one still here after two is killed (it
+        ignores SIGTERM while it drains), so it never holds the ports past the stop."""
         self.stopping = True
         self.broadcast(Drain(timeout))
         children = [fe.child for fe in self.frontends.values() if fe.child is not None]
-        await asyncio.gather(*(c.wait(timeout + 5.0) for c in children))
-        await asyncio.gather(*(c.stop(2.0) for c in children))
+        await asyncio.gather(*(c.wait(timeout + 2.0) for c in children))
+        await asyncio.gather(*(c.stop(0.5) for c in children))
         self.release_ports()

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 
+from scheduler.processes import leftovers
 from shm.arena import remove_segments
 
 log = logging.getLogger("shmserve.root")
@@ -160,6 +161,7 @@ class Root:
             os.kill(self.pid, signal.SIGKILL)
 
     def run(self) -> int:
+        leftovers.sweep()  # what servers killed whole left in /dev/shm
         self.state_dir = tempfile.mkdtemp(prefix="shmserve-state-")
         try:
             return self._run()

@@ -269,14 +269,16 @@ class WorkerPool:
         worker.stop_sent = True
         self.outbox.send(worker.address, StopWorker())
         if not await worker.child.wait(timeout):
-            await worker.child.stop(2.0)
+            await worker.child.stop(1.0)
 
-    async def stop_all(self) -> None:
+    async def stop_all(self, timeout: float = 10.0) -> None:
+        """StopWorker to each (they finalize their models), `timeout` seconds for them
+        to exit (what the exit timeout left), then SIGTERM and SIGKILL."""
         self.stopping = True
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
-        await asyncio.gather(*(self._stop(w) for w in list(self.workers.values())))
+        await asyncio.gather(*(self._stop(w, timeout) for w in list(self.workers.values())))
 
     # -- messages and deaths ------------------------------------------------------------
 

@@ -244,7 +244,7 @@ class ModelRepositoryManager:
             await asyncio.sleep(0.01)
         if not sched.drained:
             sched.fail_all(ErrorCode.UNAVAILABLE, f"model '{mv.name}' version {mv.version} "
-                           "was unloaded before the request finished", time.monotonic_ns())
+                           "was unloaded before the request finished", self._callbacks.clock())
         self.rate_limiter.remove_owner(sched)
         for slot in mv.slots:
             if self.by_instance.get(slot.key) is sched:
@@ -360,7 +360,7 @@ class ModelRepositoryManager:
     # -- instances that died ------------------------------------------------------------
 
     def instances_lost(self, slots: list[InstanceSlot], how: str) -> None:
-        now = time.monotonic_ns()
+        now = self._callbacks.clock()
         for slot in slots:
             sched = self.by_instance.get(slot.key)
             if sched is None:
@@ -404,7 +404,7 @@ class ModelRepositoryManager:
         mv.state = ModelReadyState.UNAVAILABLE
         mv.reason = reason
         sched.fail_all(ErrorCode.UNAVAILABLE, f"model '{sched.name}' is unavailable: {reason}",
-                       time.monotonic_ns())
+                       self._callbacks.clock())
         self.publish(mv)
 
     # -- what others see ----------------------------------------------------------------

@@ -97,7 +97,7 @@ class _Run:
 
     __slots__ = ("req", "tensors", "seq", "blocks", "started", "running", "iterations",
                  "waiting", "answered", "timing_due", "timed_early", "error",
-                 "compute", "end_ns", "finished", "counted", "wanted")
+                 "compute", "end_ns", "finished", "counted", "wanted", "readers")
 
     def __init__(self, req: InferRequest):
         self.req = req
@@ -122,6 +122,8 @@ class _Run:
         self.finished = False  # the client has its final answer
         self.counted = False  # in the statistics
         self.wanted: dict[str, RequestedOutput] = {}  # ensemble outputs the client asked
+        # ensemble tensor -> the steps reading it that this request runs (_Plan)
+        self.readers: dict[str, tuple[int, ...]] = {}
 
 
 class EnsembleScheduler:
@@ -156,6 +158,7 @@ class EnsembleScheduler:
         for step in self.steps:
             for tensor in step.input_map.values():
                 self.readers.setdefault(tensor, []).append(step.index)
+        self.plans: dict[frozenset[str], tuple] = {}  # see _plan
         self.runs: dict[int, _Run] = {}  # step request id -> its run
         self.active: dict[tuple[str, int], _Run] = {}  # (reply_to, id) -> run
         self.accepting = True
@@ -178,10 +181,36 @@ class EnsembleScheduler:
         else:
             run.wanted = {o.name: o for o in req.outputs}
         self.active[(req.reply_to, req.id)] = run
+        needed, run.readers = self._plan(frozenset(run.wanted))
         for step in self.steps:
-            if self._ready(run, step, 0):
+            if step.index in needed and self._ready(run, step, 0):
                 self._submit(run, step, 0, now)
         self._maybe_finish(run, now)
+
+    def _plan(self, wanted: frozenset[str]) -> tuple:
+        """The steps a request asking for `wanted` runs, and the readers of each
+        tensor among them: the steps some wanted output depends on, directly or
+        through later steps. Triton prunes the others per request (a step whose outputs nobody asked for
+        does not run); a step is kept whole, even where only some of its outputs
+        are needed. Cached per set of outputs (requests ask for few distinct sets)."""
+        plan = self.plans.get(wanted)
+        if plan is not None:
+            return plan
+        needed_tensors, needed = set(wanted), set()
+        changed = True
+        while changed:  # steps are few; a fixed point needs no topological order
+            changed = False
+            for step in self.steps:
+                if (step.index not in needed
+                        and not needed_tensors.isdisjoint(step.output_map.values())):
+                    needed.add(step.index)
+                    needed_tensors.update(step.input_map.values())
+                    changed = True
+        plan = (frozenset(needed), {tensor: tuple(i for i in readers if i in needed)
+                                    for tensor, readers in self.readers.items()})
+        if len(self.plans) < 64:  # bounded: the client chooses the sets
+            self.plans[wanted] = plan
+        return plan
 
     def _ready(self, run: _Run, step: Step, it: int) -> bool:
         return ((step.index, it) not in run.started
@@ -293,7 +322,7 @@ class EnsembleScheduler:
                 continue
             run.tensors[(tensor, it)] = ref
             run.seq[(tensor, it)] = seq
-            readers = len(self.readers.get(tensor, ())) + (tensor in run.wanted)
+            readers = len(run.readers.get(tensor, ())) + (tensor in run.wanted)
             if ref.data is None and not ref.region:
                 if readers:
                     run.blocks[(tensor, it)] = _Block(ref, msg.owner, readers)
@@ -301,7 +330,7 @@ class EnsembleScheduler:
                     self.callbacks.release(msg.owner, [(ref.segment, ref.offset)])
             ready.append(tensor)
         for tensor in ready:
-            for index in self.readers.get(tensor, ()):
+            for index in run.readers.get(tensor, ()):
                 if self._ready(run, self.steps[index], it):
                     self._submit(run, self.steps[index], it, now)
         if (any(t in run.wanted for t in ready)
@@ -365,8 +394,15 @@ class EnsembleScheduler:
             if block is not None:
                 lent[(ref.segment, ref.offset)] = block.owner
         run.answered += 1
+        # Triton 2.51 puts the sequence fields into every ensemble response (those its
+        # outputs came with: a step may have changed them), even for a request outside
+        # any sequence (id 0, both flags false), on every protocol
+        seq = next((run.seq[(name, it)] for name in run.wanted if (name, it) in run.seq),
+                   (req.sequence_id, req.sequence_start, req.sequence_end))
+        params = {"sequence_id": seq[0], "sequence_start": seq[1], "sequence_end": seq[2]}
         self.callbacks.finish(req, InferResponse(req.id, outputs=outputs, final=final,
-                                            model_version=self.version), lent)
+                                            model_version=self.version,
+                                            parameters=params), lent)
 
     def _maybe_finish(self, run: _Run, now: int) -> None:
         """Answer the client for the last time once no step runs and none can start."""

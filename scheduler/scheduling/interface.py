@@ -128,6 +128,9 @@ class Callbacks(Protocol):
 
     address: str  # the process's inbox: responses to its own requests come here
 
+    def clock(self) -> int:
+        """The loop's clock (CLOCK_MONOTONIC ns): every `now` a scheduler is given."""
+
     def send_batch(self, slot: InstanceSlot, batch: ExecuteBatch) -> None:
         """Hand a batch to the worker running `slot`."""
 

@@ -184,6 +184,42 @@ def test_non_decoupled_model_using_its_response_sender(server):
         assert r.as_numpy("OUTPUT0").tolist() == [3, 4]
 
 
+def _index(result) -> tuple[int, int, str]:
+    return (int(result.as_numpy("INDEX").reshape(-1)[0]),
+            int(result.as_numpy("N").reshape(-1)[0]), result.get_response().id)
+
+
+def test_non_decoupled_response_sender_as_triton_allows_it(stream):
+    """Rule (Triton's python backend, its qa L0_backend_python response_sender cases):
+    a non-decoupled model answers each request of one execute() its own way: returned,
+    sent before execute() returns, or sent from a thread after it returned (the list's
+    place None, or None for the whole batch); a response after the first is dropped
+    (a send after a returned one raises in the model; a second send raises and the
+    client still gets the first). One response per request, no error."""
+    def batch(*cases):
+        for i, params in enumerate(cases):
+            stream.send([[7]], request_id=str(i), model="response_sender", **params)
+        got = sorted((_index(r) for r, e in
+                      [stream.responses.get(timeout=stream.timeout) for _ in cases]
+                      if e is None or pytest.fail(str(e))), key=lambda t: t[2])
+        assert all(n == len(cases) for _, n, _ in got), got  # one execute() ran them
+        return [index for index, _, _ in got]
+
+    # one returned, one sent before the return, one sent after it
+    assert batch({"ret": True}, {"pre": 1, "pre_final": True},
+                 {"post": 1, "post_final": True}) == [0, 1000, 2000]
+    # sent and also returned: the sent one. Returned and also sent from the thread:
+    # whichever comes first (the thread may beat the return), never both
+    sent, either, post = batch({"pre": 1, "pre_final": True, "ret": True},
+                               {"ret": True, "post": 1, "post_final": True},
+                               {"post": 1, "post_final": True})
+    assert (sent, post) == (1000, 2000) and either in (0, 2000)
+    # two sent: the second raises (uncaught, execute() fails); the client gets the
+    # first, and no second answer came for a request before (the stream's next answer
+    # is this one: its N is 1)
+    assert batch({"pre": 2, "pre_final": True}) == [1000]
+
+
 def _post(server, path, body: bytes, headers=None):
     req = urllib.request.Request(f"http://{server.http_url}{path}", data=body,
                                  headers=headers or {}, method="POST")

@@ -433,8 +433,10 @@ def test_decoupled_step_over_generate_stream(dec_server):
     assert [(e["OUT"], e["IDX"]) for e in events] == [(7, 0), (8, 1), (9, 2)]
     assert all(e["model_name"] == "ens_repeat" for e in events)
     status, _, out = _post(dec_server, "/v2/models/ens_repeat/generate", b'{"IN": [5]}')
+    # the sequence fields every ensemble response carries, as Triton 2.51's generate
     assert status == 200 and json.loads(out) == {
-        "model_name": "ens_repeat", "model_version": "1", "OUT": 5, "IDX": 0}
+        "model_name": "ens_repeat", "model_version": "1", "OUT": 5, "IDX": 0,
+        "sequence_id": 0, "sequence_start": False, "sequence_end": False}
 
 
 def test_an_ensemble_with_a_decoupled_step_is_decoupled(dec_server):

@@ -14,14 +14,17 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.harness import ServerProcess
+from tests.e2e.harness import EXAMPLES, MODELS, ROOT, ServerProcess
+from tests.e2e.test_streams import check_grpc_error_mode
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
 def fallback(tmp_path_factory):
-    srv = ServerProcess(log_dir=tmp_path_factory.mktemp("logs"))
+    # models_decoupled for slow_identity, which answers a negative input with an error
+    srv = ServerProcess((EXAMPLES, MODELS, ROOT / "tests" / "models_decoupled"),
+                        log_dir=tmp_path_factory.mktemp("logs"))
     srv.argv += ["--grpc-frontend", "grpcio", "--http-frontend", "uvicorn"]
     srv.start()
     yield srv
@@ -64,3 +67,7 @@ def test_grpcio_serves_health_inference_stream_and_errors(fallback):
             c.stop_stream()
         assert error is None
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+
+
+def test_grpcio_ends_a_triton_grpc_error_stream_at_the_first_error(fallback):
+    check_grpc_error_mode(fallback.grpc_url)

@@ -19,6 +19,7 @@ import pytest
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from shm.arena import remove_segments
 from tests.e2e import clients
 from tests.e2e.harness import DEFAULT_REPOS, ServerProcess, wait_until
 
@@ -531,3 +532,39 @@ def _refusal(infer) -> str:
     except InferenceServerException as exc:
         return str(exc) if "truncated" in str(exc) else ""
     raise AssertionError("a request read a truncated region")
+
+
+def test_a_server_killed_whole_is_swept_by_the_next_one(tmp_path):
+    """Every process of a server stopped, then SIGKILLed (nobody survives to clean
+    up, as when a container's processes are OOM-killed together): its segments and
+    run directory stay, and the next server to start removes them
+    (scheduler/processes/leftovers.py) without touching a live server's."""
+    for name in ("a", "b", "live"):
+        (tmp_path / name).mkdir()
+    srv = ServerProcess(DEFAULT_REPOS, log_dir=tmp_path / "a").start()
+    prefix = f"shmserve-{srv.proc.pid:x}"
+    live = ServerProcess(DEFAULT_REPOS, log_dir=tmp_path / "live").start()
+    try:
+        run_dir = _run_dir(srv)
+        live_dir = _run_dir(live)
+        x = np.zeros((1, 1 << 18), np.float32)  # 1 MiB: the arenas make their segments
+        _client(srv, "http").infer("identity_fp32",
+                                   [clients.infer_input("http", "INPUT0", x, "FP32")])
+        everyone = [srv.proc.pid, srv.scheduler_pid(), *srv.children()]
+        for pid in everyone:  # stopped first: none can react to another's death
+            os.kill(pid, signal.SIGSTOP)
+        for pid in everyone:
+            os.kill(pid, signal.SIGKILL)
+        srv.proc.wait(TIMEOUT)
+        wait_until(lambda: not [p for p in everyone if _alive(p)], 10, what="all dead")
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+        assert left and os.path.exists(run_dir), "nothing was left to sweep"
+        ServerProcess(DEFAULT_REPOS, log_dir=tmp_path / "b").start().stop()
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+        assert not os.path.exists(run_dir)
+        assert os.path.exists(live_dir), "a live server's run directory was swept"
+        assert _client(live, "http").is_server_ready()
+    finally:
+        srv._log.close()
+        live.stop()
+        remove_segments(prefix)  # when it failed before the sweep

@@ -239,3 +239,42 @@ def test_initial_state_from_data_file(server, protocol):
     assert total(step(server, protocol, "seq_acc_init", corrid, 2, end=True)) == 103
     assert total(step(server, protocol, "seq_acc_init", corrid, 5, start=True,
                       end=True)) == 105
+
+
+def test_ensemble_responses_carry_the_sequence_fields_on_a_grpc_stream(server):
+    """Rule (as Triton 2.51 answers, compared side by side): every response of an
+    ensemble carries the parameters sequence_id, sequence_start and sequence_end it
+    ran with (int64 or string id, bool flags), here over ModelStreamInfer; a plain
+    model's response has none of them."""
+    import tritonclient.grpc as grpcclient
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    results: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        flags = [(True, False), (False, False), (False, True)]
+        for k, (start, end) in enumerate(flags):
+            x = np.array([[k + 1]], dtype=np.int32)
+            c.async_stream_infer("ens_seq", [infer_input("grpc", "IN", x, "INT32")],
+                                 request_id=str(k), sequence_id=90_001,
+                                 sequence_start=start, sequence_end=end)
+        got = []
+        for _ in flags:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            p = result.get_response().parameters
+            got.append((p["sequence_id"].int64_param, p["sequence_start"].bool_param,
+                        p["sequence_end"].bool_param))
+        assert got == [(90_001, s, e) for s, e in flags]
+        x = np.array([[1]], dtype=np.int32)
+        c.async_stream_infer("ens_seq", [infer_input("grpc", "IN", x, "INT32")],
+                             sequence_id="s-9", sequence_start=True, sequence_end=True)
+        result, error = results.get(timeout=30)
+        assert error is None, error
+        assert result.get_response().parameters["sequence_id"].string_param == "s-9"
+        c.async_stream_infer("seq_acc", [infer_input("grpc", "INPUT", x, "INT32")],
+                             sequence_id=90_002, sequence_start=True, sequence_end=True)
+        result, error = results.get(timeout=30)
+        assert error is None, error
+        assert "sequence_id" not in result.get_response().parameters
+    finally:
+        c.stop_stream()

@@ -276,3 +276,54 @@ def test_cancelled_unary_grpc_call_drops_its_queued_request(server):
     want = (before[0] + 1, before[1] + 1, before[2] + 1)
     wait_until(lambda: _counts(server, "slow_identity") == want, T,
                what="the running request counted and the queued one dropped")
+
+
+def check_grpc_error_mode(url: str) -> None:
+    """The triton_grpc_error stream header, as Triton 2.51 answers it (compared side by
+    side): a request refused before it runs (unknown model) still comes back in-band;
+    the first error a model answers ends the stream, its gRPC status the error's
+    (INTERNAL) and its details the message; the stream takes no more requests; the
+    server goes on serving. (Shared with the grpcio engine's test in
+    test_fallback_transports.)"""
+    c = grpcclient.InferenceServerClient(url)
+    q: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)),
+                   headers={"triton_grpc_error": "true"})
+    try:
+        c.async_stream_infer("slow_identity", [_int_input(grpcclient, "INPUT0", [1])])
+        r, e = q.get(timeout=T)
+        assert e is None and r.as_numpy("OUTPUT0").tolist() == [1]
+        c.async_stream_infer("no_such_model", [_int_input(grpcclient, "INPUT0", [1])])
+        r, e = q.get(timeout=T)
+        assert r is None and e.status() is None and "unknown model" in e.message()
+        c.async_stream_infer("slow_identity", [_int_input(grpcclient, "INPUT0", [-1])],
+                             request_id="bad")
+        r, e = q.get(timeout=T)
+        assert r is None and e.status() == "StatusCode.INTERNAL", e
+        assert "negative input" in e.message()
+        with pytest.raises(InferenceServerException, match="no longer in valid state"):
+            c.async_stream_infer("slow_identity", [_int_input(grpcclient, "INPUT0", [2])])
+    finally:
+        c.stop_stream()
+    c, q = _stream_at(url)
+    try:
+        c.async_stream_infer("slow_identity", [_int_input(grpcclient, "INPUT0", [-1])])
+        r, e = q.get(timeout=T)  # without the header: in-band, the stream open
+        assert r is None and e.status() is None and "negative input" in e.message()
+        c.async_stream_infer("slow_identity", [_int_input(grpcclient, "INPUT0", [3])])
+        r, e = q.get(timeout=T)
+        assert e is None and r.as_numpy("OUTPUT0").tolist() == [3]
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def _stream_at(url: str):
+    c = grpcclient.InferenceServerClient(url)
+    q: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    return c, q
+
+
+def test_triton_grpc_error_header_ends_the_stream_at_the_first_error(server):
+    check_grpc_error_mode(server.grpc_url)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from shm.errors import ErrorCode
 from shm.messages.frontend import (FRONTEND_INBOX, Drain, FrontendReady, FrontendStopped,
                                    InferRequest, StatsRequest)
 from shm.messages.results import Error, InferResponse
+from shm.messages.roles import WorkerSpec
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
                                  LoadInstance, StopWorker, WorkerReady, done_address)
 from shm.tensor import TensorRef
@@ -39,11 +41,33 @@ def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-class ManualTimer:
-    """PreciseTimer's interface; fires only from `fire()` (the test's clock)."""
+class TestClock:
+    """The loop's clock in a test: CLOCK_MONOTONIC plus what the test skipped ahead. It
+    never runs backwards, and a deadline is reached when the test says (fire(),
+    advance()), not when the real clock gets there: a 2 s batching delay costs no
+    2 s. Everything that stamps a time in these loops reads it (Server, the fake
+    workers, requests' start)."""
 
-    def __init__(self, loop, callback):
+    def __init__(self):
+        self.skipped = 0
+
+    def __call__(self) -> int:
+        return time.monotonic_ns() + self.skipped
+
+    def advance(self, ns: int) -> None:
+        self.skipped += ns
+
+    def reach(self, t: int) -> None:
+        self.advance(max(t - self(), 0))
+
+
+class ManualTimer:
+    """PreciseTimer's interface; fires only from `fire()`, which moves the test's
+    clock to the deadline first."""
+
+    def __init__(self, loop, callback, clock: TestClock):
         self._callback = callback
+        self.clock = clock
         self.deadline: int | None = None
 
     def set(self, deadline_ns: int | None) -> None:
@@ -51,11 +75,9 @@ class ManualTimer:
             self.deadline = deadline_ns
 
     def fire(self) -> None:
-        """Run the callback as the timer would at its deadline (waiting out the real
-        clock to it first: the server compares deadlines with time.monotonic_ns)."""
+        """Run the callback as the timer would at its deadline."""
         assert self.deadline is not None, "no deadline is armed"
-        while time.monotonic_ns() < self.deadline:
-            time.sleep(max(self.deadline - time.monotonic_ns(), 0) / 1e9)
+        self.clock.reach(self.deadline)
         self.deadline = None
         self._callback()
 
@@ -75,7 +97,10 @@ class FakeChild:
         self.process = None
 
     def start(self, loop) -> None:
-        kind = FakeWorker if self.module == "workers.main" else FakeFrontend
+        if self.module != "workers.main":
+            kind = FakeFrontend
+        else:
+            kind = RealWorker if self.rig.real_workers else FakeWorker
         self.process = kind(self.rig, self, self.args)
 
     def exit(self, code: int) -> None:
@@ -118,7 +143,7 @@ class FakeWorker:
         if isinstance(msg, LoadInstance):
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, True))
         elif isinstance(msg, ExecuteBatch):
-            self.received[msg.batch_id] = time.monotonic_ns()
+            self.received[msg.batch_id] = self.rig.clock()
             self.rig.batches.append((self, msg))
             if self.rig.auto_finish:
                 self.finish(msg)
@@ -130,7 +155,7 @@ class FakeWorker:
         the scheduler the batch is done, as workers/main.py's run_batch does. Its
         compute_infer phase spans from the batch's arrival to now; the other phases
         take no time. Returns the BatchDone, whose times the statistics count."""
-        now = time.monotonic_ns()
+        now = self.rig.clock()
         came = self.received.get(batch.batch_id, now)
         responses = [InferResponse(r.id, _echo(r), owner=self.address) if i not in failed
                      else InferResponse(r.id, error=Error(ErrorCode.INTERNAL, "failed"))
@@ -146,6 +171,38 @@ class FakeWorker:
                                     else self.scheduler, done)])
         self.outbox.uncork()
         return done
+
+
+class RealWorker:
+    """workers/main.py's Worker itself on a thread of this process, over the hub: its
+    instances are loaded and run as in a worker process (models' code, arena, threads),
+    and its outputs are read from its arena as a frontend reads them."""
+
+    def __init__(self, rig: "Rig", child: FakeChild, argv: list[str]):
+        from workers.main import Worker
+        self.rig, self.child = rig, child
+        self.spec = WorkerSpec.from_argv(argv)
+        self.worker: Worker | None = None
+        started = threading.Event()
+
+        def run():
+            try:
+                # made on its own thread: the worker receives there (BlsClient.receiver)
+                s = self.spec
+                self.worker = Worker(s.name, s.address, s.scheduler, s.segment_prefix,
+                                     s.arena_bytes, s.device, s.arena_high_water,
+                                     transport=rig.hub, clock=rig.clock)
+                started.set()
+                self.worker.run()
+            finally:
+                started.set()
+                rig.loop.call_soon_threadsafe(child.exit, 0)
+
+        self.thread = threading.Thread(target=run, name=self.spec.name, daemon=True)
+        self.thread.start()
+        started.wait(DEADLINE_S)
+        self.inbox = self.worker.inbox
+        rig.workers.append(self)
 
 
 def _echo(req: InferRequest) -> list[TensorRef]:
@@ -187,8 +244,9 @@ class FakeFrontend:
 
 
 class Rig:
-    def __init__(self, loop, repo: Path, *flags: str):
+    def __init__(self, loop, repo: Path, *flags: str, real_workers: bool = False):
         self.loop = loop
+        self.real_workers = real_workers  # RealWorker for FakeWorker: models really run
         self.hub = MemoryHub()
         self.workers: list[FakeWorker] = []
         self.frontend: FakeFrontend | None = None
@@ -198,10 +256,12 @@ class Rig:
         args = parse_args(["--model-repository", str(repo), "--frontend-processes", "1",
                            "--http-port", "0", "--grpc-port", "0", "--allow-metrics",
                            "false", *flags])
+        self.clock = TestClock()
         self.server = Server(args, transport=self.hub,
                              launcher=lambda *a, **kw: FakeChild(self, *a, **kw),
-                             timer=ManualTimer)
-        self.timer: ManualTimer = self.server.timer
+                             timer=lambda loop, cb: ManualTimer(loop, cb, self.clock),
+                             clock=self.clock)
+        self.timer: ManualTimer = self.server.pumps.timer
 
     async def start(self) -> None:
         self._run = self.loop.create_task(self.server.run())
@@ -237,7 +297,7 @@ class Rig:
         fut = fe.expect(rid)
         fe.outbox.send(fe.scheduler, InferRequest(rid, fe.address, model, 0, tensors,
                                                   batch_size=rows,
-                                                  start_ns=time.monotonic_ns(), **kw))
+                                                  start_ns=self.clock(), **kw))
         fut.request_id = rid
         return fut
 
@@ -271,10 +331,10 @@ def ids(batch: ExecuteBatch) -> list[int]:
     return [r.id for r in batch.requests]
 
 
-def run(repo: Path, test, *flags: str) -> None:
+def run(repo: Path, test, *flags: str, real_workers: bool = False) -> None:
     """Run `await test(rig)` against a started server, then stop it cleanly."""
     async def main():
-        rig = Rig(asyncio.get_running_loop(), repo, *flags)
+        rig = Rig(asyncio.get_running_loop(), repo, *flags, real_workers=real_workers)
         await rig.start()
         try:
             await asyncio.wait_for(test(rig), 3 * DEADLINE_S)  # a response that never comes

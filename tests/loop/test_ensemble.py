@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from shm.errors import ErrorCode
+from shm.messages.frontend import RequestedOutput
 from tests.loop.rig import DEADLINE_S, run
 
 MODELS = Path(__file__).parents[1] / "models_ensemble"
@@ -109,3 +110,70 @@ def test_statistics_count_the_ensemble_and_its_steps(tmp_path):
         assert counts["py_fail"] == dict(execution_count=1, inference_count=0,
                                          success=0, fail=1)
     run(_repo(tmp_path), test)
+
+
+# A chain beside a single step, for pruning:
+#   IN -> py_identity -> T -> py_double -> OUT_D;   IN -> py_meet_a -> OUT_A
+ENS_PRUNE = """
+name: "ens_prune"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [
+  { name: "OUT_D" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "OUT_A" data_type: TYPE_FP32 dims: [ -1 ] }
+]
+ensemble_scheduling {
+  step [
+    { model_name: "py_identity" model_version: -1
+      input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "T" } },
+    { model_name: "py_double" model_version: -1
+      input_map { key: "INPUT0" value: "T" } output_map { key: "OUTPUT0" value: "OUT_D" } },
+    { model_name: "py_meet_a" model_version: -1
+      input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT_A" } }
+  ]
+}
+"""
+
+
+def test_steps_no_requested_output_depends_on_are_skipped(tmp_path):
+    """Rule (Triton 2.51 prunes an ensemble's steps per request): a step runs only if
+    a requested output depends on it, directly or through later steps. Asking ens_prune
+    for OUT_A runs py_meet_a alone; asking for OUT_D runs the chain and not py_meet_a;
+    asking for everything runs all three. Statistics show the skipped steps never
+    ran."""
+    repo = _repo(tmp_path / "repo")
+    (repo / "ens_prune" / "1").mkdir(parents=True)
+    (repo / "ens_prune" / "config.pbtxt").write_text(ENS_PRUNE)
+
+    async def test(rig):
+        fut = rig.send("ens_prune", inputs=("IN",), outputs=[RequestedOutput("OUT_A")])
+        (worker, batch), = await _steps(rig, "py_meet_a")
+        worker.finish(batch)
+        reply = await asyncio.wait_for(fut, DEADLINE_S)
+        assert not reply.error, reply.error
+        assert [o.name for o in reply.outputs] == ["OUT_A"]
+
+        fut = rig.send("ens_prune", inputs=("IN",), outputs=[RequestedOutput("OUT_D")])
+        for model in ("py_identity", "py_double"):
+            (worker, batch), = await _steps(rig, model)
+            worker.finish(batch)
+        reply = await asyncio.wait_for(fut, DEADLINE_S)
+        assert not reply.error, reply.error
+        assert [o.name for o in reply.outputs] == ["OUT_D"]
+
+        fut = rig.send("ens_prune", inputs=("IN",))
+        (wi, bi), (wa, ba) = await _steps(rig, "py_identity", "py_meet_a")
+        wi.finish(bi)
+        wa.finish(ba)
+        (worker, batch), = await _steps(rig, "py_double")
+        worker.finish(batch)
+        reply = await asyncio.wait_for(fut, DEADLINE_S)
+        assert not reply.error, reply.error
+        assert sorted(o.name for o in reply.outputs) == ["OUT_A", "OUT_D"]
+        await rig.settle()
+        assert not rig.take_batches()  # nothing else ran
+        counts = {m: _counts(await rig.stats(m))["execution_count"]
+                  for m in ("ens_prune", "py_identity", "py_double", "py_meet_a")}
+        assert counts == {"ens_prune": 3, "py_identity": 2, "py_double": 2, "py_meet_a": 2}
+    run(repo, test)

@@ -16,11 +16,6 @@ def _repo(tmp_path, *models: str) -> Path:
     for model in models:
         src = MODELS / model
         shutil.copytree(src, tmp_path / src.name)
-        # the timer fires when a test says, but not before the real clock reaches the
-        # deadline (rig.ManualTimer): batch_probe's 2 s delay is made 20 ms here
-        config = tmp_path / src.name / "config.pbtxt"
-        config.write_text(config.read_text().replace(
-            "max_queue_delay_microseconds: 2000000", "max_queue_delay_microseconds: 20000"))
     return tmp_path
 
 
@@ -120,3 +115,24 @@ def test_statistics_count_one_batch_exactly_and_a_failed_request_as_a_failure(tm
         m, = (await rig.stats("delayed_batch"))["model_stats"]
         assert m["inference_stats"]["fail"]["ns"] > 0
     run(_repo(tmp_path, "models_sched/delayed_batch"), test)
+
+
+def test_a_worker_that_dies_fails_its_batch_and_the_instance_comes_back(tmp_path):
+    """A worker killed while it runs a batch: the batch's requests fail with the
+    instance's death in the message (manager.instances_lost), the worker is started
+    again, and the next request is served by the new one. (The processes' side, a real
+    kill -9 and the restart policy, is e2e test_faults.py's.)"""
+    async def test(rig):
+        first = rig.send("batch_probe", rows=4)  # the preferred size: it goes at once
+        (worker, _), = await rig.batches_sent(1)
+        rig.take_batches()
+        worker.child.signal(9)
+        reply = await asyncio.wait_for(first, 10)
+        assert reply.error is not None and "SIGKILL" in reply.error.message, reply.error
+        await rig.until(lambda: len(rig.workers) == 2, "the worker started again")
+        second = rig.send("batch_probe", rows=4)
+        (again, batch), = await rig.batches_sent(1)
+        assert again is rig.workers[1]
+        again.finish(batch)
+        assert (await second).error is None
+    run(_repo(tmp_path, "models/batch_probe"), test)

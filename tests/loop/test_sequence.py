@@ -14,14 +14,7 @@ TIMED_OUT = "timeout of the corresponding sequence has been expired"
 
 
 def _repo(tmp_path, *models: str):
-    repo = build(tmp_path, models)
-    # the timer fires when a test says, but not before the real clock reaches the
-    # deadline (rig.ManualTimer): seq_acc_idle's 300 ms idle time is made 20 ms here
-    idle = repo / "seq_acc_idle" / "config.pbtxt"
-    if idle.exists():
-        idle.write_text(idle.read_text().replace("max_sequence_idle_microseconds: 300000",
-                                                 "max_sequence_idle_microseconds: 20000"))
-    return repo
+    return build(tmp_path, models)
 
 
 def _step(rig, model, corrid, start=False, end=False, **kw):

@@ -1,9 +1,12 @@
 """The loop's Callbacks (scheduler/scheduling/interface.py) for a scheduler under test:
 the functions a test gives, the rest recorded or ignored."""
 
+import time
+
 
 class FakeCallbacks:
     address = "ipc:///run/scheduler"
+    clock = staticmethod(time.monotonic_ns)
 
     def __init__(self, send_batch=None, fail=None, respond=None):
         self.send_batch = send_batch or (lambda slot, batch: None)

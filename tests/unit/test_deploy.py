@@ -230,3 +230,138 @@ def test_pod_runs_as_the_image_user():
     uid = re.search(r"useradd .*--uid (\d+)", (ROOT / "Dockerfile").read_text()).group(1)
     ctx = dep["spec"]["template"]["spec"]["securityContext"]
     assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == int(uid)
+
+
+# The metric families Triton 2.51 exports by default (read from its /metrics, CPU build,
+# python backend; plus the GPU and cache families it adds with a GPU or a response
+# cache). Its first-response histogram needs --metrics-config histogram_latencies=true.
+TRITON_FAMILIES = {
+    "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+    "nv_inference_exec_count", "nv_inference_request_duration_us",
+    "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
+    "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
+    "nv_inference_pending_request_count", "nv_pinned_memory_pool_total_bytes",
+    "nv_pinned_memory_pool_used_bytes", "nv_cpu_utilization", "nv_cpu_memory_total_bytes",
+    "nv_cpu_memory_used_bytes", "nv_gpu_utilization", "nv_gpu_memory_total_bytes",
+    "nv_gpu_memory_used_bytes", "nv_gpu_power_usage", "nv_gpu_power_limit",
+    "nv_energy_consumption", "nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model",
+    "nv_cache_hit_duration_per_model", "nv_cache_miss_duration_per_model",
+}
+
+
+def test_dashboard_panels_fall_back_or_say_so_for_triton_pods():
+    """Five panels plot series a default Triton does not export. Each query of theirs
+    either falls back, for models with no such series, to Triton's families
+    (`or on (model)`, labelled by `stat`), or its panel's title says what it needs;
+    the other panels use Triton's families only."""
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    affected = 0
+    for panel in dash["panels"]:
+        if all(metric_names(t["expr"].partition(" or on (model) ")[0]) <= TRITON_FAMILIES
+               for t in panel["targets"]):
+            continue
+        affected += 1
+        for target in panel["targets"]:
+            expr = target["expr"]
+            primary, _, fallback = expr.partition(" or on (model) ")
+            if metric_names(primary) <= TRITON_FAMILIES:
+                continue
+            if fallback:
+                assert metric_names(fallback) <= TRITON_FAMILIES, expr
+                assert "stat" in target["legendFormat"], panel["title"]
+            else:
+                assert re.search(r"shmserve only|histogram_latencies|mean where no "
+                                 r"histogram", panel["title"]), panel["title"]
+    assert affected == 5
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_parses_every_dashboard_query(tmp_path):
+    """Every Grafana query is valid PromQL (checked as recording rules by promtool),
+    the `or on (model)` fallbacks and label_replace calls included."""
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    rules = [{"record": f"panel_{p['id']}_{i}", "expr": t["expr"]}
+             for p in dash["panels"] for i, t in enumerate(p["targets"])]
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    done = subprocess.run(["promtool", "check", "rules", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_model_claim_binds_on_the_default_storage_class():
+    """ReadWriteOnce on the default class binds on every cluster with a provisioner;
+    ReadOnlyMany with no class stayed Pending on most."""
+    pvc = one("models-pvc.yaml", "PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert "storageClassName" not in pvc["spec"]
+    dep, c = container()
+    claims = [v["persistentVolumeClaim"]["claimName"]
+              for v in dep["spec"]["template"]["spec"]["volumes"]
+              if "persistentVolumeClaim" in v]
+    assert claims == [pvc["metadata"]["name"]]
+
+
+def test_pod_security_defaults_leave_the_server_its_writable_paths():
+    """No service account token, RuntimeDefault seccomp, no capabilities, a read-only
+    root filesystem; the paths the server writes (tempfile's /tmp, the
+    EXECUTION_ENV_PATH cache, /dev/shm) are volumes. scripts/container_check runs the
+    image the same way (--read-only, --cap-drop=ALL)."""
+    dep, c = container()
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    ctx = c["securityContext"]
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["capabilities"]["drop"] == ["ALL"]
+    assert ctx["allowPrivilegeEscalation"] is False
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {"/tmp", "/home/shmserve/.cache", "/dev/shm"} <= mounts
+    # with no CPU limit the default frontend count would follow the node's cores
+    assert "cpu" not in c["resources"].get("limits", {})
+    args = cli.build_parser().parse_args(c["args"])
+    assert args.frontend_processes == 1
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_dashboard_fallbacks_draw_triton_means(tmp_path):
+    """Evaluated by promtool on synthetic series: a model with shmserve's histograms
+    gets its p99 (stat="p99"), a model with only Triton's counters gets the mean per
+    request (stat="mean") instead of nothing, in the panels that fall back."""
+    dash = json.loads((DEPLOY / "grafana-dashboard.json").read_text())
+    rules, expected = [], []
+    means = {"nv_inference_request_histogram_ms": 0.1, "nv_inference_queue_histogram_ms": 0.1,
+             "nv_inference_compute_histogram_ms": 0.3}  # ms, from the counters below
+    for p in dash["panels"]:
+        for i, t in enumerate(p["targets"]):
+            if " or on (model) " not in t["expr"]:
+                continue
+            name = f"panel_{p['id']}_{i}"
+            rules.append({"record": name, "expr": t["expr"]})
+            (hist,) = metric_names(t["expr"]) & {h + "_bucket" for h in means}
+            # all of model a's observations fall in the 1 ms bucket: p99 = 0.99 of it
+            expected.append({"expr": name, "eval_time": "5m", "exp_samples": [
+                {"labels": f'{name}{{model="a",stat="p99"}}', "value": 0.9899999999999999},
+                {"labels": f'{name}{{model="b",stat="mean"}}',
+                 "value": means[hist.removesuffix("_bucket")]}]})
+    assert len(rules) == 3
+    series = [{"series": f'{h}_bucket{{model="a",le="{le}"}}', "values": "0+10x10"}
+              for h in means for le in ("1", "+Inf")]
+    # model b, Triton: 100 us per second on each duration counter, one request and
+    # one execution per second
+    for counter in ("request", "queue", "compute_input", "compute_infer",
+                    "compute_output"):
+        series += [{"series": f'nv_inference_{counter}_duration_us{{model="{m}"}}',
+                    "values": "0+6000x10"} for m in "ab"]
+    for counter in ("nv_inference_request_success", "nv_inference_exec_count"):
+        series += [{"series": f'{counter}{{model="{m}"}}', "values": "0+60x10"}
+                   for m in "ab"]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(
+        {"groups": [{"name": "dashboard", "rules": rules}]}))
+    (tmp_path / "test.yml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": series,
+                   "promql_expr_test": expected}]}))
+    done = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

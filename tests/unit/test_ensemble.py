@@ -150,18 +150,29 @@ def test_a_block_read_by_two_steps_is_released_once_both_answered():
 
 
 def test_outputs_the_client_did_not_ask_for_are_released_and_not_sent():
-    """Rule: the client's requested outputs are the response; other ensemble outputs
-    are given back to their owners."""
+    """Rule: the client's requested outputs are the response; a step that only makes
+    outputs nobody asked for does not run (Triton prunes it), and an unrequested output
+    of a step that runs is given back to its owner."""
+    ens = ensemble([
+        step("a", {"INPUT0": "IN"}, {"OUTPUT0": "T", "OUTPUT1": "OUT_X"}),
+        step("b", {"INPUT0": "T"}, {"OUTPUT0": "OUT_B"}),
+        step("c", {"INPUT0": "T"}, {"OUTPUT0": "OUT_C"}),
+    ], outputs=("OUT_X", "OUT_B", "OUT_C"))
     host = FakeHost()
-    sched = EnsembleScheduler("ens", 1, DIAMOND, host)
+    sched = EnsembleScheduler("ens", 1, ens, host)
     sched.enqueue(client_request(outputs=[RequestedOutput("OUT_C")]), 5)
-    answer(sched, host.submitted[0])
-    answer(sched, host.running("b")[0], owner="ipc:///run/worker-b")
+    a = host.submitted[0]
+    answer(sched, a)  # each output at its place in the request (a protobuf map's order)
+    x = [o.name for o in a.outputs].index("OUTPUT1")  # OUT_X: nobody reads it
+    assert ("ipc:///run/worker-a", ("ipc:///run/worker-a-seg", x)) in host.released
     answer(sched, host.running("c")[0], owner="ipc:///run/worker-c")
+    assert [r.model for r in host.submitted] == ["a", "c"]  # b feeds nothing wanted
     (_, resp, lent), = host.finished
     assert [o.name for o in resp.outputs] == ["OUT_C"]
-    assert ("ipc:///run/worker-b", ("ipc:///run/worker-b-seg", 0)) in host.released
+    # T's only reader (c) is done: back to its owner, not kept until the end
+    assert ("ipc:///run/worker-a", ("ipc:///run/worker-a-seg", 1 - x)) in host.released
     assert list(lent.values()) == ["ipc:///run/worker-c"]
+    assert not sched.active
 
 
 def test_a_failing_step_fails_the_request_naming_the_step_after_running_steps_end():
@@ -214,7 +225,8 @@ def test_sequence_fields_priority_and_client_regions_flow_to_the_steps():
     sched = EnsembleScheduler("ens", 1, DIAMOND, host)
     target = TensorRef("OUT_C", "FP32", [], segment="/client", offset=128, nbytes=64, region=3)
     sched.enqueue(client_request(sequence_id="seq-1", sequence_start=True, priority=2,
-                                 outputs=[RequestedOutput("OUT_C", target=target)]), 5)
+                                 outputs=[RequestedOutput("OUT_C", target=target),
+                                          RequestedOutput("OUT_B")]), 5)
     a = host.submitted[0]
     assert (a.sequence_id, a.sequence_start, a.sequence_end, a.priority) == ("seq-1", True,
                                                                                False, 2)
@@ -508,19 +520,20 @@ def test_a_client_output_still_read_by_a_step_waits_for_that_step():
     ens.model_transaction_policy.decoupled = check_steps(ens, steps)
     host = FakeHost()
     sched = EnsembleScheduler("ens", 1, ens, host, decoupled_models=frozenset({"d"}))
-    sched.enqueue(client_request(outputs=[RequestedOutput("T")]), 5)
+    sched.enqueue(client_request(outputs=[RequestedOutput("T"), RequestedOutput("OUT")]), 5)
     (d,) = host.submitted
     stream_answer(sched, d, 0)
     stream_answer(sched, d, 1)
     assert host.finished == []  # b still reads T of both
     b0, b1 = host.running("b")
     answer(sched, b1, owner="ipc:///run/worker-b")  # the second set's reader first
-    assert host.finished == []  # the first set's response goes out first
+    # the second set is complete and T's last step reader is done: it goes first
+    assert [r.outputs[0].offset for _, r, _ in host.finished] == [10]
     answer(sched, b0, owner="ipc:///run/worker-b", offset=5)
-    assert [r.outputs[0].offset for _, r, _ in host.finished] == [0, 10]
+    assert [r.outputs[0].offset for _, r, _ in host.finished] == [10, 0]
     assert all(not r.final for _, r, _ in host.finished)
-    # OUT was not asked for: given back; T lent to the client, not released here
-    assert ("ipc:///run/worker-d", ("ipc:///run/worker-d-seg", 0)) not in host.released
+    # T and OUT are lent to the client, not released here
+    assert not host.released
     final_flag(sched, d)
     assert host.finished[-1][1].final and host.finished[-1][1].empty
 
@@ -543,13 +556,18 @@ def test_a_response_can_set_the_sequence_fields_of_the_steps_after_it():
         sched.on_response(InferResponse(d.id, outputs=outs, owner="w", final=False,
                                         parameters=p), 10)
     b0, b1, b2 = host.running("b")
+    for k, b in enumerate((b0, b1, b2)):
+        answer(sched, b, owner="ipc:///run/worker-b", offset=100 * k)
+    # and each response of the ensemble carries those its outputs came with (Triton)
+    assert [r.parameters for _, r, _ in host.finished] == [
+        {"sequence_id": "s-1", "sequence_start": True, "sequence_end": False},
+        {"sequence_id": 7, "sequence_start": True, "sequence_end": False},
+        {"sequence_id": 7, "sequence_start": False, "sequence_end": True}]
     assert (b0.sequence_id, b0.sequence_start, b0.sequence_end) == ("s-1", True, False)
     assert (b1.sequence_id, b1.sequence_start, b1.sequence_end) == (7, True, False)
     assert (b2.sequence_id, b2.sequence_start, b2.sequence_end) == (7, False, True)
     sched.on_response(InferResponse(d.id, outputs=[], final=True,
                                     parameters={"sequence_start": 1}), 10)
-    for b in (b0, b1, b2):
-        answer(sched, b, owner="ipc:///run/worker-b")
     (_, last, _) = host.finished[-1]
     assert last.final and last.error.message == (
         "in ensemble 'ens', step 0 (model 'd'): expect parameter 'sequence_start' to be "

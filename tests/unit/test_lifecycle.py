@@ -65,3 +65,42 @@ def test_an_orphan_whose_thread_is_stuck_still_exits_and_removes_its_segments():
         for name in os.listdir("/dev/shm"):
             if name.startswith(prefix):
                 os.unlink(os.path.join("/dev/shm", name))
+
+
+# a process whose stop hangs in its main thread (spinning in Python, as a loop held
+# by a client that never reads): the stop's deadline still ends it
+_OVERDUE = textwrap.dedent("""
+    import sys
+    from shm import lifecycle
+    from shm.arena import Segment
+    prefix = sys.argv[1]
+    Segment.create(prefix + "-0", 4096)
+    lifecycle.exit_when_overdue(prefix, 0.3, "test")
+    n = 0
+    while True:
+        n += 1
+""")
+
+
+def test_a_stop_past_its_deadline_exits_and_removes_its_segments():
+    """Rule: exit_when_overdue ends the process at its deadline, whatever its main
+    thread does, and takes its own segments with it; a cancelled one does nothing."""
+    prefix = f"shmserve-test-overdue-{uuid.uuid4().hex[:8]}"
+    try:
+        out = subprocess.run([sys.executable, "-c", _OVERDUE, prefix], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "PYTHONPATH": ROOT})
+        assert out.returncode == 1
+        assert "the stop overran" in out.stderr
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+        cancelled = subprocess.run(
+            [sys.executable, "-c", "import time; from shm import lifecycle; "
+             "t = lifecycle.exit_when_overdue('x', 0.2, 'test'); t.cancel(); "
+             "time.sleep(0.5); print('lived')"],
+            cwd=ROOT, capture_output=True, text=True, timeout=30,
+            env={**os.environ, "PYTHONPATH": ROOT})
+        assert cancelled.returncode == 0 and cancelled.stdout.strip() == "lived"
+    finally:
+        for name in os.listdir("/dev/shm"):
+            if name.startswith(prefix):
+                os.unlink(os.path.join("/dev/shm", name))

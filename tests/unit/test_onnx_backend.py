@@ -338,12 +338,17 @@ def test_bad_session_parameters(params, reason):
 
 def test_default_threads_share_the_cores_among_instances(monkeypatch):
     monkeypatch.setattr(ob.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(ob, "cgroup_cpu_quota", lambda: None)
     groups = [{"kind": "KIND_CPU", "count": 2}, {"kind": "KIND_GPU", "count": 3}]
     assert ob.default_intra_op_threads(bare(instance_group=groups), "cpu") == 4
     assert ob.default_intra_op_threads(bare(instance_group=groups), "cuda") == 2
     assert ob.default_intra_op_threads(bare(), "cpu") == 8
     many = [{"kind": "KIND_CPU", "count": 32}]
     assert ob.default_intra_op_threads(bare(instance_group=many), "cpu") == 1
+    # a pod limited to 2 CPUs: 2 threads for one instance, not the node's 8
+    monkeypatch.setattr(ob, "cgroup_cpu_quota", lambda: 2.0)
+    assert ob.default_intra_op_threads(bare(), "cpu") == 2
+    monkeypatch.setattr(ob, "cgroup_cpu_quota", lambda: None)
     options, _ = ob.session_options(bare(instance_group=groups), {})
     assert options.intra_op_num_threads == 4
     options, _ = ob.session_options(with_params(bare(instance_group=groups),

@@ -141,7 +141,7 @@ class _Call:
 class BlsClient:
     """The worker's side of BLS: sends calls, matches responses, releases blocks."""
 
-    def __init__(self, address: str, scheduler: str, io):
+    def __init__(self, address: str, scheduler: str, io, outbox=None):
         self.address = address
         self.scheduler = scheduler
         self.io = io
@@ -155,7 +155,7 @@ class BlsClient:
         self._ids = itertools.count(1)
         self._calls: dict[int, _Call] = {}
         self._lock = threading.Lock()  # the outbox: any thread may call or release
-        self._outbox = Outbox()
+        self._outbox = Outbox() if outbox is None else outbox  # shm/transport.py's
         self._closed = False
         # the thread that receives answers (the worker's main thread): a call made on
         # it (from initialize() or finalize()) could never be answered

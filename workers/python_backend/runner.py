@@ -251,16 +251,21 @@ class PythonInstance(Instance):
                     "the execute function must return None.")
                 return [s.fail(err) for s in streams]
             return [s.after_execute() for s in streams]
-        if responses is None and all(s.used for s in streams):
+        # Triton's non-decoupled response sender: a request whose sender the model took
+        # may be answered through it before execute() returns or after (from a thread),
+        # its place in the returned list None, or the whole list None
+        senders = [pb._sender is not None for pb in pb_requests]
+        if responses is None and all(senders):
             return [s.after_execute() for s in streams]
-        if responses is None or len(responses) != len(requests):
+        if (responses is None or len(responses) != len(requests)
+                or any(r is None and not taken for r, taken in zip(responses, senders))):
             got = "None" if responses is None else str(len(responses))
             err = InferError(
                 ErrorCode.INTERNAL,
                 f"model '{self.model_name}' execute() returned {got} responses for "
                 f"{len(requests)} requests")
             return [s.fail(err) for s in streams]
-        return [s.after_execute() if s.used else self._outputs(req, resp)
+        return [s.after_execute() if s.used or resp is None else s.returned(req, resp)
                 for s, req, resp in zip(streams, requests, responses)]
 
     def _input(self, ref, io):
@@ -422,10 +427,21 @@ class _ResponseStream:
             self.send(None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return ANSWERED
 
+    def returned(self, req: InferRequest, response):
+        """execute() returned this request's response: it is the answer, and the
+        sender is closed (a later send raises, as in Triton)."""
+        self.closed = True
+        return self.inst._outputs(req, response)
+
     def fail(self, err: InferError):
         """execute() failed: a request not answered yet gets `err` as its final
-        response (through run_batch when nothing was sent for it yet)."""
+        response (through run_batch when nothing was sent for it yet). A non-decoupled
+        one that sent its response already (a second send raised) gets that response,
+        as Triton's client sees it: what follows the first is dropped."""
         if self.closed:
+            return ANSWERED
+        if self.held is not None and not self.inst.decoupled:
+            self.send(None, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return ANSWERED
         if not self.used or self.inst.responder is None:
             self.closed = True

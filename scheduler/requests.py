@@ -1,0 +1,136 @@
+"""The scheduler's request calls: a request admitted and queued, cancelled, answered
+from the response cache, and its batch's end counted.
+
+Admission checks what a frontend cannot: the model's state now, a BLS call's limits
+(scheduler/bls.py), the response cache (a hit never enters the queue, as in Triton's
+scheduler), trace sampling, and the client regions the request names. Then the model's
+scheduler has it. A batch's end frees its instance: the schedulers woken by it are
+marked dirty, and the loop pumps them after the burst (scheduler/server.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+from scheduler import bls
+from scheduler.cache import ResponseCache
+from scheduler.callbacks import LoopCallbacks, not_ready
+from scheduler.regions import RegionRegistry
+from scheduler.repository.manager import ModelRepositoryManager
+from scheduler.repository.models import ModelReadyState
+from scheduler.scheduling.interface import InstanceScheduler
+from scheduler.trace import TraceManager
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import CacheInsert, CancelRequest, InferRequest, RequestOrigin
+from shm.messages.results import InferResponse
+from shm.messages.worker import BatchDone, ResponseStats
+from shm.transport import OutboxLike
+
+log = logging.getLogger("shmserve.scheduler")
+
+
+class RequestCalls:
+    """`dirty` is the loop's set of schedulers to pump after this burst; `quiet` the
+    quiet batches whose BatchDone is not read yet (callbacks.send_batch)."""
+
+    def __init__(self, manager: ModelRepositoryManager, callbacks: LoopCallbacks,
+                 regions: RegionRegistry, trace: TraceManager, cache: ResponseCache | None,
+                 outbox: OutboxLike, dirty: set[InstanceScheduler], wakes: collections.Counter,
+                 clock):
+        self.manager = manager
+        self.clock = clock
+        self.callbacks = callbacks
+        self.regions = regions
+        self.trace = trace
+        self.cache = cache
+        self.outbox = outbox
+        self.dirty = dirty
+        self.quiet = callbacks.quiet
+        self.wakes = wakes
+
+    def on_infer(self, req: InferRequest) -> None:
+        mv = self.manager.models.resolve(req.model, req.version)
+        if req.origin is RequestOrigin.BLS:  # checked here as a frontend would
+            try:
+                bls.admit(req, mv)
+            except InferError as exc:
+                self.callbacks.fail(req, exc.code, bls.refusal(req, exc.message))
+                return
+        if mv is None or mv.scheduler is None or mv.state is not ModelReadyState.READY:
+            self.callbacks.fail(req, ErrorCode.UNAVAILABLE, not_ready(req).message)
+            return
+        sched = mv.scheduler
+        now = self.clock()
+        # frontends set a key only for models that cache
+        if req.cache_key and self.cache is not None and self._answer_from_cache(req, mv, now):
+            return
+        if self.trace.active:  # the one check a request pays while tracing is off
+            req.trace_id = self.trace.sample(req.model, mv.version, req.request_id)
+        try:
+            self.regions.resolve(req)  # names of client regions, if the request has any
+            sched.enqueue(req, now)
+        except InferError as exc:
+            self.callbacks.fail(req, exc.code,
+                                bls.refusal(req, exc.message)
+                                if req.origin is RequestOrigin.BLS else exc.message)
+
+    def _answer_from_cache(self, req: InferRequest, mv, now: int) -> bool:
+        start = self.clock()
+        entry = self.cache.lookup(req.cache_key)
+        end = self.clock()
+        if entry is None:
+            req.cache_lookup_ns = end - start  # counted as cache_miss time if it runs
+            return False
+        req.queue_ns = now
+        self.outbox.send(req.reply_to, InferResponse(req.id, outputs=entry.outputs,
+                                                     model_version=mv.version,
+                                                     cache_hit=True))
+        mv.scheduler.stats.cache_hit(req, start, end, self.clock())
+        return True
+
+    def on_cache_insert(self, msg: CacheInsert) -> None:
+        if self.cache is None:
+            return
+        start = self.clock()
+        if not self.cache.insert(msg.key, msg.model, msg.version, msg.outputs):
+            log.debug("response of '%s' version %d not cached: larger than the cache",
+                      msg.model, msg.version)
+        insert_ns = self.clock() - start
+        mv = self.manager.models.resolve(msg.model, msg.version)
+        if mv is not None and mv.scheduler is not None:
+            mv.scheduler.stats.cache_inserted(insert_ns)
+
+    def on_cancel(self, msg: CancelRequest) -> None:
+        now = self.clock()
+        for sched in list(self.manager.schedulers()):
+            if sched.cancel(msg.reply_to, msg.id, now):
+                return
+        # running: the model sees request.is_cancelled() in the worker running it
+        for sched in self.manager.instance_schedulers():
+            address = sched.running_on(msg.reply_to, msg.id)
+            if address:
+                self.outbox.send(address, msg)
+                return
+
+    def on_response_stats(self, msg: ResponseStats) -> None:
+        sched = self.manager.by_instance.get(msg.instance)
+        if sched is not None:
+            sched.stats.responses_sent(msg.responses)
+            sched.request_complete(msg.reply_to, msg.id)
+
+    def on_batch_done(self, msg: BatchDone) -> None:
+        self.wakes["BatchDone"] += 1
+        self.quiet.discard(msg.batch_id)
+        sched = self.manager.by_instance.get(msg.instance)
+        if sched is None:
+            return
+        now = self.clock()
+        requests, woken = sched.batch_done(msg, now)
+        callbacks = self.callbacks
+        if callbacks.internal:
+            callbacks.batch_ran(requests, msg)
+        if self.trace.pending or self.regions.users:  # else nothing to record per request
+            for req in requests:
+                callbacks.request_ended(req, msg, now)
+        self.dirty.update(woken)
