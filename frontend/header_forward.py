@@ -3,9 +3,10 @@ headers (HTTP) or metadata (gRPC) whose name the regular expression matches anyw
 (a search, as Triton's RE2::PartialMatch) become string parameters of the inference
 request, so the model reads them with `request.parameters()`.
 
-Header names arrive lower-cased (HTTP/1.1 names are case-insensitive and the ASGI server
-lower-cases them; gRPC metadata keys are lower-case by rule), so patterns are matched
-against the lower-case name: write them in lower case, or with `(?i)`.
+The pattern matches case-insensitively, as Triton's (shm/header_pattern.py), so
+`MY_HEADER.*` forwards `my_header_1`. Header names arrive lower-cased (HTTP/1.1 names
+are case-insensitive and ASGI lower-cases them; gRPC metadata keys are lower-case by
+rule) and are forwarded so: Triton's HTTP forwards the client's spelling.
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
+from shm.header_pattern import compile_forward_pattern
+
 
 def compile_pattern(pattern: str | None) -> re.Pattern | None:
     """The pattern a flag gives, compiled; None for no forwarding. Raises ValueError
     for a pattern that is not a regular expression (the server refuses to start)."""
-    if not pattern:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"invalid header forward pattern '{pattern}': {exc}") from None
+    return compile_forward_pattern(pattern)
 
 
 def forward(parameters: dict, headers: Iterable[tuple], pattern: re.Pattern | None) -> None:

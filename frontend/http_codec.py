@@ -152,6 +152,35 @@ def _inflate_error(e: Exception, encoding: str, limit: int | None) -> InferError
     return _bad(f"failed to decompress the request body ({encoding}): {e}")
 
 
+def _refuse_constant(name: str):
+    raise ValueError(f"invalid literal {name}")  # NaN, Infinity: not JSON
+
+
+def _raw_bytes_json(raw, error: UnicodeDecodeError) -> dict:
+    """The request JSON whose strings hold bytes that are not UTF-8. Triton 2.51 takes
+    them (RapidJSON copies a string's bytes without checking them; checked: 200, the
+    model gets the bytes, and a JSON output gives them back as they came), and a BYTES
+    tensor is bytes to the model, so a client may send any in its `data` strings: they
+    reach the model unchanged (surrogateescape round trip). Anywhere else (names, id,
+    parameters) text must be UTF-8 here: 400, the decoder's words."""
+    try:
+        request = json.loads(bytes(raw).decode("utf-8", "surrogateescape"),
+                             parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        raise _bad(f"failed to parse the request JSON buffer: {error}") from None
+    if type(request) is dict:
+        text = {k: v for k, v in request.items() if k != "inputs"}
+        inputs = request.get("inputs")
+        if type(inputs) is list:
+            text["inputs"] = [{k: v for k, v in i.items() if k != "data"}
+                              if type(i) is dict else i for i in inputs]
+        try:
+            json.dumps(text, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise _bad(f"failed to parse the request JSON buffer: {error}") from None
+    return request
+
+
 def decode_infer_request(body, header_length: int | None, model_name: str,
                          model_version: str = "") -> DecodedRequest:
     """Decode an inference request body.
@@ -166,6 +195,8 @@ def decode_infer_request(body, header_length: int | None, model_name: str,
     view = memoryview(body)
     try:
         request = json_loads(view[:end] if end != len(body) else body)
+    except UnicodeDecodeError as e:  # a string's bytes are not UTF-8
+        request = _raw_bytes_json(view[:end], e)
     except _JSON_ERRORS as e:
         raise _bad(f"failed to parse the request JSON buffer: {e}")
     if type(request) is not dict:
@@ -350,7 +381,11 @@ def _json_to_raw(name: str, datatype: str, shape: list[int], data):
             if type(item) is not str:
                 raise _bad("Unable to parse 'data': expected a string element for "
                            f"BYTES input '{name}'")
-            raw = item.encode("utf-8")
+            try:  # bytes that were not UTF-8 in the body come back as they came
+                raw = item.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # an escaped lone surrogate, e.g. "\ud800"
+                raise _bad(f"Unable to parse 'data': invalid string for BYTES input "
+                           f"'{name}'") from None
             parts.append(_LEN.pack(len(raw)))
             parts.append(raw)
         return b"".join(parts)

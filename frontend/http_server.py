@@ -14,6 +14,7 @@ import logging
 from typing import Iterable, Sequence
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -82,7 +83,17 @@ def make_http_app(core: DataPlane, *, server_name: str = "shmserve",
         *repository_endpoints.http_routes(core),
         *routes,
     ]
-    return _HttpApp(infer, restrictions or {}, max_input_size, routes=all_routes)
+    return _HttpApp(infer, restrictions or {}, max_input_size, routes=all_routes,
+                    exception_handlers={HTTPException: _http_exception})
+
+
+async def _http_exception(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (no route: 404; a route without the method: 405) in
+    Triton's form, `{"error": "Not Found"}` (its words too), so a client that reads
+    every error as JSON reads these. Triton labels them text/plain; we say what the
+    body is. 405 keeps its Allow header (RFC 9110, 15.5.6)."""
+    return Response(http_codec.encode_error(exc.detail), exc.status_code,
+                    headers=exc.headers, media_type="application/json")
 
 
 class _HttpApp(Starlette):

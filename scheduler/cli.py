@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import ssl
 import stat
 
@@ -15,6 +14,7 @@ from scheduler.metrics import parse_metrics_config
 from scheduler.scheduling.rate_limiter import parse_resource
 from scheduler.trace import parse_trace_config
 from shm.cpu_quota import cgroup_cpu_quota, usable_cpus
+from shm.header_pattern import compile_forward_pattern
 from shm.messages.roles import GrpcKeepalive
 
 
@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout-secs", type=float, default=120.0)
     for proto in ("http", "grpc"):
         p.add_argument(f"--{proto}-header-forward-pattern", default="", metavar="REGEX",
-                       help=f"{proto.upper()} request headers whose (lower-case) name "
-                            "this regular expression matches become request parameters")
+                       help=f"{proto.upper()} request headers whose name this regular "
+                            "expression matches (case-insensitively, as Triton's RE2; "
+                            "'(?-i)' first makes case matter) become request parameters")
     _add_limits(p)
     _add_grpc_transport(p)
     _add_triton_only(p)
@@ -405,11 +406,7 @@ def parse_backend_config(items: list[str]) -> dict[str, dict[str, str]]:
 
 def _check_regex(flag: str, pattern: str) -> None:
     """Refuse at start a forward pattern the frontends could not compile."""
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise ValueError(f"--{flag.replace('_', '-')}: invalid regular expression "
-                         f"'{pattern}': {exc}") from None
+    compile_forward_pattern(pattern, f"--{flag.replace('_', '-')}")
 
 
 def repository_problem(paths: list[str]) -> str | None:

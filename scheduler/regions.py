@@ -113,11 +113,8 @@ class RegionRegistry:
         if call.name in self.by_name:
             raise InferError(ErrorCode.ALREADY_EXISTS,
                              f"shared memory region '{call.name}' already in manager")
-        if call.byte_size <= 0:
-            # Triton's words (its mmap of 0 bytes fails with EINVAL), checked on 2.51
-            raise InferError(ErrorCode.INVALID_ARG,
-                             f"failed to register shared memory region '{call.name}': "
-                             "unable to process address spaceInvalid argument")
+        if call.byte_size <= 0 and call.kind != SYSTEM:
+            raise _empty_region(call.name)
         region = Region(next(self._uids), call.name, call.kind, byte_size=call.byte_size)
         if call.kind == SYSTEM:
             try:
@@ -147,6 +144,8 @@ class RegionRegistry:
                 raise InferError(ErrorCode.INVALID_ARG,
                                  f"failed to register shared memory region '{call.name}':"
                                  " invalid args")
+            if call.byte_size <= 0:  # after the bounds, as Triton (offset 65 of 64: bounds)
+                raise _empty_region(call.name)
             region.key, region.offset = call.key, call.offset
         else:
             if not self.cuda_devices:
@@ -178,7 +177,9 @@ class RegionRegistry:
                 raise InferError(ErrorCode.NOT_FOUND,
                                  f"Unable to find {_what(kind)} region: '{name}'")
             return [region.status()]
-        return [r.status() for r in self.by_name.values() if r.kind == kind]
+        # in name order, as Triton's (its regions are a std::map by name; clients and
+        # tests that compare the list see the same order from both servers)
+        return [r.status() for _, r in sorted(self.by_name.items()) if r.kind == kind]
 
     def unregister(self, kind: str, name: str, done: Callable[[], None]) -> None:
         """Take the region(s) away; `done` runs once none is in use any more (maybe now).
@@ -242,13 +243,17 @@ class RegionRegistry:
         if region is None:  # Triton 2.51: 404 / NOT_FOUND
             raise InferError(ErrorCode.NOT_FOUND,
                              f"Unable to find shared memory region: '{ref.segment}'")
-        if ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > region.byte_size:
-            # Triton's text, word for word; the numbers go to the log
+        if (ref.offset < 0 or ref.nbytes < 0 or ref.offset >= region.byte_size
+                or ref.offset + ref.nbytes > region.byte_size):
+            # Triton's texts, word for word (its qa tests match on them): an offset
+            # past the region's last byte is named alone, else the sum is; a negative
+            # offset is a huge one to Triton (size_t). The numbers go to the log.
             log.info("%s: offset %d + byte size %d > the %d bytes of region '%s'", what,
                      ref.offset, ref.nbytes, region.byte_size, region.name)
+            which = ("offset" if ref.offset < 0 or ref.offset >= region.byte_size
+                     else "offset + byte size")
             raise InferError(ErrorCode.INVALID_ARG,
-                             f"Invalid offset + byte size for shared memory region: "
-                             f"'{region.name}'")
+                             f"Invalid {which} for shared memory region: '{region.name}'")
         ref.region = region.uid
         ref.region_name = region.name
         if region.kind == SYSTEM:
@@ -280,3 +285,10 @@ class RegionRegistry:
 
 def _what(kind: str) -> str:
     return "system shared memory" if kind == SYSTEM else "cuda shared memory"  # Triton's
+
+
+def _empty_region(name: str) -> InferError:
+    # Triton's words (its mmap of 0 bytes fails with EINVAL), checked on 2.51
+    return InferError(ErrorCode.INVALID_ARG, f"failed to register shared memory region "
+                                             f"'{name}': unable to process address "
+                                             "spaceInvalid argument")

@@ -276,7 +276,7 @@ class Server:
     # -- shutdown -----------------------------------------------------------------------
 
     async def shutdown(self) -> None:
-        self.manager.stopping = True
+        self.manager.stopping = self.outbox.stopping = True
         self.done_inbox.watch(True)  # whatever still runs ends promptly
         await self.control.stop_polling()  # nothing loads while we stop
         # the whole stop fits --exit-timeout-secs (and small margins), as Triton's

@@ -345,6 +345,10 @@ class Outbox:
         # corked: frames queue until uncork() writes them (see cork())
         self._corked = False
         self._held: list[_Peer] = []
+        # Set when this process begins to stop: its peers stop too, so a peer gone
+        # then is expected, not a fault, and is logged at info (operators alert on
+        # warnings; a clean restart must raise none).
+        self.stopping = False
 
     def send(self, address: str, msg: Any) -> bool:
         """Send or queue one message; False if the peer is known to be gone."""
@@ -403,7 +407,8 @@ class Outbox:
                 self._flush(peer)
 
     def _gone(self, peer: _Peer, what: str) -> bool:
-        log.warning("peer %s is gone; dropped %s", peer.address, what)
+        (log.info if self.stopping else log.warning)("peer %s is gone; dropped %s",
+                                                     peer.address, what)
         self.drop(peer.address)
         return False
 

@@ -41,6 +41,8 @@ class InboxLike(Protocol):
 
 
 class OutboxLike(Protocol):
+    stopping: bool  # this process stops: a peer gone is expected (logged at info)
+
     def send(self, address: str, msg: Any) -> bool: ...
 
     def send_many(self, messages: Iterable[tuple[str, Any]]) -> None: ...
@@ -214,6 +216,7 @@ class MemoryOutbox:
         self._queues: dict[str, list[bytes]] = {}
         self._corked = False
         self._scheduled = False
+        self.stopping = False  # as channel.Outbox's (nothing here logs a peer gone)
 
     def send(self, address: str, msg: Any) -> bool:
         return self._send(address, [channel.encode(msg)])

@@ -48,8 +48,8 @@ from workers.instance import Instance, WorkerLinks
 from workers.python_backend import bls, pb_utils
 from workers.python_backend.bls import BlsClient
 from workers.sequence import SequenceContext
-from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, TensorIO, targets_of,
-                             unpinner)
+from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, ErrorResponse, TensorIO,
+                             targets_of, unpinner)
 
 log = logging.getLogger("shmserve.worker")
 
@@ -245,10 +245,9 @@ class Worker:
             inst, config = create_instance(msg)
             seq = self._sequence_context(msg, inst, config)
         except Exception as exc:  # the reason goes to the model's state, not a crash
-            if getattr(exc, "logged", False):  # the model's own error, logged with its frames
-                log.error("failed to load %s", msg.instance)
-            else:
-                log.exception("failed to load %s", msg.instance)
+            # The scheduler logs the reason in one line ("failed to load 'm' version
+            # 1: ..."), as Triton does; our own frames help only who debugs the server.
+            log.debug("failed to load %s", msg.instance, exc_info=True)
             self.outbox.send(self.scheduler, InstanceLoaded(msg.instance, False,
                                                             error=_reason(exc)))
             return
@@ -468,7 +467,8 @@ class Worker:
                     continue
                 except InferError as exc:
                     result = exc
-            failed.append(i)
+            if not isinstance(result, ErrorResponse):  # a success in statistics
+                failed.append(i)
             responses.append(InferResponse(request.id,
                                            error=Error(result.code, result.message)))
         # once for the batch: its copies into clients' CUDA regions are complete

@@ -43,6 +43,14 @@ ANSWERED = object()
 ANSWERED_FAILED = object()
 
 
+class ErrorResponse(InferError):
+    """The model's own answer to a request was an error (a python model's
+    `InferenceResponse(error=...)`): the client gets the error, but the execution
+    succeeded, and Triton's statistics count the request as a success (its python
+    backend reports success for every request it holds a response for). Clients and
+    dashboards that compare success counts between the two servers depend on it."""
+
+
 class Copies:
     """Bytes copied, by kind: host (host to host), h2d, d2h, d2d; and how many copy
     calls crossed to or from a device, or within one (`*_ops`: a call costs ~10 us

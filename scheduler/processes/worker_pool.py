@@ -82,6 +82,7 @@ class WorkerHandle:
         self.loads: dict[str, asyncio.Future] = {}
         self.slots: list[InstanceSlot] = []
         self.killed_for = ""  # why the pool killed it (a hung execute), if it did
+        self.stop_sent = False  # told to stop: it exits soon and needs no more news
 
 
 class RestartPolicy:
@@ -169,8 +170,11 @@ class WorkerPool:
             await self._stop(worker)
 
     def broadcast(self, msg) -> None:
+        # not to a worker told to stop: it may already be gone, which is no fault (a
+        # peer-gone warning at every failed load or clean stop would cry wolf)
         for worker in self.workers.values():
-            self.outbox.send(worker.address, msg)
+            if not worker.stop_sent:
+                self.outbox.send(worker.address, msg)
 
     # -- hung executes ------------------------------------------------------------------
 
@@ -262,6 +266,7 @@ class WorkerPool:
     async def _stop(self, worker: WorkerHandle, timeout: float = 10.0) -> None:
         if worker.child is None or worker.child.returncode is not None:
             return
+        worker.stop_sent = True
         self.outbox.send(worker.address, StopWorker())
         if not await worker.child.wait(timeout):
             await worker.child.stop(1.0)

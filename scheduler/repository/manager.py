@@ -126,6 +126,8 @@ class ModelRepositoryManager:
     async def load_model(self, name: str, plan, plans: dict) -> bool:
         try:
             if isinstance(plan, _Refused):
+                # its reason in the log too, in Triton's words (as a poll's refusal)
+                log.error("Poll failed for model directory '%s': %s", name, plan.reason)
                 mv = ModelVersion(name, 0, str(plan.source.path),
                                   state=ModelReadyState.UNAVAILABLE, reason=plan.reason)
                 self.models.add(mv)

@@ -363,6 +363,12 @@ def shm_register_size_out_of_range(c):
     c.register("r", key, 128)
 
 
+@case("register an offset past the object's end with byte size 0")
+def shm_register_offset_out_of_range_empty(c):
+    key = c.region("base", 64, register=False)
+    c.register("r", key, 0, offset=128)
+
+
 @case("status of a region that is not registered")
 def shm_status_unknown(c):
     c.client.get_system_shared_memory_status("nope")
@@ -414,6 +420,20 @@ def shm_output_offset_out_of_range(c):
     c.region("out", F32)
     c.infer("err_id", _pair(c),
             outputs=[c.output("OUTPUT0", region="out", byte_size=F32, offset=8)])
+
+
+@case("an output's offset at the region's end (Triton's qa: 'Invalid offset')")
+def shm_output_offset_past_end(c):
+    c.region("out", F32)
+    c.infer("err_id", _pair(c),
+            outputs=[c.output("OUTPUT0", region="out", byte_size=F32, offset=F32)])
+
+
+@case("an input's offset past the region's end")
+def shm_infer_input_offset_past_end(c):
+    c.region("in", F32, fill=np.zeros(4, np.float32))
+    c.infer("err_id", [c.shm_tensor("INPUT0", [1, 4], "FP32", "in", F32, offset=F32 + 4),
+                       c.shm_tensor("INPUT1", [1, 4], "FP32", "in", F32)])
 
 
 @case("unregister a region while a request is using it; then the request's answer")
@@ -582,6 +602,18 @@ def http_bytes_output_not_utf8(c):
         json.loads(data.decode("utf-8"))
     except ValueError as e:  # UnicodeDecodeError included
         return {"body": f"200 whose body is not UTF-8 JSON ({type(e).__name__})"}
+
+
+@case("BYTES input data in the JSON body that is not UTF-8", protocols=("http",))
+def http_json_bytes_input_not_utf8(c):
+    # the model gets the bytes as they came: asked back as binary, they are the same
+    body = (b'{"inputs":[{"name":"INPUT0","shape":[1,2],"datatype":"BYTES","data":'
+            b'["\xff\xfe","\xc3("]}],"outputs":[{"name":"OUTPUT0",'
+            b'"parameters":{"binary_data":true}}]}')
+    data = c.raw("POST", "/v2/models/err_bytes/infer", body)
+    result = httpclient.InferenceServerClient.parse_response_body(
+        data, header_length=len(data) - 12)  # the output: 4 + 2 and 4 + 2 bytes
+    return {"body": repr(result.as_numpy("OUTPUT0").tolist())}
 
 
 @case("an unknown shared_memory_region parameter in a JSON input", protocols=("http",))

@@ -190,6 +190,31 @@ def test_triton_error_code_maps_to_the_protocol_status(bls_server, protocol, cod
     assert status_of(err.value, protocol) == (http if protocol == "http" else grpc)
 
 
+def _counts(server, model: str) -> dict:
+    m, = client(server, "http").get_inference_statistics(model)["model_stats"]
+    return {"inference": m["inference_count"], "execution": m["execution_count"],
+            **{k: m["inference_stats"][k]["count"] for k in ("success", "fail", "queue",
+                                                             "compute_infer")}}
+
+
+def test_error_response_counts_as_a_success_in_statistics(bls_server):
+    """Rule (issue 26, 8): a python model that answers with InferenceResponse(error=...)
+    ran: Triton 2.51 counts the request as a success, with its inference, queue and
+    compute (checked on it: 2 such requests, success 2, fail 0, inference_count 2);
+    clients and dashboards comparing both servers depend on it. The client still gets
+    the error."""
+    before = _counts(bls_server, "error_model")
+    for protocol in PROTOCOLS:
+        with pytest.raises(InferenceServerException):
+            client(bls_server, protocol).infer("error_model", [infer_input(
+                protocol, "CODE", np.array([int(ErrorCode.INVALID_ARG)], np.int32),
+                "INT32")])
+    after = _counts(bls_server, "error_model")
+    assert {k: after[k] - before[k] for k in after} == {
+        "inference": 2, "execution": 2, "success": 2, "fail": 0, "queue": 2,
+        "compute_infer": 2}
+
+
 def _copies(log: str, model: str) -> dict[str, int]:
     m = re.search(rf"model '{model}' version 1: .*bytes copied host=(\d+) h2d=(\d+) "
                   rf"d2h=(\d+) d2d=(\d+)", log)

@@ -3,7 +3,9 @@ another server, and model errors that say where they came from (issue 11, part 8
 
 from __future__ import annotations
 
+import re
 import shutil
+import signal
 import time
 
 import grpc
@@ -113,7 +115,7 @@ def test_initialize_error_names_model_type_and_line(failed_load_server, protocol
     assert "RuntimeError: cannot open weights file" in message
     assert "crashing/1/model.py(3): initialize" in message
     log = failed_load_server.log()
-    assert "initialize() of model 'crashing' raised RuntimeError: cannot open" in log
+    assert "failed to load 'crashing' version 1: RuntimeError: cannot open" in log
     assert "crashing/1/model.py(3): initialize" in log
     # the startup load table carries the reason, its frames on rows of their own
     table_row = next(line for line in log.splitlines()
@@ -204,6 +206,47 @@ def test_strict_readiness_ready_when_all_models_load(tmp_path):
         assert _health_check(first) == grpc_health.SERVING
     finally:
         first.stop_checked()
+
+
+def _lines(log: str, letter: str) -> list[str]:
+    """The records of one level (Triton's first letter: W, E), without the lines
+    that continue a record (a reason's "At:" frames)."""
+    return [line for line in log.splitlines() if re.match(letter + r"\d{4} ", line)]
+
+
+def test_clean_stop_and_failed_load_log_no_warning(tmp_path):
+    """Rule (issue 26, 7): normal events do not look like faults. A model that fails
+    to load logs its reason in one error record (its type, text and model.py line; no
+    traceback of ours, also where our code found the fault, or before any load);
+    serving requests and a clean stop (SIGTERM) log no warning and no error at all
+    (operators alert on them), with workers and frontends stopping together."""
+    repo = _repo(tmp_path, crashing=True)
+    (repo / "no_file" / "1").mkdir(parents=True)  # fails in our code, not the model's
+    (repo / "no_file" / "config.pbtxt").write_text(f'backend: "python"\n{IO}')
+    (repo / "bad_config" / "1").mkdir(parents=True)  # refused before any load
+    (repo / "bad_config" / "config.pbtxt").write_text('backend: "python"\nbogus: 1\n')
+    srv = ServerProcess(repo, "--exit-on-error=false", "--strict-readiness=false",
+                        log_dir=tmp_path, frontends=2)
+    srv.start()
+    try:
+        for _ in range(3):
+            for protocol in PROTOCOLS:
+                _add_sub(srv, protocol)
+    finally:
+        assert srv.stop(signal.SIGTERM) == 0, srv.log()
+    log = srv.log()
+    assert "server stopped" in log, log
+    assert _lines(log, "W") == [], log
+    errors = sorted(_lines(log, "E"), key=lambda line: ("'no_file'" in line) + 2 * (
+        "'bad_config'" in line))
+    assert len(errors) == 3, log
+    assert ("failed to load 'crashing' version 1: RuntimeError: cannot open weights "
+            "file") in errors[0]
+    assert "failed to load 'no_file' version 1: python model file not found" in errors[1]
+    assert ("Poll failed for model directory 'bad_config': failed to parse model "
+            "configuration") in errors[2]
+    assert "crashing/1/model.py(3): initialize" in log
+    assert "Traceback" not in log, log
 
 
 def test_second_server_on_the_grpc_port_fails_too(tmp_path):

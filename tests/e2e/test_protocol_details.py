@@ -21,8 +21,9 @@ BAD_ENSEMBLE = ROOT / "tests" / "models_protocol_badens"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProcess(MODELS, "--allow-client-shm=true",
-                        "--http-header-forward-pattern", "^x-fwd-",
-                        "--grpc-header-forward-pattern", "(?i)^X-FWD-", frontends=1,
+                        # as Triton's RE2: case-insensitive, and its (?-i) prefix
+                        "--http-header-forward-pattern", "^X-FWD-",
+                        "--grpc-header-forward-pattern", "(?-i)^x-fwd-", frontends=1,
                         log_dir=tmp_path_factory.mktemp("protocol-logs"))
     yield from srv.serve()
 
@@ -200,8 +201,10 @@ def test_header_forward_pattern(server, protocol):
     """--http-header-forward-pattern / --grpc-header-forward-pattern: request headers
     (gRPC metadata) whose name the regular expression matches reach the model as
     string request parameters; others do not. A parameter the request itself sets is
-    kept. Names are matched in lower case (HTTP names are case-insensitive, gRPC keys
-    lower-case)."""
+    kept. The pattern matches case-insensitively (HTTP's `^X-FWD-`), as Triton's RE2,
+    unless RE2's `(?-i)` says otherwise (gRPC's `(?-i)^x-fwd-`, which Python's re alone
+    would refuse); names are forwarded in lower case (HTTP names are case-insensitive,
+    gRPC keys lower-case)."""
     # gRPC metadata keys must be lower-case (the client refuses others)
     tenant = "X-Fwd-Tenant" if protocol == "http" else "x-fwd-tenant"
     seen = _params_seen(server, protocol, {tenant: "acme", "x-fwd-trace": "7",

@@ -89,6 +89,21 @@ def test_a_thread_sending_to_nobody_is_told_the_peer_is_gone(tmp_path):
     assert out.send(ipc_address(str(tmp_path), "nobody"), Ping(1)) is False
 
 
+def test_a_peer_gone_is_a_warning_while_running_and_info_while_stopping(tmp_path, caplog):
+    """Rule (issue 26, 7): a peer gone while the process runs is a fault (a warning);
+    once the process stops, its peers stop too, and the same drop is logged at info,
+    so a clean stop writes no warning."""
+    out = Outbox()
+    caplog.set_level("INFO", logger="shmserve.channel")
+    assert out.send(ipc_address(str(tmp_path), "a"), Ping(1)) is False
+    out.stopping = True
+    assert out.send(ipc_address(str(tmp_path), "b"), Ping(2)) is False
+    gone = [(r.levelname, r.getMessage()) for r in caplog.records
+            if "is gone" in r.getMessage()]
+    assert [level for level, _ in gone] == ["WARNING", "INFO"], gone
+    assert gone[0][1].endswith("/a is gone; dropped Ping")
+
+
 def test_loop_sends_wait_for_a_peer_that_starts_later_and_keep_order(address):
     """A child's inbox may not exist yet when its parent first writes to it."""
     got: list = []

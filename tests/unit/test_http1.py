@@ -257,6 +257,23 @@ def test_chunked_bodies_both_routes(port):
         assert r.read()[0][0] == 200
 
 
+def test_content_length_with_chunked_is_refused(port):
+    """Rule (README, deliberate differences): a request with both Content-Length and
+    Transfer-Encoding: chunked is a 400 and a close, never read by either length
+    (RFC 9112, 6.3: a request-smuggling door); Triton takes it."""
+    sock, r = connect(port)
+    with sock:
+        data, body, headers = infer_body()
+        chunks = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        head = b"".join(b"%s: %s\r\n" % (k.encode(), str(v).encode()) for k, v in headers)
+        sock.sendall(b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n%s"
+                     b"content-length: %d\r\ntransfer-encoding: chunked\r\n\r\n"
+                     % (head, len(chunks)) + chunks)
+        status, head, _ = r.read()[0]
+        assert status == 400
+        assert head["connection"] == "close" and r.is_closed()
+
+
 def test_expect_100_continue(port):
     sock, r = connect(port)
     with sock:

@@ -107,6 +107,36 @@ def test_json_bytes_and_bool_data():
     assert bytes(req.inputs[1].data) == b"\x01\x00"
 
 
+@pytest.mark.parametrize("raw", [b"\xff\xfeab", b"\x80", b"\xc3", b"\xc3(", b"\xc0\xaf",
+                                 b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"])
+def test_json_bytes_data_that_is_not_utf8_reaches_the_model_unchanged(raw):
+    """Rule (issue 26, 8): bytes that are not UTF-8 inside a BYTES input's JSON `data`
+    strings are taken, and the model gets them as they came, as on Triton 2.51
+    (checked on it for each of these: 200, and its identity model's JSON output gave
+    the same bytes back). Everything else in the body must still be JSON."""
+    body = (b'{"id":"r1","inputs":[{"name":"S","shape":[1,2],"datatype":"BYTES",'
+            b'"data":["' + raw + b'","ok"]}]}')
+    req = decode_infer_request(body, None, "m")
+    assert req.id == "r1"
+    assert bytes(req.inputs[0].data) == serialize_bytes(np.array([raw, b"ok"], dtype=object))
+    assert "failed to parse the request JSON buffer" in bad(body[:-2] + b"NaN}")
+
+
+@pytest.mark.parametrize("body", [
+    b'{"id":"\xff","inputs":[]}',
+    b'{"inputs":[{"name":"S\xff","shape":[1],"datatype":"BYTES","data":["a"]}]}',
+    b'{"parameters":{"k":"\xff"},"inputs":[]}',
+    b'{"inputs":[{"name":"S","shape":[2],"datatype":"BYTES","data":["\xff","\\ud800"]}]}'])
+def test_bytes_not_utf8_outside_bytes_data_are_refused(body):
+    """Rule: names, the id and parameters are text: bytes that are not UTF-8 there are
+    a 400 with the decoder's words (Triton copies them through; we do not, as the id
+    and names come back in answers and logs), and so is an escaped lone surrogate,
+    which is no character at all."""
+    message = bad(body)
+    assert message.startswith("failed to parse the request JSON buffer: ") \
+        or message.startswith("Unable to parse 'data'"), message
+
+
 def test_request_fields_pass_through():
     outputs = [httpclient.InferRequestedOutput("OUT0", binary_data=False),
                httpclient.InferRequestedOutput("OUT1", class_count=3)]

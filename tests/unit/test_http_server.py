@@ -327,8 +327,29 @@ def test_infer_route_without_the_fast_path(app, core):
 
 
 def test_method_not_allowed(app):
-    assert call(app, "GET", "/v2/models/identity/infer")[0] == 405
-    assert call(app, "POST", "/v2/health/live")[0] == 405
+    """Rule: a route without the method is 405 with its Allow header and Triton's
+    JSON body, {"error": "Method Not Allowed"}."""
+    for method, path, allow in (("GET", "/v2/models/identity/infer", {"POST"}),
+                                ("POST", "/v2/health/live", {"GET", "HEAD"})):
+        status, head, body = call(app, method, path)
+        assert status == 405
+        assert set(head["allow"].split(", ")) == allow
+        assert head["content-type"] == "application/json"
+        assert json.loads(body) == {"error": "Method Not Allowed"}
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/foo"), ("POST", "/foo"), ("GET", "/v2/foo"),
+    ("GET", "/v2/models/identity/bogus"), ("GET", "/v2/models/identity/versions/1/xyz"),
+    ("DELETE", "/")])
+def test_unknown_route_is_a_json_404(app, method, path):
+    """Rule (issue 26, 7): a path no route serves gets Triton 2.51's answer, 404 with
+    the body {"error": "Not Found"} (checked on the real server for these paths), as
+    JSON, so a client that parses every error body does not choke on plain text."""
+    status, head, body = call(app, method, path)
+    assert status == 404
+    assert head["content-type"] == "application/json"
+    assert json.loads(body) == {"error": "Not Found"}
 
 
 # --------------------------------------------------------------------------- infer

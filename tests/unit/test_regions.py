@@ -79,6 +79,34 @@ def test_register_checks_keys_sizes_and_names(key):
     assert e.value.code == ErrorCode.NOT_FOUND
 
 
+def test_status_lists_regions_in_name_order(key):
+    """Rule (issue 26, 7): the status of every region comes in name order (byte order:
+    upper case first), as Triton 2.51's, whatever the order of registration."""
+    reg, _ = registry()
+    for name in ("zeta", "alpha", "Mid", "beta"):
+        register(reg, name, key, 64)
+    assert [s.name for s in reg.status(SYSTEM, "")] == ["Mid", "alpha", "beta", "zeta"]
+
+
+def test_register_out_of_bounds_says_invalid_args_before_an_empty_size(key):
+    """Rule: Triton checks offset + byte size against the object before it maps the
+    region, so every out-of-bound registration ends "invalid args" (its qa tests match
+    that), an offset past the end with byte size 0 too; a byte size of 0 inside the
+    object is its mmap's EINVAL."""
+    reg, _ = registry()
+    for offset, size in ((0, 4097), (1, 4096), (4096, 1), (4097, 0)):
+        with pytest.raises(InferError) as e:
+            register(reg, "r", key, size, offset=offset)
+        assert (e.value.code, e.value.message) == (
+            ErrorCode.INVALID_ARG, "failed to register shared memory region 'r': invalid "
+                                   "args"), (offset, size)
+    with pytest.raises(InferError, match="unable to process address spaceInvalid arg"):
+        register(reg, "r", key, 0, offset=4096)
+    with pytest.raises(InferError, match="Unable to open shared memory region"):
+        register(reg, "r", "/sstest-no-such-object", 0)
+    assert reg.status(SYSTEM, "") == []
+
+
 def test_disabled_and_cuda_without_devices(key):
     # Triton's code (UNSUPPORTED) and words, for register and unregister; status answers
     reg, _ = registry(allowed=False)
@@ -121,8 +149,18 @@ def test_resolve_checks_bounds_and_rewrites_to_the_object(key):
     assert inp.segment == key and inp.offset == 2024 and inp.region > 0
     assert out.offset == 1024 and out.region == inp.region
     assert inp.region_name == out.region_name == "a"  # for the worker's errors
-    with pytest.raises(InferError, match="Invalid offset"):
-        reg.resolve(request(2, ref("a", offset=1000, nbytes=25)))
+    # Triton 2.51's words, which its qa tests match (checked on it over HTTP and
+    # gRPC, an input's and an output's): the sum past the end, or the offset itself
+    for offset, nbytes, which in ((1000, 25, "offset + byte size"), (1023, 2, "offset + "
+                                  "byte size"), (1024, 8, "offset"), (1024, 0, "offset"),
+                                  (2**64 - 32, 8, "offset"), (-32, 8, "offset")):
+        for req in (request(2, ref("a", offset=offset, nbytes=nbytes)),
+                    request(2, outputs=[RequestedOutput(
+                        "OUT", target=ref("a", offset, nbytes, name="OUT"))])):
+            with pytest.raises(InferError) as e:
+                reg.resolve(req)
+            assert (e.value.code, e.value.message) == (
+                ErrorCode.INVALID_ARG, f"Invalid {which} for shared memory region: 'a'")
     with pytest.raises(InferError, match="Unable to find shared memory region: 'nope'"):
         reg.resolve(request(3, ref("nope")))
     assert list(reg.users) == [("fe", 1)]  # failed requests hold nothing

@@ -22,7 +22,7 @@ from shm.messages.worker import LoadInstance
 from workers.batch_io import Reshaper
 from workers.instance import Instance, WorkerLinks
 from workers.python_backend import pb_utils
-from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, DeviceView,
+from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, DeviceView, ErrorResponse,
                              is_device_array)
 
 log = logging.getLogger("shmserve.python")
@@ -50,9 +50,6 @@ def describe_model_error(exc: BaseException) -> str:
 class ModelInitError(Exception):
     """initialize() of a model raised; the text names the model and where it raised."""
 
-    logged = True  # with the model's frames already: the worker adds no traceback
-
-
 
 class PythonInstance(Instance):
     """One TritonPythonModel object and the glue between it and the wire. Its batches
@@ -78,9 +75,9 @@ class PythonInstance(Instance):
         try:
             module = _import_model(path, f"_shmserve_model_{msg.instance}")
         except Exception as exc:  # a syntax error or a failed import in model.py
-            text = describe_model_error(exc)
-            log.error("importing model '%s' raised %s", self.model_name, text)
-            raise ModelInitError(text) from exc
+            # logged once, by the scheduler's "failed to load" line (the traceback,
+            # this one its cause, by the worker at --log-verbose)
+            raise ModelInitError(describe_model_error(exc)) from exc
         cls = getattr(module, "TritonPythonModel", None)
         if cls is None:
             raise ValueError(f"{path} defines no class TritonPythonModel")
@@ -121,9 +118,7 @@ class PythonInstance(Instance):
             except Exception as exc:
                 # The load table and every client asking for the model see this
                 # text: Triton's, with the place in model.py that raised.
-                text = describe_model_error(exc)
-                log.error("initialize() of model '%s' raised %s", self.model_name, text)
-                raise ModelInitError(text) from exc
+                raise ModelInitError(describe_model_error(exc)) from exc
 
     def connect(self, links: WorkerLinks) -> None:
         self.bls, self.responder, self.report_responses = links
@@ -330,7 +325,7 @@ class PythonInstance(Instance):
         if resp.has_error():
             err = resp.error()
             code = err.code() if hasattr(err, "code") else ErrorCode.INTERNAL
-            return InferError(ErrorCode(int(code)), err.message())
+            return ErrorResponse(ErrorCode(int(code)), err.message())
         wanted = None if req.outputs is None else {o.name for o in req.outputs}
         out = []
         for tensor in resp.output_tensors():
