@@ -94,14 +94,17 @@ def test_counts_of_a_held_batch_under_tritons_names(held_server):
     assert value(found, "nv_model_load_duration_secs") > 0
     assert found[("nv_cpu_memory_total_bytes", frozenset())] > 0
 
-    # Rule: a request the model fails counts under reason BACKEND; its execution counts.
+    # Rule: a request whose execute() raises counts under reason BACKEND; its execution
+    # counts. An error response the model returns counts as a success, as on Triton.
+    with pytest.raises(InferenceServerException, match="execute failed"):
+        infer(held_server, "grpc", np.full((1, 4), -2, np.float32))
     with pytest.raises(InferenceServerException, match="negative input"):
         infer(held_server, "grpc", -np.ones((1, 4), np.float32))
     found = samples(held_server)
     assert value(found, "nv_inference_request_failure", reason="BACKEND") == 1
     assert value(found, "nv_inference_request_failure", reason="REJECTED") == 0
-    assert value(found, "nv_inference_request_success") == HOLD
-    assert value(found, "nv_inference_exec_count") == 2
+    assert value(found, "nv_inference_request_success") == HOLD + 1
+    assert value(found, "nv_inference_exec_count") == 3
 
     # Rule: the same numbers as the statistics extension (one set of counters).
     st = client(held_server, "http").get_inference_statistics("delayed_batch")

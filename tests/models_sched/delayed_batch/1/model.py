@@ -14,6 +14,8 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if x.size and x.flat[0] <= -2:  # a failure Triton counts (an error response
+                raise pb_utils.TritonModelException("execute failed")  # is a success)
             if x.size and x.flat[0] < 0:
                 responses.append(pb_utils.InferenceResponse(
                     error=pb_utils.TritonError("negative input")))
