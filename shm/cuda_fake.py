@@ -8,10 +8,16 @@ handle is the object's name (so another process opens it, as cudaIpcOpenMemHandl
 would), memcpy is memmove, and streams and events do nothing. Every runtime call is
 counted in `CALLS` (per process), so tests can check what a request costs in calls:
 IPC opens, stream synchronizations, stream creations, copies.
+
+As with a real runtime, a process's device memory goes with the process: what it did
+not free is unlinked at its exit, and the objects of a process that died without an
+exit (kill -9) are unlinked by the next process of this host to allocate (their names
+carry the allocating pid).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import ctypes
@@ -29,6 +35,7 @@ from shm import datatypes, dlpack
 CALLS: collections.Counter = collections.Counter()
 _KDL_CUDA = dlpack.KDL_CUDA
 _ids = itertools.count()
+_PREFIX = "shmserve-fakecuda-"
 
 
 def _address(m: mmap.mmap) -> int:
@@ -47,13 +54,37 @@ class _Runtime:
     def __init__(self):
         self._owned: dict[int, tuple[str, mmap.mmap]] = {}  # malloc'd here
         self._opened: dict[int, mmap.mmap] = {}  # opened from a handle
+        self._swept = False
+        atexit.register(self._exit)
+
+    def _exit(self) -> None:
+        mine = f"{_PREFIX}{os.getpid()}-"  # a forked child's copy of the table is not
+        for name, _ in self._owned.values():
+            if name.startswith(mine):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"/dev/shm/{name}")
+        self._owned.clear()
+
+    @staticmethod
+    def _sweep_dead() -> None:
+        """Unlink the objects of processes that are gone (a real device frees them)."""
+        for name in os.listdir("/dev/shm"):
+            if not name.startswith(_PREFIX):
+                continue
+            pid = name[len(_PREFIX):].partition("-")[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"/dev/shm/{name}")
 
     def getDeviceCount(self) -> int:
         return int(os.environ.get("SHMSERVE_FAKE_CUDA") or 1)
 
     def malloc(self, nbytes: int) -> int:
         CALLS["malloc"] += 1
-        name = f"shmserve-fakecuda-{os.getpid()}-{next(_ids)}"
+        if not self._swept:
+            self._swept = True
+            self._sweep_dead()
+        name = f"{_PREFIX}{os.getpid()}-{next(_ids)}"
         fd = os.open(f"/dev/shm/{name}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, nbytes)
