@@ -26,10 +26,10 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from shm.datatypes import from_config
 from shm.errors import ErrorCode, InferError
+from shm.header_pattern import compile_forward_pattern
 
 from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_endpoints,
                settings_endpoints, shm_endpoints)
-from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .transport.engines import GrpcService
 from .types import DataPlane, ModelReadyState, not_ready_error
@@ -56,7 +56,7 @@ def handler_table(core: DataPlane, *, server_name: str = "shmserve",
     """Every RPC this server offers ({service: {method: handler}}), built once and
     served by either engine (transport.engines.grpc_engine)."""
     servicer = InferenceServicer(core, server_name, server_version or _default_version(),
-                                 extensions, header_forward_pattern(header_forward))
+                                 extensions, compile_forward_pattern(header_forward))
     table = {SERVICE: servicer.method_handlers(),
              grpc_health.SERVICE: grpc_health.HealthServicer(core).method_handlers()}
     infer = f"/{SERVICE}/ModelInfer"

@@ -14,14 +14,6 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from shm.header_pattern import compile_forward_pattern
-
-
-def compile_pattern(pattern: str | None) -> re.Pattern | None:
-    """The pattern a flag gives, compiled; None for no forwarding. Raises ValueError
-    for a pattern that is not a regular expression (the server refuses to start)."""
-    return compile_forward_pattern(pattern)
-
 
 def forward(parameters: dict, headers: Iterable[tuple], pattern: re.Pattern | None) -> None:
     """Add each header matching `pattern` to `parameters` as a string. `headers` are

@@ -21,11 +21,11 @@ from starlette.routing import BaseRoute, Route
 
 from shm.datatypes import from_config
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
+from shm.header_pattern import compile_forward_pattern
 
 from . import EXTENSIONS, http_codec, repository_endpoints, settings_endpoints, shm_endpoints
 from .http_stream import (DisconnectWatch, GenerateEndpoint, InferStreamEndpoint,
                           check_version)
-from .header_forward import compile_pattern as header_forward_pattern
 from .header_forward import forward as forward_headers
 from .restricted import (HTTP_DEFAULT_MAX_INPUT_SIZE, Restrictions, http_refusal,
                          input_size_message)
@@ -50,7 +50,7 @@ def make_http_app(core: DataPlane, *, server_name: str = "shmserve",
     route, these and any added later (frontend.restricted holds the route table)."""
     metadata = http_codec.json_dumps(
         {"name": server_name, "version": server_version, "extensions": list(extensions)})
-    forward = header_forward_pattern(header_forward)
+    forward = compile_forward_pattern(header_forward)
     infer = InferEndpoint(core, forward, max_input_size)
     handlers = _Handlers(core, metadata)
     model = "/v2/models/{model_name}"

@@ -150,13 +150,11 @@ def exit_when_overdue(segment_prefix: str, seconds: float, role: str) -> threadi
     the clients; a thread, not the loop, so a loop held by one request cannot miss it.
     Returns the timer (cancel it for a stop that ended in time)."""
     def overdue():
-        from shm.arena import remove_segments
         try:
             logging.getLogger(f"shmserve.{role}").warning(
                 "the stop overran its %.1fs (exit timeout); leaving now", seconds)
-            remove_segments(segment_prefix + "-")
         finally:
-            os._exit(1)
+            exit_orphaned(segment_prefix)
 
     timer = threading.Timer(seconds, overdue)
     timer.daemon = True

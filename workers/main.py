@@ -167,6 +167,8 @@ class Worker:
         self.threads: dict[str, InstanceThread] = {}
         # python models' calls to other models, and the cancel flags of what runs here
         self.bls = BlsClient(address, scheduler, self.io, transport.outbox())
+        # the process's BLS hooks, put back as they were by close()
+        self._hooks = (pb_utils._bls_executor, pb_utils._bls_async_executor)
         pb_utils._bls_executor = self.bls.exec
         pb_utils._bls_async_executor = self.bls.async_exec
         self.sequences: dict[str, SequenceContext] = {}  # stateful instances
@@ -219,6 +221,7 @@ class Worker:
 
     def close(self) -> None:
         self.bls.close()  # a model waiting on a call gets an error and returns
+        pb_utils._bls_executor, pb_utils._bls_async_executor = self._hooks
         for t in self.threads.values():
             t.stop()
         self.threads.clear()

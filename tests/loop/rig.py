@@ -23,6 +23,7 @@ import msgspec
 import orjson
 
 from scheduler.cli import parse_args
+from scheduler.processes.supervisor import Child
 from scheduler.server import Server
 from shm.errors import ErrorCode
 from shm.messages.frontend import (FRONTEND_INBOX, Drain, FrontendReady, FrontendStopped,
@@ -116,12 +117,7 @@ class FakeChild:
     async def stop(self, timeout: float) -> None:
         self.exit(-15)
 
-    async def wait(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self.exited.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+    wait = Child.wait  # on `exited`, as the real one
 
 
 class FakeWorker:
@@ -185,11 +181,6 @@ class RealWorker:
         self.worker: Worker | None = None
         started = threading.Event()
 
-        # a worker sets pb_utils' BLS hooks for its process: this one's are put back
-        # when it ends, so later tests in this process see pb_utils as it was
-        from workers.python_backend import pb_utils
-        hooks = (pb_utils._bls_executor, pb_utils._bls_async_executor)
-
         def run():
             try:
                 # made on its own thread: the worker receives there (BlsClient.receiver)
@@ -200,7 +191,6 @@ class RealWorker:
                 started.set()
                 self.worker.run()
             finally:
-                pb_utils._bls_executor, pb_utils._bls_async_executor = hooks
                 started.set()
                 rig.loop.call_soon_threadsafe(child.exit, 0)
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from frontend.header_forward import compile_pattern, forward
+from frontend.header_forward import forward
+from shm.header_pattern import compile_forward_pattern as compile_pattern
 from scheduler.cli import parse_args
 
 
