@@ -678,3 +678,20 @@ def test_shared_memory_requests_decode_from_a_template():
     for _ in range(2):
         assert "'shared_memory_byte_size' must be specified" in decode_error(msg).message
     assert not grpc_codec._REQUESTS
+
+
+def test_a_client_that_varies_its_regions_holds_a_bounded_template_cache():
+    """A hostile client that names a new region offset in every request (each a new
+    template key) never grows the cache past its 4096 entries, and a key past
+    _TEMPLATE_KEY_MAX bytes (a region name of 20 KB) is not remembered at all: the
+    templates one frontend holds stay within 4096 keys of at most 16 KiB."""
+    grpc_codec._REQUESTS.clear()
+    raw = np.array([1, 2], np.int32).tobytes()
+    for offset in range(0, 16 * 4200, 16):
+        decode_infer_request(_shm_request("x", offset=offset, raw=raw))
+        assert len(grpc_codec._REQUESTS) <= 4096
+    assert all(len(key) <= grpc_codec._TEMPLATE_KEY_MAX for key in grpc_codec._REQUESTS)
+    grpc_codec._REQUESTS.clear()
+    decode_infer_request(_shm_request("x", region="r" * 20_000, raw=raw))
+    assert not grpc_codec._REQUESTS
+    grpc_codec._REQUESTS.clear()
