@@ -570,3 +570,38 @@ def test_two_servers_share_one_port():
             second.stop()
     finally:
         first.stop()
+
+
+def test_a_triton_grpc_error_stream_reset_by_its_client_stops_reading():
+    """A stream opened with `triton_grpc_error: true` reads its requests on a task of
+    its own; a client that resets the stream (the call is cancelled) while that task
+    waits for its next request leaves nothing behind: the reader ends with the call
+    and its request iterator is closed, as on a plain stream."""
+    from frontend.grpc_server import InferenceServicer
+
+    class Context:
+        def invocation_metadata(self):
+            return (("triton_grpc_error", "true"),)
+
+    async def main():
+        servicer = InferenceServicer(FakeDataPlane(), "shmserve", "0", ())
+        waiting, closed = asyncio.Event(), asyncio.Event()
+
+        async def requests():  # the client sends nothing, and never ends the stream
+            try:
+                waiting.set()
+                await asyncio.Event().wait()
+                yield b""
+            finally:
+                closed.set()
+
+        call = asyncio.ensure_future(servicer.model_stream_infer(requests(), Context()))
+        await asyncio.wait_for(waiting.wait(), T)
+        call.cancel()  # RST_STREAM from the client
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await asyncio.wait_for(closed.wait(), T)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert not left, left
+
+    asyncio.run(main())
