@@ -5,8 +5,8 @@ burst the model schedulers it touched are pumped once (pumps.py), so requests th
 arrive together are batched together, and a precise timer wakes the loop for the
 earliest batching deadline. Most batches end in a quiet inbox (callbacks.send_batch):
 their BatchDone wakes the loop only while a request waits for an instance; otherwise it
-is read on the next wake, once what that wake sends is out, so at c=1 the scheduler
-wakes once per request, not twice.
+is read first thing on the next wake, so at c=1 the scheduler wakes once per request,
+not twice, and the next request goes to the instance that just ran.
 
 The rooms around the loop: requests.py (admission, cache, cancels, a batch's end),
 callbacks.py (what schedulers ask of the process), processes/events.py (children that
@@ -156,12 +156,13 @@ class Server:
     def _dispatch(self, msg) -> None:
         # what the handlers send is written once, after the burst (_after_burst)
         self.outbox.cork()
-        kind = type(msg)
-        if kind is not InferRequest and self._quiet and not self._drained:
-            # what a call reads (statistics, in-flight batches) counts every batch that
-            # ended; a request's burst reads them after its own batch is out
+        if self._quiet and not self._drained:
+            # the batch ends that came since this loop last looked are read first: a
+            # call (statistics, in-flight batches) counts every batch that ended, and a
+            # request finds the instance that just ran idle again, so it runs there
+            # (warm, rate_limiter.release) rather than waking the other one
             self._drain_done()
-        self.handlers[kind](msg)
+        self.handlers[type(msg)](msg)
 
     def _dispatch_done(self, msg: BatchDone) -> None:
         self.outbox.cork()
@@ -181,15 +182,6 @@ class Server:
             self.pumps.run_dirty()
         finally:
             self.outbox.uncork()
-        if self._quiet and not self._drained:
-            # the batch ends that came since this loop last looked, read once what this
-            # burst sent is written (off the path of the request that woke it); what
-            # they freed is pumped
-            self._drain_done()
-            try:
-                self.pumps.run_dirty()
-            finally:
-                self.outbox.uncork()
         self._drained = False
         self._watch_done()
 
@@ -203,11 +195,13 @@ class Server:
     def _on_timer(self) -> None:
         self.outbox.cork()
         self.wakes["timer"] += 1
+        if self._quiet and not self._drained:
+            self._drain_done()  # what the batch ends free takes the due batches
         try:
             self.pumps.run_due()
         finally:
             self.outbox.uncork()
-        self._after_burst()  # the batch ends that came, and what they free
+        self._after_burst()
 
     async def run(self) -> int:
         self.inbox.attach(self.loop, self._dispatch, after_burst=self._after_burst)
