@@ -1,0 +1,24 @@
+"""scripts/device_checks: a step it does not know is refused before anything is
+installed or started (a typo must not spend device time), and the steps it names are
+the ones its usage line lists."""
+
+import re
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[2] / "scripts" / "device_checks"
+
+
+def test_an_unknown_step_is_refused_before_anything_runs(tmp_path):
+    got = subprocess.run(["bash", str(SCRIPT), "nonsense"], capture_output=True, text=True,
+                         timeout=30, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "o")})
+    assert got.returncode == 2
+    assert "usage: scripts/device_checks prepare|tests|compare|sweep|all" in got.stderr
+    assert not (tmp_path / "o").exists()  # nothing was set up for it
+
+
+def test_every_step_in_the_usage_line_has_a_branch():
+    text = SCRIPT.read_text()
+    usage = re.search(r"usage: scripts/device_checks ([a-z|]+)", text).group(1).split("|")
+    for step in usage:
+        assert re.search(rf"^\s+{step}\)|\"\$step\" = {step}", text, re.M), step
