@@ -239,12 +239,10 @@ def test_bad_grpc_transport_values_refused(argv, error, capsys):
     assert error in capsys.readouterr().err
 
 
-def test_grpc_tls_flags(tmp_path, capsys, caplog):
+def test_grpc_tls_flags(tmp_path, capsys, caplog, certs):
     """TLS files are loaded once at start, so a bad one fails the command line with
     the flag named; mutual TLS implies TLS and needs the root certificate; the files
     alone, without --grpc-use-ssl, are warned about as Triton ignores them."""
-    from tests.tls_certs import make_certs
-    certs = make_certs(tmp_path)
     files = ["--grpc-server-cert", certs.server_cert, "--grpc-server-key", certs.server_key]
     _, tls = frontend_settings(parse_args([*BASE, "--grpc-use-ssl=true", *files]))
     assert (tls.server_cert, tls.server_key, tls.mutual) == (
