@@ -12,6 +12,7 @@ database is written (the tests run with the cache disabled).
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _COMMON = dict(deadline=None, database=None, print_blob=True,
@@ -21,3 +22,11 @@ settings.register_profile("ci", derandomize=True, max_examples=50, **_COMMON)
 settings.register_profile("fuzz", derandomize=False, max_examples=1500, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE")
                       or ("ci" if os.environ.get("CI") else "default"))
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory):
+    """One set of test certificates (tests/tls_certs.py) for every unit test that reads
+    them: each set is eight openssl runs (~0.2 s of CPU)."""
+    from tests.tls_certs import make_certs
+    return make_certs(tmp_path_factory.mktemp("certs"))

@@ -167,28 +167,43 @@ def test_cpus_list_and_the_frontend_default(monkeypatch, capsys):
         assert reason in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("start, flag, after", [
-    ("SCHED_OTHER", "batch", "SCHED_BATCH"),
+# In the order one process can take them: an unprivileged process may not leave
+# SCHED_IDLE, so the case that starts there comes last.
+POLICY_CASES = [
     ("SCHED_OTHER", "inherit", "SCHED_OTHER"),
+    ("SCHED_OTHER", "batch", "SCHED_BATCH"),
     ("SCHED_IDLE", "batch", "SCHED_IDLE"),  # a policy someone chose is kept
-])
-def test_process_policy(start, flag, after):
-    """--process-policy batch moves a normal process to SCHED_BATCH and its children
-    inherit it; inherit, or a policy other than the normal one, changes nothing. Run in
-    a child, so the test process (and the servers later tests start) keep theirs."""
+]
+
+
+@pytest.fixture(scope="module")
+def policies():
+    """{(start, flag): [the process's policy, its child's]} after apply_process_policy,
+    each case begun by setting `start`. Run in one child for all the cases (one
+    import of scheduler.cli, not three), so the test process (and the servers later
+    tests start) keep their own policy."""
     code = (
         "import os, subprocess, sys\n"
-        f"os.sched_setscheduler(0, os.{start}, os.sched_param(0))\n"
         "from scheduler.cli import apply_process_policy\n"
-        f"assert apply_process_policy({flag!r}) is None\n"
-        "child = subprocess.run([sys.executable, '-c', 'import os; "
+        "for start, flag in (tuple(c.split(':')) for c in sys.argv[1:]):\n"
+        "    os.sched_setscheduler(0, getattr(os, start), os.sched_param(0))\n"
+        "    assert apply_process_policy(flag) is None\n"
+        "    child = subprocess.run([sys.executable, '-S', '-c', 'import os; "
         "print(os.sched_getscheduler(0))'], capture_output=True, text=True, check=True)\n"
-        "print(os.sched_getscheduler(0), child.stdout.strip())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+        "    print(start, flag, os.sched_getscheduler(0), child.stdout.strip())\n")
+    out = subprocess.run([sys.executable, "-c", code,
+                          *(f"{start}:{flag}" for start, flag, _ in POLICY_CASES)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
+    return {tuple(line.split()[:2]): line.split()[2:] for line in out.stdout.splitlines()}
+
+
+@pytest.mark.parametrize("start, flag, after", POLICY_CASES)
+def test_process_policy(policies, start, flag, after):
+    """--process-policy batch moves a normal process to SCHED_BATCH and its children
+    inherit it; inherit, or a policy other than the normal one, changes nothing."""
     want = getattr(os, after)
-    assert out.stdout.split() == [str(want), str(want)]
+    assert policies[start, flag] == [str(want), str(want)]
 
 
 # ------------------------------------------------------ gRPC keepalive, age and TLS
@@ -239,12 +254,10 @@ def test_bad_grpc_transport_values_refused(argv, error, capsys):
     assert error in capsys.readouterr().err
 
 
-def test_grpc_tls_flags(tmp_path, capsys, caplog):
+def test_grpc_tls_flags(tmp_path, capsys, caplog, certs):
     """TLS files are loaded once at start, so a bad one fails the command line with
     the flag named; mutual TLS implies TLS and needs the root certificate; the files
     alone, without --grpc-use-ssl, are warned about as Triton ignores them."""
-    from tests.tls_certs import make_certs
-    certs = make_certs(tmp_path)
     files = ["--grpc-server-cert", certs.server_cert, "--grpc-server-key", certs.server_key]
     _, tls = frontend_settings(parse_args([*BASE, "--grpc-use-ssl=true", *files]))
     assert (tls.server_cert, tls.server_key, tls.mutual) == (

@@ -18,7 +18,6 @@ from tritonclient.utils import InferenceServerException
 from frontend.grpc_server import handler_table
 from frontend.grpc_tls import TlsSettings
 from frontend.transport.engines import grpc_engine
-from tests.tls_certs import make_certs
 from tests.unit.test_grpc_server import FakeCore, fp32_input
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,11 +70,6 @@ class TlsServer:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=T)
         self.loop.close()
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    return make_certs(tmp_path_factory.mktemp("certs"))
 
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])

@@ -75,7 +75,7 @@ _OVERDUE = textwrap.dedent("""
     from shm.arena import Segment
     prefix = sys.argv[1]
     Segment.create(prefix + "-0", 4096)
-    lifecycle.exit_when_overdue(prefix, 0.3, "test")
+    lifecycle.exit_when_overdue(prefix, 0.1, "test")  # the spin until then is CPU
     n = 0
     while True:
         n += 1

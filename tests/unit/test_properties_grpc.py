@@ -12,6 +12,8 @@ agree on any message.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -158,23 +160,33 @@ REACHES = {
 }
 
 
+# Built once: a strategy made inside a composite is built and validated again at every
+# draw, which cost as much as drawing.
+_HOWS = st.sampled_from(sorted(REACHES))
+_SHAPES = st.lists(st.integers(-3, 6) | st.sampled_from(
+    [h for h in HUGE if -(2**63) <= h < 2**63]), max_size=4)
+_NEAR = st.sampled_from([-1, 1, 2])
+_DATATYPE_VALUES = st.sampled_from(DATATYPES + BAD_DATATYPES)
+_CONTENT_FIELDS = st.lists(st.sampled_from(sorted(CONTENTS)), min_size=1, max_size=2)
+_OUTPUT_NAMES = st.sampled_from(["OUTPUT0", "OUT", "nope", ""])
+
+
 def mutate(draw, msg, hows=None):
     """One hostile change to a ModelInferRequest, in place."""
-    how = draw(st.sampled_from(hows or sorted(REACHES)))
+    how = draw(st.sampled_from(hows) if hows else _HOWS)
     note(f"mutation: {how}")
     inputs = msg.inputs
     t = inputs[draw(st.integers(0, len(inputs) - 1))] if inputs else msg.inputs.add()
     if how == "shape":
         t.ClearField("shape")
-        t.shape.extend(draw(st.lists(st.integers(-3, 6) | st.sampled_from(
-            [h for h in HUGE if -(2**63) <= h < 2**63]), max_size=4)))
+        t.shape.extend(draw(_SHAPES))
     elif how == "shape_near" and t.shape:
         k = draw(st.integers(0, len(t.shape) - 1))
-        t.shape[k] = max(t.shape[k] + draw(st.sampled_from([-1, 1, 2])), 0)
+        t.shape[k] = max(t.shape[k] + draw(_NEAR), 0)
     elif how == "datatype":
-        t.datatype = draw(st.sampled_from(DATATYPES + BAD_DATATYPES))
+        t.datatype = draw(_DATATYPE_VALUES)
     elif how == "contents":
-        fields = draw(st.lists(st.sampled_from(sorted(CONTENTS)), min_size=1, max_size=2))
+        fields = draw(_CONTENT_FIELDS)
         for field in fields:
             getattr(t.contents, field).extend(draw(st.lists(CONTENTS[field], max_size=5)))
     elif how == "raw_count":
@@ -201,7 +213,7 @@ def mutate(draw, msg, hows=None):
     elif how == "input_param":
         t.parameters[draw(param_keys)].CopyFrom(draw(param_values))
     elif how == "outputs":
-        out = msg.outputs.add(name=draw(st.sampled_from(["OUTPUT0", "OUT", "nope", ""])))
+        out = msg.outputs.add(name=draw(_OUTPUT_NAMES))
         for _ in range(draw(st.integers(0, 2))):
             out.parameters[draw(param_keys)].CopyFrom(draw(param_values))
     elif how == "bytes_prefix":
@@ -379,8 +391,8 @@ def wire_field(draw, valid: bool, depth: int = 0):
     """One field on the wire. `valid`: one protobuf reads (numbers from 1, wire types
     0, 1, 2, 5 and closed groups, true lengths); else right or subtly wrong: field
     number 0, any of the 8 wire types, varints overlong or cut, lengths that lie."""
-    number = draw(st.sampled_from(FIELD_NUMBERS if valid else [0] + FIELD_NUMBERS))
-    wire = draw(st.sampled_from([0, 1, 2, 3, 5] if valid else range(8)))
+    number = draw(_FIELD_NUMBER[valid])
+    wire = draw(_WIRE_TYPE[valid])
     key = _varint(number << 3 | wire)
     if len(key) < 5 and draw(st.integers(0, 15)) == 0:  # overlong (protobuf: up to 5)
         key = bytes(b | 0x80 for b in key) + b"\x00"
@@ -394,22 +406,40 @@ def wire_field(draw, valid: bool, depth: int = 0):
     if wire == 5:
         return key + draw(st.binary(min_size=4, max_size=4))
     if wire == 2:
-        payload = draw(st.one_of(
-            st.binary(max_size=12),
-            st.builds(b"".join, st.lists(wire_field(valid, depth + 1), max_size=3))
-            if depth < 2 else st.binary(max_size=4)))
-        lie = 0 if valid else draw(st.sampled_from([0, 0, 0, 0, 1, -1, 2**31]))
+        payload = draw(_payload(valid, depth))
+        lie = 0 if valid else draw(_LIES)
         return key + _varint(max(len(payload) + lie, 0)) + payload
     if wire == 3 and depth < 3:  # a group, closed by its own end tag (or not)
-        inner = draw(st.lists(wire_field(valid, depth + 1), max_size=3))
+        inner = draw(_fields(valid, depth + 1))
         if draw(st.booleans()):  # raw contents inside a group are not raw contents
             inner.insert(draw(st.integers(0, len(inner))), b"\x3a\x01x")
-        end = number if valid or draw(st.integers(0, 5)) else draw(
-            st.sampled_from(FIELD_NUMBERS))
+        end = number if valid or draw(st.integers(0, 5)) else draw(_FIELD_NUMBER[True])
         return key + b"".join(inner) + _varint(end << 3 | 4)
     if wire == 3:
         return key + _varint(number << 3 | 4) if valid else key
     return key  # an end-group tag, or wire types 6 and 7: nothing follows
+
+
+# Built once (a strategy made inside a composite is built and validated at every draw).
+_FIELD_NUMBER = {True: st.sampled_from(FIELD_NUMBERS),
+                 False: st.sampled_from([0] + FIELD_NUMBERS)}
+_WIRE_TYPE = {True: st.sampled_from([0, 1, 2, 3, 5]), False: st.sampled_from(range(8))}
+_LIES = st.sampled_from([0, 0, 0, 0, 1, -1, 2**31])
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(valid: bool, depth: int):
+    return st.lists(wire_field(valid, depth), max_size=3)
+
+
+@functools.lru_cache(maxsize=None)
+def _payload(valid: bool, depth: int):
+    return st.one_of(st.binary(max_size=12),
+                     st.builds(b"".join, _fields(valid, depth + 1))
+                     if depth < 2 else st.binary(max_size=4))
+
+
+_TOP_FIELDS = {v: st.lists(wire_field(v), max_size=8) for v in (True, False)}
 
 
 @st.composite
@@ -417,7 +447,7 @@ def wire_message(draw):
     """A message of fields that protobuf reads, or of fields each of which may not
     be; raw_input_contents among them; sometimes cut short."""
     valid = draw(st.booleans())
-    fields = draw(st.lists(wire_field(valid), max_size=8))
+    fields = draw(_TOP_FIELDS[valid])
     raws = draw(st.lists(st.binary(max_size=20), max_size=3))
     for raw in raws:  # raw_input_contents, anywhere among the others
         fields.insert(draw(st.integers(0, len(fields))), b"\x3a" + _varint(len(raw)) + raw)

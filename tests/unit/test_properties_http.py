@@ -15,6 +15,7 @@ about, so a strategy that stopped reaching the decoder would fail the test.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import re
@@ -172,8 +173,11 @@ json_values = st.recursive(
     max_leaves=12)
 
 
+@functools.lru_cache(maxsize=None)
 def elements(datatype: str, json_safe: bool):
-    """Values of one element of `datatype`, as numpy holds them."""
+    """Values of one element of `datatype`, as numpy holds them (each built once: a
+    strategy made anew at every draw is validated anew, which cost more than the
+    draw)."""
     dtype = NUMPY[datatype] if datatype != "BYTES" else None
     if datatype == "BYTES":
         if json_safe:
@@ -191,8 +195,13 @@ def tensor(draw, datatype: str, dims, batch: int | None, json_safe: bool):
     shape = [draw(st.integers(0, 3)) if d == -1 else d for d in dims]
     if batch is not None:
         shape = [batch] + shape
+    return draw(_arrays(datatype, tuple(shape), json_safe))
+
+
+@functools.lru_cache(maxsize=None)
+def _arrays(datatype: str, shape: tuple, json_safe: bool):
     dtype = object if datatype == "BYTES" else NUMPY[datatype]
-    return draw(hnp.arrays(dtype, shape, elements=elements(datatype, json_safe)))
+    return hnp.arrays(dtype, shape, elements=elements(datatype, json_safe))
 
 
 @st.composite
@@ -231,8 +240,7 @@ def valid_request(draw, config):
             st.booleans())}} for o in config.output]
     if draw(st.booleans()):
         header["parameters"] = {"sequence_id": draw(st.integers(0, 2**64 - 1)),
-                                "custom": draw(st.text(max_size=4) | st.integers(
-                                    -(2**63), 2**63 - 1) | st.booleans())}
+                                "custom": draw(_CUSTOM)}
     return header, blobs, expect
 
 
@@ -262,12 +270,38 @@ def _binary_items(header):
             and "binary_data_size" in i["parameters"]]
 
 
+# The strategies the composites draw from, each built once: one made inside a
+# composite is built and validated again at every draw, which cost as much as drawing.
+_CUSTOM = st.text(max_size=4) | st.integers(-(2**63), 2**63 - 1) | st.booleans()
+_SHAPES = st.lists(st.integers(-3, 6) | st.sampled_from(HUGE), max_size=4) | json_values
+_NEAR = st.sampled_from([-1, 1, 2])
+_DATATYPE_VALUES = st.sampled_from(DATATYPES + BAD_DATATYPES) | json_values
+_INPUT_FIELDS = st.sampled_from(["name", "datatype", "shape", "data", "parameters"])
+_REQUEST_FIELDS = st.sampled_from(["id", "inputs", "outputs", "parameters"])
+_BAD_DATA = (st.lists(json_scalars, max_size=8) | st.lists(
+    st.lists(st.integers(-300, 2**64 + 1) | st.floats(), max_size=3), max_size=3)) \
+    | json_values
+_DEPTHS = st.sampled_from([64, 1000, 5000, 100_000])
+_PARAM_KEYS = st.sampled_from([
+    "sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+    "binary_data_output", "triton_x", "custom", "shared_memory_region",
+    "shared_memory_offset", "shared_memory_byte_size", "binary_data_size"])
+_PARAM_VALUES = json_values | st.sampled_from(HUGE)
+_OUTPUTS = st.lists(st.fixed_dictionaries(
+    {"name": st.sampled_from(["OUTPUT0", "OUT", "nope"]) | json_values},
+    optional={"parameters": st.dictionaries(
+        st.sampled_from(["binary_data", "classification", "shared_memory_region",
+                         "shared_memory_byte_size", "shared_memory_offset"]),
+        json_values | st.sampled_from(HUGE), max_size=3)}), max_size=3) | json_values
+_ENCODINGS = st.sampled_from(["gzip", "deflate"])
+_DEEP_BODY_DEPTHS = st.sampled_from([1000, 5000, 100_000])
+
+
 # Each mutation takes (draw, header, blobs) and changes them in place; the header
 # length, when it is the mutation, comes back as the third value.
 def m_shape(draw, header, blobs):
     item = _pick(draw, header)
-    item["shape"] = draw(st.lists(st.integers(-3, 6) | st.sampled_from(HUGE), max_size=4)
-                         | json_values)
+    item["shape"] = draw(_SHAPES)
 
 
 def m_shape_near(draw, header, blobs):
@@ -277,18 +311,18 @@ def m_shape_near(draw, header, blobs):
     shape = item.get("shape")
     if isinstance(shape, list) and shape and all(type(d) is int for d in shape):
         k = draw(st.integers(0, len(shape) - 1))
-        shape[k] = max(shape[k] + draw(st.sampled_from([-1, 1, 2])), 0)
+        shape[k] = max(shape[k] + draw(_NEAR), 0)
 
 
 def m_datatype(draw, header, blobs):
     item = _pick(draw, header)
-    item["datatype"] = draw(st.sampled_from(DATATYPES + BAD_DATATYPES) | json_values)
+    item["datatype"] = draw(_DATATYPE_VALUES)
 
 
 def m_field(draw, header, blobs):
     """Drop a field of an input, or give it a value of another type."""
     item = _pick(draw, header)
-    key = draw(st.sampled_from(["name", "datatype", "shape", "data", "parameters"]))
+    key = draw(_INPUT_FIELDS)
     if draw(st.booleans()):
         item.pop(key, None)
     else:
@@ -296,7 +330,7 @@ def m_field(draw, header, blobs):
 
 
 def m_request_field(draw, header, blobs):
-    key = draw(st.sampled_from(["id", "inputs", "outputs", "parameters"]))
+    key = draw(_REQUEST_FIELDS)
     header[key] = draw(json_values)
 
 
@@ -374,14 +408,12 @@ def m_data(draw, header, blobs):
     item = _pick(draw, header)
     if "parameters" in item:
         return
-    bad = st.lists(json_scalars, max_size=8) | st.lists(
-        st.lists(st.integers(-300, 2**64 + 1) | st.floats(), max_size=3), max_size=3)
-    item["data"] = draw(bad | json_values)
+    item["data"] = draw(_BAD_DATA)
 
 
 def m_deep(draw, header, blobs):
     """Nesting deeper than any decoder's stack."""
-    depth = draw(st.sampled_from([64, 1000, 5000, 100_000]))
+    depth = draw(_DEPTHS)
     item = _pick(draw, header)
     value = 1
     for _ in range(min(depth, 900)):  # json.dumps itself recurses
@@ -391,26 +423,16 @@ def m_deep(draw, header, blobs):
 
 def m_params(draw, header, blobs):
     """Request or input parameters with the wrong types or reserved names."""
-    keys = st.sampled_from(["sequence_id", "sequence_start", "sequence_end", "priority",
-                            "timeout", "binary_data_output", "triton_x", "custom",
-                            "shared_memory_region", "shared_memory_offset",
-                            "shared_memory_byte_size", "binary_data_size"])
-    values = json_values | st.sampled_from(HUGE)
     if draw(st.booleans()):
         target = header.setdefault("parameters", {})
     else:
         target = _pick(draw, header).setdefault("parameters", {})
     if isinstance(target, dict):
-        target[draw(keys)] = draw(values)
+        target[draw(_PARAM_KEYS)] = draw(_PARAM_VALUES)
 
 
 def m_outputs(draw, header, blobs):
-    header["outputs"] = draw(st.lists(st.fixed_dictionaries(
-        {"name": st.sampled_from(["OUTPUT0", "OUT", "nope"]) | json_values},
-        optional={"parameters": st.dictionaries(
-            st.sampled_from(["binary_data", "classification", "shared_memory_region",
-                             "shared_memory_byte_size", "shared_memory_offset"]),
-            json_values | st.sampled_from(HUGE), max_size=3)}), max_size=3) | json_values)
+    header["outputs"] = draw(_OUTPUTS)
 
 
 # the ones that reach the deepest checks (byte sizes, BYTES prefixes) weigh double
@@ -419,13 +441,16 @@ MUTATIONS = [m_shape, m_shape_near, m_shape_near, m_datatype, m_field, m_request
              m_drop, m_data, m_deep, m_params, m_outputs]
 
 
+_MUTATION_LISTS = st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=2)
+
+
 @st.composite
 def hostile_request(draw):
     """(config, body, header length value, encoding) for a valid request after
     1 or 2 mutations, and sometimes a lying Inference-Header-Content-Length."""
     config = draw(st.sampled_from(CONFIGS))
     header, blobs, _ = draw(valid_request(config))
-    for mutate in draw(st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=2)):
+    for mutate in draw(_MUTATION_LISTS):
         note(f"mutation: {mutate.__name__}")
         if mutate is m_deep:
             mutate(draw, header, blobs)
@@ -442,7 +467,7 @@ def hostile_request(draw):
                                          str(2**64), "9" * 5000]))
     encoding = None
     if draw(st.integers(0, 9)) == 5:
-        encoding = draw(st.sampled_from(["gzip", "deflate"]))
+        encoding = draw(_ENCODINGS)
         body = gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
         if draw(st.booleans()):
             body = body[:draw(st.integers(0, len(body)))]
@@ -451,7 +476,7 @@ def hostile_request(draw):
 
 def _deep_body(draw, header, blobs):
     """The header with one input's data nested far deeper than json.dumps goes."""
-    depth = draw(st.sampled_from([1000, 5000, 100_000]))
+    depth = draw(_DEEP_BODY_DEPTHS)
     text = json.dumps(header).replace("[[[[", "[" * depth + "[[[[", 1)
     text = text.replace("]]]]", "]" * depth + "]]]]", 1)
     body = text.encode() + b"".join(blobs)

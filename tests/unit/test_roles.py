@@ -82,9 +82,7 @@ def test_a_bad_command_line_is_refused_with_the_reason(argv, error):
         FrontendSpec.from_argv(argv)
 
 
-def test_the_frontend_pools_argv_parses_back_to_its_spec(tmp_path):
-    from tests.tls_certs import make_certs
-    certs = make_certs(tmp_path)
+def test_the_frontend_pools_argv_parses_back_to_its_spec(certs):
     args = parse_args([
         "--model-repository", "/m", "--http-port", "18000", "--grpc-port", "18001",
         "--http-address", "127.0.0.1", "--allow-http=false", "--id", "edge-1",
