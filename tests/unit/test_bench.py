@@ -432,25 +432,6 @@ def test_bench_scheduler_runs_every_request_through_batches_of_the_burst():
     assert out["requests"] == 640 and out["requests_per_s"] > 0
 
 
-# --- scripts/bench_worker.py --------------------------------------------------------------
-
-
-def test_bench_worker_answers_every_request_and_the_scheduler():
-    """In a process of its own: a Worker sets process-wide hooks (pb_utils' BLS)."""
-    import subprocess
-    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench_worker.py")
-    out = subprocess.run([sys.executable, script, "--batch", "4", "--batches", "50",
-                          "--rounds", "2", "--check"], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(rows) == 2
-    for row in rows:
-        # per batch: a response per request and one BatchDone
-        assert row["requests"] == 200 and row["frames_out"] == 50 * 5
-        assert 0 < row["cpu_us_per_request"] < 10_000
-
-
 # --- placement: scripts/benchkit.py and scripts/compare.py ------------------------------
 
 

@@ -206,22 +206,3 @@ def test_a_name_registered_again_with_another_handle_never_reaches_the_old_memor
         io.close()
         old.free()
         new.free()
-
-
-def test_cuda_host_parts_script_prints_every_part():
-    """scripts/cuda_host_parts.py (the per-part host cost of a CUDA-region request with
-    the fake runtime) runs and names each role's part and the fake's apart."""
-    import os
-    import subprocess
-    from pathlib import Path
-
-    root = Path(__file__).parents[2]
-    out = subprocess.run([sys.executable, str(root / "scripts" / "cuda_host_parts.py"),
-                          "--number", "3", "--repeat", "2"], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "SHMSERVE_FAKE_CUDA": "1"})
-    assert out.returncode == 0, out.stderr
-    for part in ("frontend: gRPC decode, tensors in CUDA regions",
-                 "scheduler: built + regions resolved and released",
-                 "worker: input view, output copy, batch wait", "fake cupy: copy"):
-        assert part in out.stdout, out.stdout
-    assert "'memcpy_async': 1, 'stream_synchronize': 1" in out.stdout
