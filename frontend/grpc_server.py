@@ -294,8 +294,7 @@ class InferenceServicer:
                             request_id, name, request.model_version))
                     continue
                 if isinstance(result, InferError) and failed is not None:
-                    if not failed.done():
-                        failed.set_result(result)
+                    _fail_stream(failed, result)
                     return
                 if isinstance(result, InferError):
                     await write(grpc_codec.encode_stream_error(
@@ -308,8 +307,7 @@ class InferenceServicer:
                     reply = grpc_codec.encode_stream_response(result, request_id, final)
                 except InferError as e:
                     if failed is not None:
-                        if not failed.done():
-                            failed.set_result(e)
+                        _fail_stream(failed, e)
                         return
                     reply = grpc_codec.encode_stream_error(
                         e.message, request_id, model_name=name, model_version=version,
@@ -337,6 +335,13 @@ def _grpc_error_mode(metadata) -> bool:
     value with "true"; any letter case is taken here)."""
     return any(k == "triton_grpc_error" and isinstance(v, str) and v.lower() == "true"
                for k, v in metadata)
+
+
+def _fail_stream(failed: asyncio.Future, error: InferError) -> None:
+    """The first error response ends a triton_grpc_error stream; later ones say no
+    more (the stream's status can carry one)."""
+    if not failed.done():
+        failed.set_result(error)
 
 
 def _serialize(message) -> bytes:

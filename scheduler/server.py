@@ -156,12 +156,11 @@ class Server:
     def _dispatch(self, msg) -> None:
         # what the handlers send is written once, after the burst (_after_burst)
         self.outbox.cork()
-        if self._quiet and not self._drained:
-            # the batch ends that came since this loop last looked are read first: a
-            # call (statistics, in-flight batches) counts every batch that ended, and a
-            # request finds the instance that just ran idle again, so it runs there
-            # (warm, rate_limiter.release) rather than waking the other one
-            self._drain_done()
+        # the batch ends that came since this loop last looked are read first: a call
+        # (statistics, in-flight batches) counts every batch that ended, and a request
+        # finds the instance that just ran idle again, so it runs there (warm,
+        # rate_limiter.release) rather than waking the other one
+        self._drain_done()
         self.handlers[type(msg)](msg)
 
     def _dispatch_done(self, msg: BatchDone) -> None:
@@ -174,8 +173,10 @@ class Server:
         self._after_burst()
 
     def _drain_done(self) -> None:
-        self._drained = True
-        self.done_inbox.drain()
+        """Read the quiet BatchDones not read yet, once per burst."""
+        if self._quiet and not self._drained:
+            self._drained = True
+            self.done_inbox.drain()
 
     def _after_burst(self) -> None:
         try:
@@ -195,8 +196,7 @@ class Server:
     def _on_timer(self) -> None:
         self.outbox.cork()
         self.wakes["timer"] += 1
-        if self._quiet and not self._drained:
-            self._drain_done()  # what the batch ends free takes the due batches
+        self._drain_done()  # what the batch ends free takes the due batches
         try:
             self.pumps.run_due()
         finally:

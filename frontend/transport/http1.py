@@ -58,11 +58,11 @@ def _status_line(status: int) -> bytes:
     return line if line is not None else b"HTTP/1.1 %d \r\n" % status
 
 
-def _closing_error(status: int, text: bytes) -> bytes:
+def _closing_error(status: int, text: str) -> bytes:
     """A complete response that closes the connection (protocol errors), in the form
     of every other error here: `{"error": ...}`. Triton closes without a word on a
     request its parser refuses; a client is better served by a status and a reason."""
-    body = b'{"error":"%s"}' % text
+    body = http_codec.encode_error(text)
     return (_status_line(status) + b"content-type: application/json\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
 
@@ -142,7 +142,7 @@ class HttpProtocol(asyncio.Protocol):
         self.last_active = self.head_started = self.loop.time()
         if len(self.connections) >= self.max_connections and not self._make_room():
             self.closing = True  # reads nothing; connection_lost finds nothing to do
-            self.error = _closing_error(503, b"Service Unavailable")
+            self.error = _closing_error(503, "Service Unavailable")
             self._close()
             return
         self.connections.add(self)
@@ -196,7 +196,7 @@ class HttpProtocol(asyncio.Protocol):
         """A request's line, headers or body stopped coming: a 408, and the connection
         closes (after the requests before it are answered)."""
         self.closing = True
-        self.error = _closing_error(408, b"Request Timeout")
+        self.error = _closing_error(408, "Request Timeout")
         cur = self.current
         if not self.in_headers and cur is not None and not cur.body_done:
             self._drop(cur)
@@ -244,7 +244,7 @@ class HttpProtocol(asyncio.Protocol):
             if self.in_headers:  # bounds what httptools gathers before on_header
                 self.header_bytes += len(data)
                 if self.header_bytes > 2 * MAX_HEADER_BYTES:
-                    self.error = _closing_error(431, b"Request header fields too large.")
+                    self.error = _closing_error(431, "Request header fields too large.")
                     raise httptools.HttpParserError("headers too large")
         except httptools.HttpParserUpgrade:
             # no upgrades served: answer what was read, then close (uvicorn serves the
@@ -253,7 +253,7 @@ class HttpProtocol(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if self.error is None:
                 log.debug("malformed HTTP request: %s", exc)
-                self.error = _closing_error(400, b"Invalid HTTP request received.")
+                self.error = _closing_error(400, "Invalid HTTP request received.")
             self.closing = True
             cur = self.current
             if not self.in_headers and cur is not None and not cur.body_done:
@@ -300,7 +300,7 @@ class HttpProtocol(asyncio.Protocol):
     def _count_header(self, n: int) -> None:
         self.header_bytes += n
         if self.header_bytes > MAX_HEADER_BYTES:
-            self.error = _closing_error(431, b"Request header fields too large.")
+            self.error = _closing_error(431, "Request header fields too large.")
             raise httptools.HttpParserError("headers too large")  # stops the parser
 
     def on_headers_complete(self) -> None:
@@ -609,7 +609,7 @@ class HttpProtocol(asyncio.Protocol):
                 return  # answered (starlette re-raises after its 500) or nobody to tell
             if req.chunked is None:
                 req.keep_alive = False
-                self.transport.write(_closing_error(500, b"Internal Server Error"))
+                self.transport.write(_closing_error(500, "Internal Server Error"))
                 self._finish(req)
             else:
                 self.transport.close()  # a response cut short cannot be ended
@@ -617,7 +617,7 @@ class HttpProtocol(asyncio.Protocol):
         if not req.done and not req.gone:
             if req.chunked is None:  # the app sent nothing: as uvicorn, a 500
                 req.keep_alive = False
-                self.transport.write(_closing_error(500, b"Internal Server Error"))
+                self.transport.write(_closing_error(500, "Internal Server Error"))
                 self._finish(req)
             else:
                 self.transport.close()  # an incomplete response cannot be ended
