@@ -605,3 +605,66 @@ def test_a_triton_grpc_error_stream_reset_by_its_client_stops_reading():
         assert not left, left
 
     asyncio.run(main())
+
+
+def test_a_triton_grpc_error_stream_reads_nothing_after_its_first_error():
+    """A client that keeps sending on a `triton_grpc_error: true` stream after a
+    request failed: the stream ends with that error as its status, the requests after
+    it are neither read nor started (what it sends stays in the flow-control window),
+    and no task or request is left behind."""
+    from types import SimpleNamespace
+
+    from frontend.grpc_server import InferenceServicer
+    from shm.errors import ErrorCode, InferError
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        status = None
+
+        def invocation_metadata(self):
+            return (("triton_grpc_error", "true"),)
+
+        async def write(self, reply):
+            raise AssertionError("nothing is written in-band in this mode")
+
+        async def abort(self, code, message):
+            self.status = (code, message)
+            raise Aborted
+
+    class Failing(FakeDataPlane):
+        started = 0
+
+        def start(self, request, decoupled_refusal=""):
+            self.started += 1
+
+            async def next():
+                return InferError(ErrorCode.INVALID_ARG, "the model refused it"), True
+            return SimpleNamespace(view=SimpleNamespace(name="m", version=1), next=next,
+                                   cancel=lambda: None)
+
+    message = service_pb2.ModelInferRequest(model_name="m").SerializeToString()
+
+    async def main():
+        core, context = Failing(), Context()
+        servicer = InferenceServicer(core, "shmserve", "0", ())
+        read = 0
+
+        async def requests():  # sends for ever, as fast as it is read
+            nonlocal read
+            while True:
+                read += 1
+                yield message
+                await asyncio.sleep(0)
+
+        with pytest.raises(Aborted):
+            await asyncio.wait_for(servicer.model_stream_infer(requests(), context), T)
+        assert context.status == (grpc.StatusCode.INVALID_ARGUMENT, "the model refused it")
+        # the reader runs a few loop turns ahead of the first request, no further
+        assert core.started == read <= 5, (core.started, read)
+        await asyncio.sleep(0)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert not left, left
+
+    asyncio.run(main())
