@@ -32,6 +32,8 @@ from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_e
                settings_endpoints, shm_endpoints)
 from .header_forward import forward as forward_headers
 from .transport.engines import GrpcService
+from .stream_slots import ConnectionSlots
+from .transport.h2_limits import Limits
 from .types import DataPlane, ModelReadyState, not_ready_error
 
 log = logging.getLogger(__name__)
@@ -68,8 +70,11 @@ class InferenceServicer:
     """Handlers for each RPC of inference.GRPCInferenceService, over a DataPlane."""
 
     def __init__(self, core: DataPlane, server_name: str, server_version: str,
-                 extensions, header_forward=None):
+                 extensions, header_forward=None,
+                 stream_in_flight_max: int = Limits.max_streams):
         self.core = core
+        # requests running at once on one connection's streams (stream_slots.py)
+        self.stream_slots = ConnectionSlots(stream_in_flight_max)
         self.header_forward = header_forward  # compiled --grpc-header-forward-pattern
         self.server_metadata = service_pb2.ServerMetadataResponse(
             name=server_name, version=server_version, extensions=list(extensions)
@@ -218,12 +223,26 @@ class InferenceServicer:
         # the stream's metadata, forwarded into each of its requests
         metadata = md if self.header_forward else None
 
+        peer = context.peer()
+        slots = self.stream_slots.open(peer)
+
         async def read() -> None:
-            async for data in request_iterator:
+            messages = request_iterator.__aiter__()
+            while True:
+                await slots.take()  # no slot: the stream is not read meanwhile
+                try:
+                    data = await messages.__anext__()
+                except StopAsyncIteration:
+                    slots.give()
+                    break
+                except BaseException:  # cancelled
+                    slots.give()
+                    raise
                 task = asyncio.ensure_future(self._stream_one(data, write, metadata,
                                                               failed))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                task.add_done_callback(slots.give)
             if tasks:
                 await asyncio.gather(*tasks)
 
@@ -246,6 +265,7 @@ class InferenceServicer:
                 reader.cancel()  # no-op once done; the call itself was cancelled
             for task in tasks:  # the client went away: stop what it no longer awaits
                 task.cancel()
+            self.stream_slots.close(peer, slots)
 
     def _classify(self, result, request) -> None:
         view = self.core.get_model(request.model_name, request.model_version)

@@ -92,21 +92,38 @@ class Abort(Exception):
 
 
 class RequestStream:
-    """The request iterator of a client-streaming call."""
+    """The request iterator of a client-streaming call. The messages it queues hold
+    their flow-control window (H2Connection.hold) until the handler takes them, so a
+    handler that stops reading stops the client sending, and what waits here is
+    bounded by the windows."""
 
-    __slots__ = ("loop", "items", "waiter", "ended")
+    __slots__ = ("loop", "items", "sizes", "waiter", "ended", "conn", "stream")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn=None, stream=None):
         # the connection's loop: asyncio.get_running_loop() asks the kernel for the
         # pid (getpid()) on every call in Python 3.11, once per message here
         self.loop = loop
         self.items: deque = deque()
+        self.sizes: deque = deque()  # the wire bytes each item holds of the windows
         self.waiter: asyncio.Future | None = None
         self.ended = False
+        self.conn, self.stream = conn, stream  # who gets the window back (None: nobody)
 
-    def put(self, item) -> None:
+    def put(self, item, nbytes: int = 0) -> None:
         self.items.append(item)
+        self.sizes.append(nbytes)
+        if nbytes and self.conn is not None:
+            self.conn.hold(self.stream, nbytes)
         self._wake()
+
+    def release_all(self) -> None:
+        """The call ended: the window of what is still queued goes back now, and
+        nothing taken later is counted again."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            held = sum(self.sizes)
+            if held:
+                conn.release(self.stream, held)
 
     def end(self) -> None:
         self.ended = True
@@ -127,6 +144,9 @@ class RequestStream:
             self.waiter = self.loop.create_future()
             await self.waiter
         item = self.items.popleft()
+        nbytes = self.sizes.popleft()
+        if nbytes and self.conn is not None:
+            self.conn.release(self.stream, nbytes)
         if isinstance(item, Abort):
             raise item
         if type(item) is Inflating:
@@ -323,7 +343,7 @@ class GrpcConnection(h2.H2Connection):
                 call.deadline = self.loop.time() + seconds
                 call.timer = self.loop.call_at(call.deadline, self._deadline, call)
         if handler.request_streaming:
-            call.requests = RequestStream(self.loop)
+            call.requests = RequestStream(self.loop, self, stream)
             self._start(call, call.requests)
 
     def stream_data(self, stream, data) -> None:
@@ -428,6 +448,7 @@ class GrpcConnection(h2.H2Connection):
             call.timer.cancel()
         if call.requests is not None:
             call.requests.end()
+            call.requests.release_all()
         task = call.task
         if task is not None and not task.done():
             task.cancel()
@@ -448,10 +469,10 @@ class GrpcConnection(h2.H2Connection):
                 if end - pos - 5 < n:
                     break
                 try:
-                    call.requests.put(self._message(call, flag,
-                                                    bytes(view[pos + 5:pos + 5 + n])))
+                    call.requests.put(self._message(
+                        call, flag, bytes(view[pos + 5:pos + 5 + n])), 5 + n)
                 except Abort as e:
-                    call.requests.put(e)
+                    call.requests.put(e, 5 + n)
                 pos += 5 + n
         finally:
             view.release()
@@ -570,6 +591,7 @@ class GrpcConnection(h2.H2Connection):
             call.timer = None
         if call.requests is not None:
             call.requests.end()
+            call.requests.release_all()
         stream = call.stream
         if code == 0 and stream.headers_sent:
             self.send_trailers(stream, OK_TRAILERS)

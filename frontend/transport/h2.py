@@ -84,7 +84,7 @@ class H2Connection(H2Output):
     # slots, as H2Output's; a subclass's own attributes go in its __dict__ (or slots)
     __slots__ = ("limits", "decoder", "buf", "preface", "settled", "streams",
                  "last_stream", "continuing", "continuing_since", "lingering",
-                 "stream_cap", "recv_unacked", "reading", "stream_stop", "paused",
+                 "stream_cap", "recv_unacked", "recv_held", "reading", "stream_stop", "paused",
                  "going_away", "lost", "resets", "completed", "glitches", "born",
                  "idle_since", "idle_mark", "stuck_since", "held_since", "stuck_mark",
                  "held_mark", "transport", "loop", "policy", "bytes_read", "__dict__")
@@ -106,6 +106,7 @@ class H2Connection(H2Output):
         # 0 once GOAWAY was sent or received
         self.stream_cap = limits.max_streams
         self.recv_unacked = 0
+        self.recv_held = 0  # of those, what the streams' layer above holds (hold())
         self.reading = False
         self.stream_stop = 0  # the highest stream id this read may open
         self.paused = 0  # PAUSE_* bits: why the transport is not being read
@@ -195,9 +196,7 @@ class H2Connection(H2Output):
         if self.recv_unacked >= RECV_CONN_WINDOW >> 1:
             if self.recv_unacked > RECV_CONN_WINDOW:  # more than was ever granted
                 return self._fail(FLOW_CONTROL_ERROR, "DATA past the connection window")
-            self.out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(self.recv_unacked)))
-            self.recv_unacked = 0
-            self.data_sent = True  # keepalive hook (grpc-core resets its ping clock)
+            self._ack_connection()
         if self.out:
             self._write_out()
 
@@ -353,8 +352,51 @@ class H2Connection(H2Output):
                 return
             if st.recv_unacked > RECV_STREAM_WINDOW:  # more than was ever granted
                 return self._peer_reset(st, FLOW_CONTROL_ERROR)
-            self.out.append(frame(WINDOW_UPDATE, 0, sid, _U32.pack(st.recv_unacked)))
-            st.recv_unacked = 0
+            self._ack_stream(st)
+
+    # -- receive windows: given back on arrival, or as the layer above reads -------------
+    # Held bytes (a streaming call's messages queued for a handler that has not read
+    # them) keep their window shut until released: a peer cannot queue more than its
+    # windows' worth of them, a stream's 16 MiB and a connection's 64 MiB in all (Go's
+    # x/net/http2 gives windows back as the handler reads, at both levels, for the same
+    # reason). Bytes not yet a whole message are never held, so a message larger than
+    # the window still arrives. A stream's update goes out once half its window can be
+    # given back; the connection's once half its window is unacknowledged, for what is
+    # not held, so streams that are not read slow the others down only once they hold
+    # the whole connection window.
+
+    def _ack_connection(self) -> None:
+        ackable = self.recv_unacked - self.recv_held
+        if ackable > 0:
+            self.out.append(frame(WINDOW_UPDATE, 0, 0, _U32.pack(ackable)))
+            self.recv_unacked -= ackable
+            self.data_sent = True  # keepalive hook (grpc-core resets its ping clock)
+
+    def _ack_stream(self, st: Stream) -> None:
+        ackable = st.recv_unacked - st.recv_held
+        if ackable >= RECV_STREAM_WINDOW >> 1:
+            self.out.append(frame(WINDOW_UPDATE, 0, st.id, _U32.pack(ackable)))
+            st.recv_unacked -= ackable
+
+    def hold(self, st: Stream, n: int) -> None:
+        """`n` bytes received on `st` stay the layer above's until `release`: their
+        window is not given back before."""
+        st.recv_held += n
+        self.recv_held += n
+
+    def release(self, st: Stream, n: int) -> None:
+        """The layer above is done with `n` held bytes of `st` (read them, or dropped
+        them with the stream): their window goes back once it is worth a frame."""
+        st.recv_held -= n
+        self.recv_held -= n
+        if self.transport is None or self.lost:
+            return
+        if self.recv_unacked >= RECV_CONN_WINDOW >> 1:
+            self._ack_connection()
+        if not st.remote_closed and st.id in self.streams:
+            self._ack_stream(st)
+        if self.out:
+            self._schedule_flush()
 
     def _data_elsewhere(self, sid: int, st: Stream | None) -> None:
         """DATA on a stream that is not open for it (its window was counted)."""

@@ -55,14 +55,17 @@ def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
 class Stream:
     """One HTTP/2 stream, as the server sees it."""
 
-    __slots__ = ("id", "send_window", "recv_unacked", "pending", "pending_bytes",
-                 "trailers", "remote_closed", "local_closed", "headers_sent",
-                 "waiter", "app", "expect")
+    __slots__ = ("id", "send_window", "recv_unacked", "recv_held", "pending",
+                 "pending_bytes", "trailers", "remote_closed", "local_closed",
+                 "headers_sent", "waiter", "app", "expect")
 
     def __init__(self, sid: int, send_window: int):
         self.id = sid
         self.send_window = send_window
         self.recv_unacked = 0
+        # of those, bytes the layer above still holds unread (H2Connection.hold): their
+        # window is given back when it reads them, not on arrival
+        self.recv_held = 0
         self.pending: list[memoryview] = []  # data waiting for window
         self.pending_bytes = 0
         self.trailers: bytes | None = None  # header block to send once pending is out

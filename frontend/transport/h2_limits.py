@@ -16,6 +16,11 @@ Streams
   (nghttp2's stream reset rate limit: the same burst and rate); a response completed
   gives a token back (h2o's reset budget: only a peer whose resets outrun its completed
   calls runs dry). Empty: GOAWAY ENHANCE_YOUR_CALM.
+- The requests of a connection's ModelStreamInfer streams share `max_streams` slots
+  (frontend/stream_slots.py); a streaming call's queued messages keep their window
+  shut until its handler reads them (h2.py's `hold`/`release`, Go's rule), so a
+  stream past its slots stops its client within the 16 MiB stream window, and
+  streams nobody reads within the 64 MiB connection window.
 - `streams_per_read` 32 (grpc-core's max_requests_per_read) and `frames_per_read` 1024:
   after that much work on one read the connection stops reading and goes on at the
   loop's next turn, behind the other connections.

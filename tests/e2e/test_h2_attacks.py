@@ -175,6 +175,72 @@ def test_a_zero_window_peer_is_refused_then_sent_away(server):
     victim.served_throughout(start, end)
 
 
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+
+
+def _granted(a: RawH2, sid: int) -> int:
+    """The bytes the server's windows have let `a` send on stream `sid` so far: the
+    least of the stream's and the connection's (RFC 9113 6.9)."""
+    stream = conn = h2.DEFAULT_WINDOW
+    for kind, flags, on, payload in list(a.frames):
+        if kind == h2.SETTINGS and not flags & h2.ACK:
+            for i in range(0, len(payload), 6):
+                key, value = struct.unpack(">HI", payload[i:i + 6])
+                if key == h2.INITIAL_WINDOW_SIZE:
+                    stream += value - h2.DEFAULT_WINDOW
+        elif kind == h2.WINDOW_UPDATE:
+            increment = U32.unpack(payload)[0]
+            if on == 0:
+                conn += increment
+            elif on == sid:
+                stream += increment
+    return min(stream, conn)
+
+
+def test_a_stream_that_pipelines_requests_and_reads_no_answers_is_held_to_its_window(
+        server):
+    """A client that sends small requests on one ModelStreamInfer stream as fast as
+    its windows allow and never reads an answer (its own windows are 0): the server
+    runs a bounded number of them and stops reading the stream, so the client's
+    window shuts and stays shut. The frontend holds a bounded amount for it, and the
+    other client is served throughout."""
+    victim = Victim(server.grpc_url).start()
+    start = time.monotonic()
+    rss = frontend_rss_kib(server)
+    attacker = RawH2(server.grpc_port,
+                     settings=struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 0)).read()
+    attacker.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1,
+                           request_block(attacker.encoder, STREAM)))
+    message = grpc_message(infer_message(16))
+    sent, stalled_since = 0, None
+    while True:
+        now = time.monotonic()
+        assert now - start < DEADLINE and sent < 16 * h2.RECV_STREAM_WINDOW, \
+            f"the stream was never held: {sent} bytes sent"
+        room = _granted(attacker, 1) - sent
+        if room < 16384:
+            stalled_since = stalled_since or now
+            if now - stalled_since > 1.0:  # a second with the window shut: held
+                break
+            time.sleep(0.01)
+            continue
+        stalled_since = None
+        data = message * (min(room, 1 << 20) // len(message))
+        if not attacker.send(b"".join(h2.frame(h2.DATA, 0, 1, data[i:i + 16384])
+                                      for i in range(0, len(data), 16384))):
+            raise AssertionError(f"the server closed the connection, or stopped "
+                                 f"reading all of it, after {sent} bytes")
+        sent += len(data)
+    held = frontend_rss_kib(server) - rss
+    end = time.monotonic()
+    # what it sent: the stream's window, and what the server read of it meanwhile
+    assert sent <= 2 * h2.RECV_STREAM_WINDOW, sent
+    assert held < 300 * 1024, (rss, held)
+    assert not attacker.ended.is_set() and attacker.goaway_code() is None
+    attacker.close()
+    victim.served_throughout(start, end)
+
+
 def _headers_then_closed(a: RawH2) -> bytes:
     first = h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, request_block(a.encoder))
     return first + h2.frame(h2.RST_STREAM, 0, 1, U32.pack(h2.CANCEL)) + h2.frame(

@@ -583,6 +583,9 @@ def test_a_triton_grpc_error_stream_reset_by_its_client_stops_reading():
         def invocation_metadata(self):
             return (("triton_grpc_error", "true"),)
 
+        def peer(self):
+            return "ipv4:127.0.0.1:1000"
+
     async def main():
         servicer = InferenceServicer(FakeDataPlane(), "shmserve", "0", ())
         waiting, closed = asyncio.Event(), asyncio.Event()
@@ -626,6 +629,9 @@ def test_a_triton_grpc_error_stream_reads_nothing_after_its_first_error():
         def invocation_metadata(self):
             return (("triton_grpc_error", "true"),)
 
+        def peer(self):
+            return "ipv4:127.0.0.1:1000"
+
         async def write(self, reply):
             raise AssertionError("nothing is written in-band in this mode")
 
@@ -666,5 +672,96 @@ def test_a_triton_grpc_error_stream_reads_nothing_after_its_first_error():
         await asyncio.sleep(0)
         left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert not left, left
+
+    asyncio.run(main())
+
+
+def test_a_connections_streams_run_at_most_its_cap_of_requests_and_read_on_as_they_end():
+    """A client that pipelines requests on two streams of one connection without end:
+    no more than stream_in_flight_max run at once on the two, a stream is not read
+    while they do (what the client sends waits in its flow-control window), each
+    request that ends lets one more in, in the order the streams asked, and every one
+    read is answered. Another connection's stream is not held back."""
+    from types import SimpleNamespace
+
+    from frontend.grpc_server import InferenceServicer
+
+    class Held(FakeDataPlane):
+        """Requests that end when the test says so."""
+
+        def __init__(self):
+            self.gates: list[asyncio.Future] = []
+
+        def start(self, request, decoupled_refusal=""):
+            gate = asyncio.get_running_loop().create_future()
+            self.gates.append(gate)
+
+            async def next():
+                await gate
+                return InferError(ErrorCode.INTERNAL, "done"), True
+            return SimpleNamespace(view=SimpleNamespace(name="m", version=1), next=next,
+                                   cancel=lambda: None)
+
+    class Context:
+        def __init__(self, peer):
+            self.replies = 0
+            self.address = peer
+
+        def invocation_metadata(self):
+            return ()
+
+        def peer(self):
+            return self.address
+
+        async def write(self, reply):
+            self.replies += 1
+
+    message = service_pb2.ModelInferRequest(model_name="m").SerializeToString()
+
+    async def main():
+        core = Held()
+        servicer = InferenceServicer(core, "shmserve", "0", (), stream_in_flight_max=4)
+        read = {}
+
+        async def requests(name):  # as many as the server reads (bounded, should it not)
+            while read[name] < 1000:
+                read[name] += 1
+                yield message
+
+        async def settled():
+            for _ in range(20):
+                await asyncio.sleep(0)
+
+        def stream(name, peer="ipv4:127.0.0.1:1000"):
+            read[name] = 0
+            context = Context(peer)
+            return context, asyncio.ensure_future(
+                servicer.model_stream_infer(requests(name), context))
+
+        a, call_a = stream("a")
+        await settled()
+        b, call_b = stream("b")
+        await settled()
+        # four running, all a's; both readers wait for a slot with no message taken
+        # (an async generator runs up to its yield only when asked for its next item)
+        assert (len(core.gates), read) == (4, {"a": 4, "b": 0})
+        # each slot freed goes to the reader that asked first: a (asked before b
+        # came), then b, then a again (it asked anew once it had started its fifth)
+        for n, want in enumerate([{"a": 5, "b": 0}, {"a": 5, "b": 1}, {"a": 6, "b": 1}]):
+            core.gates[n].set_result(None)
+            await settled()
+            assert len(core.gates) == 5 + n and read == want
+            assert a.replies == n + 1
+        assert sum(not g.done() for g in core.gates) == 4
+        other, call_other = stream("other", peer="ipv4:127.0.0.1:2000")
+        await settled()
+        assert read["other"] == 4 and len(core.gates) == 11
+        for call in (call_a, call_b, call_other):
+            call.cancel()
+        await asyncio.gather(call_a, call_b, call_other, return_exceptions=True)
+        await asyncio.sleep(0)
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert not left, left
+        assert not servicer.stream_slots.by_peer  # nothing kept past the connections
 
     asyncio.run(main())

@@ -488,3 +488,117 @@ async def test_a_view_of_the_read_buffer_kept_past_its_call_breaks_nothing():
     assert p.body(1) == b"\x00\x00\x00\x00\x05first"
     assert p.body(3) == b"\x00\x00\x00\x00\x06second"
     assert not p.transport.closed
+
+
+# -- a streaming call's queued messages hold their windows until its handler reads them
+
+
+def _gated_handlers(permits, got):
+    """/s/Gated takes one request message per permit (an asyncio.Queue), no sooner."""
+    async def gated(requests, context):
+        messages = requests.__aiter__()
+        while True:
+            await permits.get()
+            try:
+                got.append(len(await messages.__anext__()))
+            except StopAsyncIteration:
+                return
+
+    return {"/s/Gated": grpc.stream_stream_rpc_method_handler(gated)}
+
+
+MIB_MESSAGE = struct.pack(">BI", 0, (1 << 20) - 5) + b"m" * ((1 << 20) - 5)  # 1 MiB
+
+
+def _window_updates(p, sid):
+    """The window given back on `sid` (0: the connection) since the last look."""
+    frames = p.read()
+    given = sum(struct.unpack(">I", f[3])[0] for f in frames
+                if f[0] == h2.WINDOW_UPDATE and f[2] == sid)
+    p.frames = [f for f in frames if not (f[0] == h2.WINDOW_UPDATE and f[2] == sid)]
+    return given
+
+
+async def _let(permits, p, n):
+    for _ in range(n):
+        permits.put_nowait(None)
+    await p.settle()
+
+
+@run
+async def test_messages_a_streaming_handler_has_not_read_keep_the_stream_window_shut():
+    permits, got = asyncio.Queue(), []
+    p = Peer(_gated_handlers(permits, got))
+    p.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, p.headers_block("/s/Gated")))
+    for _ in range(16):  # the whole stream window, 16 MiB, in whole messages
+        p.send(h2.frame(h2.DATA, 0, 1, MIB_MESSAGE))
+    await p.settle()
+    assert got == [] and _window_updates(p, 1) == 0
+    assert p.conn.recv_held == 16 << 20
+    await _let(permits, p, 7)
+    assert len(got) == 7 and _window_updates(p, 1) == 0  # 7 MiB: not yet a frame's worth
+    await _let(permits, p, 1)
+    assert _window_updates(p, 1) == 8 << 20  # half the window read: given back
+    # past what was granted, the stream is reset (the handler's loop ends)
+    for _ in range(9):
+        p.send(h2.frame(h2.DATA, 0, 1, MIB_MESSAGE))
+    await p.settle()
+    assert [f[3] for f in p.of(1, h2.RST_STREAM)] == [struct.pack(">I",
+                                                                  h2.FLOW_CONTROL_ERROR)]
+    assert p.conn.recv_held == 0  # what was still queued gave its window back
+
+
+@run
+async def test_streams_that_are_not_read_hold_no_more_than_the_connection_window():
+    permits, got = asyncio.Queue(), []
+    p = Peer(_gated_handlers(permits, got))
+    _window_updates(p, 0)  # the connection window's first update, to 64 MiB
+    for sid in (1, 3, 5, 7):  # 4 x 16 MiB: the connection's 64 MiB window
+        p.send(h2.frame(h2.HEADERS, h2.END_HEADERS, sid, p.headers_block("/s/Gated")))
+        for _ in range(16):
+            p.send(h2.frame(h2.DATA, 0, sid, MIB_MESSAGE))
+    await p.settle()
+    assert _window_updates(p, 0) == 0 and p.conn.recv_held == 64 << 20
+    p.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 9, p.headers_block("/s/Gated")))
+    p.send(h2.frame(h2.DATA, 0, 9, MIB_MESSAGE))  # past the connection window
+    assert p.of(0, h2.GOAWAY)[0][3][4:8] == struct.pack(">I", h2.FLOW_CONTROL_ERROR)
+
+
+@run
+async def test_a_streaming_call_gives_back_the_window_of_what_it_never_read():
+    permits, got = asyncio.Queue(), []
+    p = Peer(_gated_handlers(permits, got))
+    p.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, p.headers_block("/s/Gated")))
+    for _ in range(12):
+        p.send(h2.frame(h2.DATA, 0, 1, MIB_MESSAGE))
+    p.send(h2.frame(h2.RST_STREAM, 0, 1, struct.pack(">I", h2.CANCEL)))
+    await p.settle()
+    assert p.conn.recv_held == 0 and got == []
+    # the connection's window is whole again: 64 MiB more on new streams, all read
+    for sid in (3, 5, 7, 9):
+        p.send(h2.frame(h2.HEADERS, h2.END_HEADERS, sid, p.headers_block("/s/Gated")))
+        for _ in range(13):
+            p.send(h2.frame(h2.DATA, 0, sid, MIB_MESSAGE))
+        await _let(permits, p, 13)
+    assert len(got) == 52 and not p.of(0, h2.GOAWAY)
+
+
+@run
+async def test_a_streamed_message_larger_than_the_stream_window_still_arrives():
+    permits, got = asyncio.Queue(), []
+    p = Peer(_gated_handlers(permits, got))
+    permits.put_nowait(None)
+    size = 24 << 20  # half as large again as the stream window
+    p.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, p.headers_block("/s/Gated")))
+    p.send(h2.frame(h2.DATA, 0, 1, struct.pack(">BI", 0, size)))
+    sent = given = 0
+    while sent < size:
+        # as a client does: no more than the window the server has granted
+        given += _window_updates(p, 1)
+        granted = h2.RECV_STREAM_WINDOW - 5 - sent + given
+        chunk = min(1 << 20, size - sent, granted)
+        assert chunk > 0, "the stream window stayed shut on a message being received"
+        p.send(h2.frame(h2.DATA, 0, 1, b"z" * chunk))
+        sent += chunk
+    await p.settle()
+    assert got == [size]
