@@ -276,8 +276,9 @@ def test_changed_configs_load_or_are_refused_with_a_config_error():
     prop()
     assert loaded
     for words in ("max_batch_size", "dimension must be integer", "data type",
-                  "preferred size", "priority", "instance group", "sequence batching",
-                  "ensemble"):
+                  "preferred size", "default priority level must be in range",
+                  "priority queue policy must have priority level in range",
+                  "instance group", "sequence batching", "ensemble"):
         assert any(words in r for r in refusals), (words, refusals[:30])
 
 
