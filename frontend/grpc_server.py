@@ -226,10 +226,15 @@ class InferenceServicer:
         peer = context.peer()
         slots = self.stream_slots.open(peer)
 
+        def ended(task) -> None:
+            tasks.discard(task)
+            slots.give()
+
         async def read() -> None:
             messages = request_iterator.__aiter__()
             while True:
-                await slots.take()  # no slot: the stream is not read meanwhile
+                if not slots.try_take():
+                    await slots.take()  # no slot: the stream is not read meanwhile
                 try:
                     data = await messages.__anext__()
                 except StopAsyncIteration:
@@ -241,8 +246,7 @@ class InferenceServicer:
                 task = asyncio.ensure_future(self._stream_one(data, write, metadata,
                                                               failed))
                 tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                task.add_done_callback(slots.give)
+                task.add_done_callback(ended)
             if tasks:
                 await asyncio.gather(*tasks)
 

@@ -33,10 +33,16 @@ class Slots:
         self.waiters: deque[asyncio.Future] = deque()
         self.streams = 0  # streams of the connection using them
 
-    async def take(self) -> None:
-        """One slot, once there is one (in turn with the other readers waiting)."""
+    def try_take(self) -> bool:
+        """One slot now, if one is free and nobody waits for it."""
         if self.used < self.cap and not self.waiters:
             self.used += 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        """One slot, once there is one (in turn with the other readers waiting)."""
+        if self.try_take():
             return
         waiter = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
