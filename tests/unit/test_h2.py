@@ -358,7 +358,10 @@ async def test_streaming_and_deadline():
     assert p.body(1) == b"\0\0\0\0\x02AB\0\0\0\0\x02CD"
     assert p.of(1, h2.HEADERS)[-1][3]["grpc-status"] == "0"
     p.request(3, "/s/Slow", b"", extra=[("grpc-timeout", "20m")])
-    await asyncio.sleep(0.1)
+    for _ in range(500):  # the 20 ms deadline, polled for up to 5 s
+        if p.of(3, h2.HEADERS):
+            break
+        await asyncio.sleep(0.01)
     assert p.of(3, h2.HEADERS)[-1][3]["grpc-status"] == "4"
 
 

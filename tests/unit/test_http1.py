@@ -83,6 +83,7 @@ class Flood:
     def __init__(self):
         self.sent = 0
         self.ended = threading.Event()
+        self.send_since: float | None = None  # when the send now waiting began
 
     async def __call__(self, scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -96,8 +97,10 @@ class Flood:
         watcher = asyncio.get_running_loop().create_task(watch())
         try:
             while self.sent < 100_000 and not gone.is_set():
+                self.send_since = time.monotonic()
                 await send({"type": "http.response.body", "body": self.CHUNK,
                             "more_body": True})
+                self.send_since = None
                 self.sent += 1
                 await asyncio.sleep(0)
         finally:
@@ -501,10 +504,16 @@ def test_a_client_that_does_not_read_holds_the_sender_back(port, flood):
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     sock.sendall(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
-    time.sleep(0.5)
-    held = flood.sent
-    time.sleep(0.3)
-    assert flood.sent == held < 1000  # waiting for the writes to drain
+
+    def held():  # one send has waited 0.3 s for the writes to drain
+        since = flood.send_since
+        return since is not None and time.monotonic() - since > 0.3
+
+    deadline = time.monotonic() + 10
+    while not held() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # unheld, the flood sends 64 KiB chunks as fast as the loop turns: thousands
+    assert held() and flood.sent < 1000, flood.sent
     sock.close()
     assert flood.ended.wait(5)
 
