@@ -171,6 +171,33 @@ def zero_window(t: Target, until: float, count: int = 2000) -> dict:
         p.close()
 
 
+def stream_pipeline(t: Target, until: float) -> dict:
+    """One ModelStreamInfer stream, [1,16] requests sent as fast as the server's
+    windows allow, never ending, with our windows at 0: no answer is ever read."""
+    p = _h2(t, until, {w.INITIAL_WINDOW_SIZE: 0}, refill=False)
+    msg = w.grpc_message(w.model_infer_request(t.model, "INPUT0", [1, 16], bytes(64)))
+    burst = msg * 1000
+    sid = p.new_sid()
+    sent = 0
+    shut = False
+    try:
+        if p.headers(sid, w.request_block(p.authority, w.STREAM_PATH), until):
+            while not p.closed and not p.goaway and time.monotonic() < until:
+                done = p.body(sid, burst, until, end_stream=False)
+                sent += done
+                if done < len(burst):
+                    shut = time.monotonic() >= until and not p.closed
+                    break
+        _settle_reads(p)
+        parts = [f"{sent // len(msg):,} requests sent ({sent / 2**20:,.1f} MiB)"]
+        if shut:
+            parts.append("held: the stream window shut")
+        return {"fate": _fate(*parts, *p.fate_parts()), "sent": sent // len(msg),
+                "held": shut, "goaway": _goaway(p)}
+    finally:
+        p.close()
+
+
 def continuation_flood(t: Target, until: float) -> dict:
     """HEADERS without END_HEADERS, then CONTINUATION frames of valid fields, endlessly."""
     p = _h2(t, until)
@@ -509,6 +536,8 @@ CASES = [
     Case("settings-flood", "SETTINGS flood, ACKs never read", settings_flood),
     Case("ping-flood", "PING flood, ACKs never read", ping_flood),
     Case("zero-window", "zero window, 2,000 x 1 MiB outputs", zero_window),
+    Case("stream-pipeline", "a stream pipelining requests, no answer read",
+         stream_pipeline),
     Case("continuation-flood", "CONTINUATION flood", continuation_flood),
     Case("grpc-4gib-prefix", "gRPC length prefix 4 GiB", grpc_4gib_prefix, short=True),
     Case("idle-connections", "3,000 idle connections", idle_connections),

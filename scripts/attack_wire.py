@@ -39,6 +39,7 @@ GRPC_STATUS = {0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT",
                14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED"}
 
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
+STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 LOAD_PATH = "/inference.GRPCInferenceService/RepositoryModelLoad"
 
 
