@@ -42,6 +42,21 @@ from shm.tensor import INLINE_MAX, TensorRef
 log = logging.getLogger("shmserve.frontend")
 
 
+# A decoupled request's responses wait here while its reader is behind: the transport
+# takes the next only once the client's flow-control window (or socket) has room. A
+# client that reads none of them would have the frontend hold every response the model
+# sends (a 4 MB request to a model that answers each element held +340 MiB in 12 s and
+# went on growing). Past either bound, counted beyond the response the reader has yet
+# to take, the request is cancelled as a client's cancel would (the model sees
+# is_cancelled(), what it still sends is released unread) and the reader gets one
+# final error. No model's legitimate stream is near them with a client that reads: the
+# transport itself holds up to 1 MiB of a stream's answers before its writer waits.
+UNREAD_MAX = 4096
+UNREAD_BYTES_MAX = 64 << 20
+UNREAD_ERROR = ("the client read none of this request's last {} responses ({} bytes "
+                "waiting): the request was cancelled")
+
+
 class ResponseStream:
     """The responses of one request, in the order the worker sent them.
 
@@ -49,10 +64,11 @@ class ResponseStream:
     error response, or (None, True) for a decoupled model's empty final
     (send(None, FINAL)). The request's input blocks are freed when its final response
     arrives, whoever reads it. `cancel()` (or cancelling a task waiting in `next()`)
-    sends CancelRequest and drops what still comes."""
+    sends CancelRequest and drops what still comes. A reader too far behind (UNREAD_MAX)
+    gets the request cancelled and one final error instead of what it did not read."""
 
-    __slots__ = ("core", "rid", "view", "request", "blocks", "key", "items", "waiter",
-                 "done", "closed")
+    __slots__ = ("core", "rid", "view", "request", "blocks", "key", "items", "sizes",
+                 "unread_bytes", "waiter", "done", "closed")
 
     def __init__(self, core: "SchedulerDataPlane", rid: int, view: ModelView,
                  request: DecodedRequest, blocks: list, key: bytes | None):
@@ -63,6 +79,8 @@ class ResponseStream:
         self.blocks = blocks
         self.key = key
         self.items: collections.deque = collections.deque()
+        self.sizes: collections.deque = collections.deque()  # each item's arena bytes
+        self.unread_bytes = 0  # theirs in all (the reader's next item not counted)
         self.waiter: asyncio.Future | None = None
         self.done = False  # the final response was read
         self.closed = False  # cancelled: responses still coming are released unread
@@ -82,6 +100,7 @@ class ResponseStream:
             finally:
                 self.waiter = None
         msg: InferResponse = self.items.popleft()
+        self.unread_bytes -= self.sizes.popleft()
         if msg.final:
             self.done = True
         if msg.error is not None:
@@ -95,10 +114,15 @@ class ResponseStream:
         responses that still arrive are released unread."""
         if self.done or self.closed:
             return
+        self._close()
+
+    def _close(self) -> None:
         self.closed = True
         core = self.core
         while self.items:
             core._release_unclaimed(self.items.popleft())
+        self.sizes.clear()
+        self.unread_bytes = 0
         if self.rid in core.pending:
             core.outbox.send(core.scheduler, CancelRequest(self.rid, core.address))
 
@@ -106,7 +130,34 @@ class ResponseStream:
         if self.closed:
             self.core._release_unclaimed(msg)
             return
-        self.items.append(msg)
+        items = self.items
+        if items:  # the reader is behind: what it has not read counts
+            size = sum(len(r.data) if r.data is not None else r.nbytes
+                       for r in msg.outputs if not r.region)
+            if len(items) > UNREAD_MAX or self.unread_bytes + size > UNREAD_BYTES_MAX:
+                return self._give_up(msg)
+            self.unread_bytes += size
+            self.sizes.append(size)
+        else:
+            self.sizes.append(0)
+        items.append(msg)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+    def _give_up(self, msg: InferResponse) -> None:
+        """The reader is UNREAD_MAX behind: cancel the request, and leave it one final
+        error in place of all it did not read."""
+        count, nbytes = len(self.items), self.unread_bytes
+        self.core._release_unclaimed(msg)
+        self._close()
+        log.warning("request %s of model '%s': %d responses (%d bytes) not read by the "
+                    "client; cancelled", self.request.id or self.rid, self.view.name,
+                    count, nbytes)
+        self.items.append(InferResponse(self.rid, error=Error(
+            ErrorCode.UNAVAILABLE, UNREAD_ERROR.format(count, nbytes)), final=True))
+        self.sizes.append(0)
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

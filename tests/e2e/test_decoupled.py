@@ -353,3 +353,62 @@ def test_response_statistics_count_each_response_by_index(server, stream):
     g = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics("repeat")
     assert g.model_stats[0].response_stats["3"].empty_response.count == \
         after["3"]["empty_response"]["count"]
+
+
+def test_a_client_that_reads_no_responses_has_its_request_cancelled_not_held(server):
+    """A client whose windows are shut (it reads nothing) asks `repeat` for 60,000
+    responses: the frontend holds what the transport takes (1 MiB of the stream's
+    answers) and UNREAD_MAX more, then cancels the request and releases the rest as
+    the model sends them, so its memory stays bounded. Once the client opens its
+    windows it reads those answers, then the error in-band, and the stream goes on."""
+    import struct
+    import time
+
+    from tritonclient.grpc import service_pb2
+
+    from frontend import dataplane
+    from frontend.transport import h2
+    from tests.e2e.h2raw import RawH2, grpc_message, request_block
+    from tests.e2e.test_h2_attacks import frontend_rss_kib
+
+    rss = frontend_rss_kib(server)
+    a = RawH2(server.grpc_port, settings=struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 0))
+    a.read()
+    n = 60_000
+    request = service_pb2.ModelInferRequest(
+        model_name="repeat", id="flood", inputs=[service_pb2.ModelInferRequest.
+                                                  InferInputTensor(name="IN", datatype="INT32",
+                                                                   shape=[n])],
+        raw_input_contents=[np.arange(n, dtype=np.int32).tobytes()]).SerializeToString()
+    a.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, request_block(
+        a.encoder, "/inference.GRPCInferenceService/ModelStreamInfer"))
+        + h2.frame(h2.DATA, 0, 1, grpc_message(request)))
+    wait_until(lambda: "not read by the client; cancelled" in server.log(), T,
+               what="the request to be given up")
+    assert frontend_rss_kib(server) - rss < 100 * 1024
+    # the windows open: what was held comes, then the error, on the stream still open
+    a.send(h2.frame(h2.SETTINGS, 0, 0, struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 1 << 30))
+           + h2.frame(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 30)))
+
+    def replies():
+        body = b"".join(p for kind, _, sid, p in list(a.frames)
+                        if kind == h2.DATA and sid == 1)
+        out, pos = [], 0
+        while len(body) - pos >= 5:
+            size = struct.unpack_from(">I", body, pos + 1)[0]
+            if len(body) - pos - 5 < size:
+                break
+            out.append(service_pb2.ModelStreamInferResponse.FromString(
+                body[pos + 5:pos + 5 + size]))
+            pos += 5 + size
+        return out
+
+    wait_until(lambda: any(r.error_message for r in replies()), T, what="the error")
+    got = replies()
+    errors = [r.error_message for r in got if r.error_message]
+    assert len(errors) == 1 and "the client read none of this request's last" in errors[0]
+    answered = len(got) - 1
+    assert dataplane.UNREAD_MAX < answered < n // 2, answered
+    assert [r.infer_response.outputs[1].name for r in got[:2]] == ["IDX", "IDX"]
+    assert not a.ended.is_set() and a.goaway_code() is None
+    a.close()
