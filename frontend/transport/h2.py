@@ -84,8 +84,8 @@ class H2Connection(H2Output):
     # slots, as H2Output's; a subclass's own attributes go in its __dict__ (or slots)
     __slots__ = ("limits", "decoder", "buf", "preface", "settled", "streams",
                  "last_stream", "continuing", "continuing_since", "lingering",
-                 "stream_cap", "recv_unacked", "recv_held", "reading", "stream_stop", "paused",
-                 "going_away", "lost", "resets", "completed", "glitches", "born",
+                 "stream_cap", "recv_unacked", "recv_held", "reading", "stream_stop",
+                 "paused", "going_away", "lost", "resets", "completed", "glitches", "born",
                  "idle_since", "idle_mark", "stuck_since", "held_since", "stuck_mark",
                  "held_mark", "transport", "loop", "policy", "bytes_read", "__dict__")
 

@@ -375,10 +375,10 @@ def test_a_client_that_reads_no_responses_has_its_request_cancelled_not_held(ser
     a = RawH2(server.grpc_port, settings=struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 0))
     a.read()
     n = 60_000
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="IN", datatype="INT32",
+                                                           shape=[n])
     request = service_pb2.ModelInferRequest(
-        model_name="repeat", id="flood", inputs=[service_pb2.ModelInferRequest.
-                                                  InferInputTensor(name="IN", datatype="INT32",
-                                                                   shape=[n])],
+        model_name="repeat", id="flood", inputs=[tensor],
         raw_input_contents=[np.arange(n, dtype=np.int32).tobytes()]).SerializeToString()
     a.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, request_block(
         a.encoder, "/inference.GRPCInferenceService/ModelStreamInfer"))
