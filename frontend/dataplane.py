@@ -46,15 +46,58 @@ log = logging.getLogger("shmserve.frontend")
 # takes the next only once the client's flow-control window (or socket) has room. A
 # client that reads none of them would have the frontend hold every response the model
 # sends (a 4 MB request to a model that answers each element held +340 MiB in 12 s and
-# went on growing). Past either bound, counted beyond the response the reader has yet
-# to take, the request is cancelled as a client's cancel would (the model sees
-# is_cancelled(), what it still sends is released unread) and the reader gets one
-# final error. No model's legitimate stream is near them with a client that reads: the
-# transport itself holds up to 1 MiB of a stream's answers before its writer waits.
+# went on growing). So a request is cancelled, as a client's cancel would (the model
+# sees is_cancelled(); what it still sends is released unread), and its reader gets
+# one final error in place of what waited, when
+# - UNREAD_MAX responses wait and the reader has taken none for UNREAD_STALL seconds:
+#   its client reads nothing (a client that reads, however slowly, is never cut off
+#   by this, and a stalled one holds at most what the model makes in that time);
+# - or, reading or not, UNREAD_HARD_MAX responses or UNREAD_BYTES_MAX bytes of the
+#   worker's arena wait: the arena is shared by the model's other requests.
+# Counts leave out the response the reader is taking next. A tritonclient stream
+# reading as fast as Python lets it fell 4,096 behind the repeat test model within a
+# second, and kept reading.
 UNREAD_MAX = 4096
+UNREAD_STALL = 5.0
+UNREAD_HARD_MAX = 1 << 18
 UNREAD_BYTES_MAX = 64 << 20
-UNREAD_ERROR = ("the client read none of this request's last {} responses ({} bytes "
-                "waiting): the request was cancelled")
+UNREAD_ERROR = ("{} responses ({} bytes) of this request waited for a client that {}: "
+                "the request was cancelled")
+STALLED = "read none of them for %g s" % UNREAD_STALL
+_now = time.monotonic
+
+
+class Laggards:
+    """The streams with more than UNREAD_MAX responses waiting, looked at once a
+    second while there are any: one whose reader has stopped is given up even when
+    its model has stopped sending (nothing else would look at it again)."""
+
+    def __init__(self):
+        self.streams: set[ResponseStream] = set()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, stream: "ResponseStream") -> None:
+        self.streams.add(stream)
+        if self.timer is None:
+            self.timer = stream.core.outbox.loop.call_later(1.0, self.sweep)
+
+    def sweep(self) -> None:
+        self.timer = None
+        now = _now()
+        for stream in list(self.streams):
+            if stream.closed or stream.done or len(stream.items) <= UNREAD_MAX:
+                self.streams.discard(stream)
+            elif now - stream.last_read > UNREAD_STALL:
+                self.streams.discard(stream)
+                stream._give_up(None, STALLED)
+        if self.streams:
+            self.timer = next(iter(self.streams)).core.outbox.loop.call_later(
+                1.0, self.sweep)
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class ResponseStream:
@@ -64,11 +107,12 @@ class ResponseStream:
     error response, or (None, True) for a decoupled model's empty final
     (send(None, FINAL)). The request's input blocks are freed when its final response
     arrives, whoever reads it. `cancel()` (or cancelling a task waiting in `next()`)
-    sends CancelRequest and drops what still comes. A reader too far behind (UNREAD_MAX)
-    gets the request cancelled and one final error instead of what it did not read."""
+    sends CancelRequest and drops what still comes. A reader that stopped taking them
+    (UNREAD_MAX, UNREAD_STALL) or is far behind (UNREAD_HARD_MAX) gets the request
+    cancelled and one final error instead of what waited."""
 
     __slots__ = ("core", "rid", "view", "request", "blocks", "key", "items", "sizes",
-                 "unread_bytes", "waiter", "done", "closed")
+                 "unread_bytes", "last_read", "waiter", "done", "closed")
 
     def __init__(self, core: "SchedulerDataPlane", rid: int, view: ModelView,
                  request: DecodedRequest, blocks: list, key: bytes | None):
@@ -81,6 +125,7 @@ class ResponseStream:
         self.items: collections.deque = collections.deque()
         self.sizes: collections.deque = collections.deque()  # each item's arena bytes
         self.unread_bytes = 0  # theirs in all (the reader's next item not counted)
+        self.last_read = _now()  # when the reader last took one
         self.waiter: asyncio.Future | None = None
         self.done = False  # the final response was read
         self.closed = False  # cancelled: responses still coming are released unread
@@ -101,6 +146,8 @@ class ResponseStream:
                 self.waiter = None
         msg: InferResponse = self.items.popleft()
         self.unread_bytes -= self.sizes.popleft()
+        if self.items:  # behind: when it last took one counts (else nothing waits)
+            self.last_read = _now()
         if msg.final:
             self.done = True
         if msg.error is not None:
@@ -134,29 +181,36 @@ class ResponseStream:
         if items:  # the reader is behind: what it has not read counts
             size = sum(len(r.data) if r.data is not None else r.nbytes
                        for r in msg.outputs if not r.region)
-            if len(items) > UNREAD_MAX or self.unread_bytes + size > UNREAD_BYTES_MAX:
-                return self._give_up(msg)
+            if len(items) > UNREAD_MAX:
+                if len(items) > UNREAD_HARD_MAX:
+                    return self._give_up(msg, "reads too slowly")
+                if _now() - self.last_read > UNREAD_STALL:
+                    return self._give_up(msg, STALLED)
+                self.core.laggards.add(self)  # judged again, should no more come
+            if self.unread_bytes + size > UNREAD_BYTES_MAX:
+                return self._give_up(msg, "reads too slowly")
             self.unread_bytes += size
             self.sizes.append(size)
         else:
             self.sizes.append(0)
+            self.last_read = _now()  # nothing waited: the reader was not behind
         items.append(msg)
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-
-    def _give_up(self, msg: InferResponse) -> None:
-        """The reader is UNREAD_MAX behind: cancel the request, and leave it one final
-        error in place of all it did not read."""
+    def _give_up(self, msg: InferResponse | None, why: str) -> None:
+        """Cancel the request, and leave the reader one final error in place of all it
+        did not take."""
         count, nbytes = len(self.items), self.unread_bytes
-        self.core._release_unclaimed(msg)
+        if msg is not None:
+            self.core._release_unclaimed(msg)
         self._close()
-        log.warning("request %s of model '%s': %d responses (%d bytes) not read by the "
-                    "client; cancelled", self.request.id or self.rid, self.view.name,
-                    count, nbytes)
+        message = UNREAD_ERROR.format(count, nbytes, why)
+        log.warning("request %s of model '%s': %s", self.request.id or self.rid,
+                    self.view.name, message)
         self.items.append(InferResponse(self.rid, error=Error(
-            ErrorCode.UNAVAILABLE, UNREAD_ERROR.format(count, nbytes)), final=True))
+            ErrorCode.UNAVAILABLE, message), final=True))
         self.sizes.append(0)
         waiter = self.waiter
         if waiter is not None and not waiter.done():
@@ -193,6 +247,7 @@ class SchedulerDataPlane:
         self.segments = SegmentCache()
         self.models: dict[str, dict[int, ModelView]] = {}
         self.pending: dict[int, ResponseStream] = {}
+        self.laggards = Laggards()  # pending streams whose readers are far behind
         self.calls: dict[int, asyncio.Future] = {}  # shared-memory calls to the scheduler
         self._ids = itertools.count(1)
         self.ready = False
@@ -548,6 +603,7 @@ class SchedulerDataPlane:
                         held)
         if self._trim is not None:
             self._trim.cancel()
+        self.laggards.close()
         self.segments.close()
         self.arena.close()
         self.inbox.close()

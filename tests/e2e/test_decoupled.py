@@ -358,16 +358,16 @@ def test_response_statistics_count_each_response_by_index(server, stream):
 def test_a_client_that_reads_no_responses_has_its_request_cancelled_not_held(server):
     """A client whose windows are shut (it reads nothing) asks `repeat` for 60,000
     responses: the frontend holds what the transport takes (1 MiB of the stream's
-    answers) and UNREAD_MAX more, then cancels the request and releases those and
-    the rest as the model sends them, so its memory stays bounded. Once the client
-    opens its windows it reads what the transport held, then the error in-band, and
-    the stream stays open."""
+    answers) and what waits behind, until UNREAD_MAX have waited UNREAD_STALL
+    seconds; then it cancels the request and releases those and the rest as the model
+    sends them, so its memory stays bounded. Once the client opens its windows it
+    reads what the transport held, then the error in-band, and the stream stays
+    open. (test_a_client_reading_a_long_stream_slowly_gets_all_of_it is the other
+    side.)"""
     import struct
-    import time
 
     from tritonclient.grpc import service_pb2
 
-    from frontend import dataplane
     from frontend.transport import h2
     from tests.e2e.h2raw import RawH2, grpc_message, request_block
     from tests.e2e.test_h2_attacks import frontend_rss_kib
@@ -384,7 +384,7 @@ def test_a_client_that_reads_no_responses_has_its_request_cancelled_not_held(ser
     a.send(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, request_block(
         a.encoder, "/inference.GRPCInferenceService/ModelStreamInfer"))
         + h2.frame(h2.DATA, 0, 1, grpc_message(request)))
-    wait_until(lambda: "not read by the client; cancelled" in server.log(), T,
+    wait_until(lambda: "waited for a client that read none of them" in server.log(), T,
                what="the request to be given up")
     assert frontend_rss_kib(server) - rss < 100 * 1024
     # the windows open: what was held comes, then the error, on the stream still open
@@ -406,11 +406,49 @@ def test_a_client_that_reads_no_responses_has_its_request_cancelled_not_held(ser
 
     wait_until(lambda: any(r.error_message for r in replies()), T, what="the error")
     got = replies()
-    assert "the client read none of this request's last" in got[-1].error_message
+    assert "waited for a client that read none of them for 5 s" in got[-1].error_message
     # before it, in order, what the transport had taken; the rest was dropped
     indices = [struct.unpack("<I", r.infer_response.raw_output_contents[1])[0]
                for r in got[:-1]]
     assert indices == list(range(len(indices))) and len(indices) < n // 2
-    assert f"last {dataplane.UNREAD_MAX + 1} responses" in got[-1].error_message
     assert not a.ended.is_set() and a.goaway_code() is None
     a.close()
+
+
+def test_a_client_that_pauses_reading_a_long_stream_gets_all_of_it(server):
+    """The other side of the bound above: a tritonclient stream whose reader stops
+    for 2 s at its first response (a pause, shorter than UNREAD_STALL) while `repeat`
+    sends 20,000, thousands more than UNREAD_MAX waiting beyond what the transport
+    holds. It gets every response, in order, and the request is not given up."""
+    import queue
+    import threading
+
+    got: queue.Queue = queue.Queue()
+    first = threading.Event()
+
+    def callback(result, error):
+        if not first.is_set():
+            first.set()
+            threading.Event().wait(2.0)  # the pause: gRPC's reader thread stops here
+        got.put((result, error))
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=callback)
+    try:
+        n = 20_000
+        inp = grpcclient.InferInput("IN", [n], "INT32")
+        inp.set_data_from_numpy(np.arange(n, dtype=np.int32))
+        client.async_stream_infer("repeat", [inp], request_id="long",
+                                  enable_empty_final_response=True)
+        indices = []
+        while True:
+            result, error = got.get(timeout=T)
+            assert error is None, error
+            if _final(result):
+                break
+            indices.append(int(result.as_numpy("IDX")[0]))
+        assert indices == list(range(n))
+    finally:
+        client.stop_stream()
+        client.close()
+    assert "waited for a client" not in server.log()

@@ -27,6 +27,7 @@ class Core:
         self.outbox = SimpleNamespace(loop=loop, send=lambda to, m: self.sent.append(m))
         self.scheduler, self.address = "sched", "fe"
         self.pending = {}
+        self.laggards = dataplane.Laggards()
 
     def _release_unclaimed(self, msg):
         dataplane.SchedulerDataPlane._release_unclaimed(self, msg)
@@ -50,30 +51,109 @@ def stream(core) -> ResponseStream:
     return s
 
 
-def test_a_reader_that_reads_nothing_gets_its_request_cancelled_and_one_error():
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(dataplane, "_now", c)
+    return c
+
+
+def test_a_reader_that_takes_nothing_gets_its_request_cancelled_and_one_error(clock):
     async def main():
         core = Core(asyncio.get_running_loop())
         s = stream(core)
         for k in range(dataplane.UNREAD_MAX + 1):
             s._deliver(response(k))
-        assert core.released() == 0  # the reader's next and UNREAD_MAX behind it
-        s._deliver(response(10**6))  # one more: the request is given up
-        assert core.released() == dataplane.UNREAD_MAX + 2
+        clock.t += dataplane.UNREAD_STALL - 0.1
+        s._deliver(response(10**6))  # as many waiting, but not yet for long
+        assert core.released() == 0
+        clock.t += 0.2
+        s._deliver(response(10**6 + 1))  # waiting past UNREAD_STALL: given up
+        assert core.released() == dataplane.UNREAD_MAX + 3
         assert [m for m in core.sent if isinstance(m, CancelRequest)] == [
             CancelRequest(1, "fe")]
         result, final = await s.next()
         assert isinstance(result, InferError) and final
         assert result.code == ErrorCode.UNAVAILABLE
-        assert f"last {dataplane.UNREAD_MAX + 1} responses" in result.message
+        assert result.message.startswith(f"{dataplane.UNREAD_MAX + 2} responses (")
+        assert "read none of them for 5 s" in result.message
         s._deliver(response(7))  # what the model still sends is released unread
-        assert core.released() == dataplane.UNREAD_MAX + 3
+        assert core.released() == dataplane.UNREAD_MAX + 4
         s.cancel()  # the transport's own cancel after that sends nothing more
         assert sum(isinstance(m, CancelRequest) for m in core.sent) == 1
 
     asyncio.run(main())
 
 
-def test_unread_arena_bytes_are_bounded_too():
+def test_a_stalled_reader_is_given_up_when_its_model_sends_no_more(clock):
+    """The model sent all it had within the stall, then nothing: the once-a-second
+    look at the laggards gives the request up all the same."""
+    async def main():
+        core = Core(asyncio.get_running_loop())
+        s = stream(core)
+        for k in range(dataplane.UNREAD_MAX + 5):
+            s._deliver(response(k))
+        assert core.laggards.streams == {s} and core.laggards.timer is not None
+        core.laggards.sweep()  # not yet stalled: kept, looked at again
+        assert not s.closed and core.laggards.timer is not None
+        clock.t += dataplane.UNREAD_STALL + 0.1
+        core.laggards.sweep()
+        assert s.closed and not core.laggards.streams and core.laggards.timer is None
+        assert core.released() == dataplane.UNREAD_MAX + 5
+        result, final = await s.next()
+        assert final and dataplane.STALLED in result.message
+
+    asyncio.run(main())
+
+
+def test_the_stall_counts_from_when_responses_began_to_wait(clock):
+    """A model that thinks for a minute before its first response: the reader had
+    nothing to take meanwhile, so a burst after it is not judged a stall."""
+    async def main():
+        core = Core(asyncio.get_running_loop())
+        s = stream(core)
+        clock.t += 60
+        for k in range(dataplane.UNREAD_MAX + 10):
+            s._deliver(response(k))
+        assert not s.closed and core.released() == 0
+
+    asyncio.run(main())
+
+
+def test_a_slow_reader_is_not_cut_off_until_the_hard_bound(clock, monkeypatch):
+    monkeypatch.setattr(dataplane, "UNREAD_MAX", 50)
+    monkeypatch.setattr(dataplane, "UNREAD_HARD_MAX", 2000)
+
+    async def main():
+        core = Core(asyncio.get_running_loop())
+        s = stream(core)
+        taken = 0
+        for k in range(4500):  # three in for every one taken, a second apart
+            s._deliver(response(k))
+            if s.closed:
+                break
+            if k % 3 == 2:
+                clock.t += 1.0
+                assert (await s.next())[0] == taken
+                taken += 1
+        # far past UNREAD_MAX, but taking one a second all along: cut off only once
+        # UNREAD_HARD_MAX wait (about 3,000 in, 1,000 taken)
+        assert s.closed and 2990 < k < 3010 and 990 < taken < 1010
+        result, final = await s.next()
+        assert final and "reads too slowly" in result.message
+
+    asyncio.run(main())
+
+
+def test_unread_arena_bytes_are_bounded_too(clock):
     async def main():
         core = Core(asyncio.get_running_loop())
         s = stream(core)
@@ -89,7 +169,7 @@ def test_unread_arena_bytes_are_bounded_too():
     asyncio.run(main())
 
 
-def test_a_reader_that_lags_by_a_few_gets_every_response():
+def test_a_reader_that_lags_by_a_few_gets_every_response(clock):
     async def main():
         core = Core(asyncio.get_running_loop())
         s = stream(core)
