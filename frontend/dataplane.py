@@ -53,7 +53,9 @@ log = logging.getLogger("shmserve.frontend")
 #   its client reads nothing (a client that reads, however slowly, is never cut off
 #   by this, and a stalled one holds at most what the model makes in that time);
 # - or, reading or not, UNREAD_HARD_MAX responses or UNREAD_BYTES_MAX bytes of the
-#   worker's arena wait: the arena is shared by the model's other requests.
+#   worker's arena wait: the arena is shared by the model's other requests;
+# - or more than UNREAD_MAX wait and the process holds WAITING_MAX for all its
+#   clients: slow readers, each within its own bounds, on many streams.
 # Counts leave out the response the reader is taking next. A tritonclient stream
 # reading as fast as Python lets it fell 4,096 behind the repeat test model within a
 # second, and kept reading.
@@ -61,6 +63,7 @@ UNREAD_MAX = 4096
 UNREAD_STALL = 5.0
 UNREAD_HARD_MAX = 1 << 18
 UNREAD_BYTES_MAX = 64 << 20
+WAITING_MAX = 1 << 20  # responses, about 300 MiB of them
 UNREAD_ERROR = ("{} responses ({} bytes) of this request waited for a client that {}: "
                 "the request was cancelled")
 STALLED = "read none of them for %g s" % UNREAD_STALL
@@ -148,6 +151,7 @@ class ResponseStream:
         self.unread_bytes -= self.sizes.popleft()
         if self.items:  # behind: when it last took one counts (else nothing waits)
             self.last_read = _now()
+            self.core.waiting -= 1
         if msg.final:
             self.done = True
         if msg.error is not None:
@@ -166,6 +170,8 @@ class ResponseStream:
     def _close(self) -> None:
         self.closed = True
         core = self.core
+        if self.items:
+            core.waiting -= len(self.items) - 1
         while self.items:
             core._release_unclaimed(self.items.popleft())
         self.sizes.clear()
@@ -181,14 +187,20 @@ class ResponseStream:
         if items:  # the reader is behind: what it has not read counts
             size = sum(len(r.data) if r.data is not None else r.nbytes
                        for r in msg.outputs if not r.region)
+            core = self.core
             if len(items) > UNREAD_MAX:
                 if len(items) > UNREAD_HARD_MAX:
                     return self._give_up(msg, "reads too slowly")
                 if _now() - self.last_read > UNREAD_STALL:
                     return self._give_up(msg, STALLED)
-                self.core.laggards.add(self)  # judged again, should no more come
+                if core.waiting >= WAITING_MAX:
+                    return self._give_up(msg, "reads too slowly while the frontend "
+                                              "holds %d responses for its clients"
+                                         % core.waiting)
+                core.laggards.add(self)  # judged again, should no more come
             if self.unread_bytes + size > UNREAD_BYTES_MAX:
                 return self._give_up(msg, "reads too slowly")
+            core.waiting += 1
             self.unread_bytes += size
             self.sizes.append(size)
         else:
@@ -248,6 +260,7 @@ class SchedulerDataPlane:
         self.models: dict[str, dict[int, ModelView]] = {}
         self.pending: dict[int, ResponseStream] = {}
         self.laggards = Laggards()  # pending streams whose readers are far behind
+        self.waiting = 0  # responses waiting behind each stream's next, in all
         self.calls: dict[int, asyncio.Future] = {}  # shared-memory calls to the scheduler
         self._ids = itertools.count(1)
         self.ready = False

@@ -28,6 +28,7 @@ class Core:
         self.scheduler, self.address = "sched", "fe"
         self.pending = {}
         self.laggards = dataplane.Laggards()
+        self.waiting = 0
 
     def _release_unclaimed(self, msg):
         dataplane.SchedulerDataPlane._release_unclaimed(self, msg)
@@ -86,7 +87,7 @@ def test_a_reader_that_takes_nothing_gets_its_request_cancelled_and_one_error(cl
         assert result.message.startswith(f"{dataplane.UNREAD_MAX + 2} responses (")
         assert "read none of them for 5 s" in result.message
         s._deliver(response(7))  # what the model still sends is released unread
-        assert core.released() == dataplane.UNREAD_MAX + 4
+        assert core.released() == dataplane.UNREAD_MAX + 4 and core.waiting == 0
         s.cancel()  # the transport's own cancel after that sends nothing more
         assert sum(isinstance(m, CancelRequest) for m in core.sent) == 1
 
@@ -153,6 +154,34 @@ def test_a_slow_reader_is_not_cut_off_until_the_hard_bound(clock, monkeypatch):
     asyncio.run(main())
 
 
+def test_slow_readers_together_are_bounded_by_the_process(clock, monkeypatch):
+    """Each within its own bounds, many slow readers are still cut off once the
+    process holds WAITING_MAX responses for them; the one far behind goes, a stream
+    that is not behind by UNREAD_MAX is left alone, and the count comes back."""
+    monkeypatch.setattr(dataplane, "UNREAD_MAX", 10)
+    monkeypatch.setattr(dataplane, "WAITING_MAX", 25)
+
+    async def main():
+        core = Core(asyncio.get_running_loop())
+        a, b = stream(core), stream(core)
+        core.pending[2] = b
+        b.rid = 2
+        for k in range(16):  # 15 waiting behind a's next
+            a._deliver(response(k))
+        for k in range(11):  # 10 behind b's: the process holds 25
+            b._deliver(response(k))
+        assert core.waiting == 25 and not a.closed and not b.closed
+        b._deliver(response(11))  # b is past UNREAD_MAX while the process is full
+        assert b.closed and not a.closed and core.waiting == 15
+        result, final = await b.next()
+        assert final and "holds 25 responses" in result.message
+        for k in range(16):
+            assert (await a.next())[0] == k
+        assert core.waiting == 0
+
+    asyncio.run(main())
+
+
 def test_unread_arena_bytes_are_bounded_too(clock):
     async def main():
         core = Core(asyncio.get_running_loop())
@@ -180,6 +209,6 @@ def test_a_reader_that_lags_by_a_few_gets_every_response(clock):
             if k % 2:  # two in, two out: never more than two waiting
                 got += [(await s.next())[0], (await s.next())[0]]
         assert got == list(range(n)) and core.released() == 0
-        assert s.unread_bytes == 0 and not s.sizes
+        assert s.unread_bytes == 0 and not s.sizes and core.waiting == 0
 
     asyncio.run(main())
