@@ -112,9 +112,12 @@ def mutated_text(draw):
     return name, text
 
 
+_DIMS = st.lists(st.integers(-3, 5) | st.sampled_from(
+    [h for h in HUGE if -(2**63) <= h < 2**63]), max_size=4)
+
+
 def _dims(draw):
-    return draw(st.lists(st.integers(-3, 5) | st.sampled_from(
-        [h for h in HUGE if -(2**63) <= h < 2**63]), max_size=4))
+    return draw(_DIMS)
 
 
 _PARSED: dict = {}
@@ -145,6 +148,11 @@ _CONTROL_DTYPES = st.sampled_from(list(DataType.values()) + [99])
 _KINDS = st.sampled_from(list(ModelInstanceGroup.Kind.values()) + [9])
 _CLAMPED_INT64S = st.lists(_INT64.map(lambda v: max(min(v, 2**31 - 1), -(2**31))),
                            max_size=2)
+_CONTROL_NAMES = st.sampled_from(["", "START", "X"])
+_PLATFORMS = st.sampled_from(["", "ensemble", "onnxruntime_onnx", "pytorch_libtorch",
+                              "tensorrt_plan", "nope"])
+_BACKENDS = st.sampled_from(["", "python", "onnxruntime", "pytorch", "nope"])
+_VERSION_POLICIES = st.sampled_from(["latest", "specific", "all"])
 
 
 @st.composite
@@ -196,7 +204,7 @@ def mutated_message(draw):
         elif how == "sequence":
             seq = config.sequence_batching
             seq.max_sequence_idle_microseconds = draw(uint64)
-            control = seq.control_input.add(name=draw(st.sampled_from(["", "START", "X"])))
+            control = seq.control_input.add(name=draw(_CONTROL_NAMES))
             c = control.control.add(kind=draw(st.integers(-1, 5)))
             c.int32_false_true.extend(draw(st.lists(st.integers(-3, 3), max_size=3)))
             c.fp32_false_true.extend(draw(st.lists(st.floats(width=32), max_size=3)))
@@ -205,13 +213,10 @@ def mutated_message(draw):
                 seq.oldest.max_candidate_sequences = draw(st.integers(-5, 5))
                 seq.oldest.preferred_batch_size.extend(draw(_CLAMPED_INT64S))
         elif how == "platform":
-            config.platform = draw(st.sampled_from(["", "ensemble", "onnxruntime_onnx",
-                                                    "pytorch_libtorch", "tensorrt_plan",
-                                                    "nope"]))
-            config.backend = draw(st.sampled_from(["", "python", "onnxruntime", "pytorch",
-                                                   "nope"]))
+            config.platform = draw(_PLATFORMS)
+            config.backend = draw(_BACKENDS)
         elif how == "version_policy":
-            which = draw(st.sampled_from(["latest", "specific", "all"]))
+            which = draw(_VERSION_POLICIES)
             if which == "latest":
                 config.version_policy.latest.num_versions = draw(st.integers(0, 2**32 - 1))
             elif which == "specific":
@@ -221,7 +226,7 @@ def mutated_message(draw):
                 config.version_policy.all.SetInParent()
         else:
             step = config.ensemble_scheduling.step.add(
-                model_name=draw(st.sampled_from(["", "a", config.name])),
+                model_name=draw(st.sampled_from(("", "a", config.name))),  # a tuple: cached
                 model_version=draw(int64))
             step.input_map[draw(st.text(max_size=3))] = draw(st.text(max_size=3))
             step.output_map[draw(st.text(max_size=3))] = draw(st.text(max_size=3))
