@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(p for top in ("tests", "examples")
                  for p in (ROOT / top).rglob("config.pbtxt") if ".venv" not in p.parts)
 TEXTS = [(p.parent.name, p.read_text()) for p in SOURCES]
+ANY_TEXT = st.sampled_from(TEXTS)  # made once, not at every draw
 HUGE = [2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**31), -(2**63), -1, 0]
 
 
@@ -86,7 +87,7 @@ _LINE = st.text(max_size=12)
 @st.composite
 def mutated_text(draw):
     """A real config's text with one to three edits of its lines and tokens."""
-    name, text = draw(st.sampled_from(TEXTS))
+    name, text = draw(ANY_TEXT)
     for _ in range(draw(_ONE_TO_THREE)):
         lines = text.split("\n")
         how = draw(_EDITS)
@@ -159,7 +160,7 @@ _VERSION_POLICIES = st.sampled_from(["latest", "specific", "all"])
 def mutated_message(draw):
     """A real config parsed, with one to three fields set to values Triton refuses
     (or accepts at the edge)."""
-    name, text = draw(st.sampled_from(TEXTS))
+    name, text = draw(ANY_TEXT)
     config = ModelConfig()
     config.CopyFrom(_parsed(name, text))
     config.name = config.name or name
