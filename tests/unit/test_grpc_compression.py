@@ -111,11 +111,12 @@ def test_corrupt_or_trailing_input_is_internal(packed, why):
 
 @run
 async def test_a_bomb_costs_the_cap_and_holds_no_other_call_up():
-    """48 MiB of zeros in 47 KiB of gzip, against a 32 MiB cap: refused once 32 MiB
-    are out (not 48, nor the bomb's claim), inflated in steps of inflate.STEP, and a
-    call sent after it is answered while it inflates."""
-    cap = 32 << 20
-    bomb = gzip_of_zeros(48 << 20)
+    """16 MiB of zeros in 16 KiB of gzip, against a 12 MiB cap: refused once 12 MiB
+    are out (not 16, nor the bomb's claim), inflated in steps of inflate.STEP (three
+    steps or more), and a call sent after it is answered while it inflates."""
+    cap = 12 << 20
+    bomb = gzip_of_zeros(16 << 20)
+    assert cap >= 3 * inflate.STEP
     assert len(bomb) < 64 << 10
     p = peer(cap)
     start = time.process_time()
@@ -127,8 +128,8 @@ async def test_a_bomb_costs_the_cap_and_holds_no_other_call_up():
     order = [f[2] for f in p.read() if f[0] == h2.HEADERS and f[1] & h2.END_STREAM]
     assert order.index(3) < order.index(1), "the echo waited for the bomb"
     assert p.body(3) == b"\0\0\0\0\x05after"
-    # a bound on CPU, generous: 32 MiB of inflate is ~0.15 s here; the whole 48 MiB
-    # (or a GiB-sized bomb's claim) would be more
+    # a bound on CPU, generous: 12 MiB of inflate is ~0.05 s here; a GiB-sized
+    # bomb's claim would be more
     assert time.process_time() - start < 5.0
 
 
