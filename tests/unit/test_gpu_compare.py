@@ -32,7 +32,15 @@ def _config(path) -> dict:
 # --- repositories -----------------------------------------------------------------------
 
 
-def test_gpu_repositories(tmp_path):
+@pytest.fixture
+def narrow_mlps(monkeypatch):
+    """The MLPs 8 wide instead of 512: the repositories are written by the same code,
+    and what these tests check (models, configs, instance kinds) does not depend on
+    the width, while 512-2048-512 weights cost ~0.15 s of CPU a repository."""
+    monkeypatch.setattr(models, "MLP_WIDTH", 8)
+
+
+def test_gpu_repositories(tmp_path, narrow_mlps):
     pytest.importorskip("torch")
     repos = models.build(tmp_path, "gpu", "onnxruntime has no CUDA provider")
     # Triton travels with its python backend only: the framework models are ours alone
@@ -55,7 +63,7 @@ def test_gpu_repositories(tmp_path):
         assert (repos.paths["shmserve"] / name / "1" / "model.pt").stat().st_size > 0
 
 
-def test_cpu_repositories_have_only_cpu_instances(tmp_path):
+def test_cpu_repositories_have_only_cpu_instances(tmp_path, narrow_mlps):
     pytest.importorskip("torch")
     pytest.importorskip("onnx")
     repos = models.build(tmp_path, "cpu", "ignored on cpu")
@@ -68,7 +76,7 @@ def test_cpu_repositories_have_only_cpu_instances(tmp_path):
         models.build(tmp_path / "x", "tpu", True)
 
 
-def test_gpu_repositories_with_onnx_on_cuda(tmp_path):
+def test_gpu_repositories_with_onnx_on_cuda(tmp_path, narrow_mlps):
     pytest.importorskip("torch")
     pytest.importorskip("onnx")
     repos = models.build(tmp_path, "gpu", True)

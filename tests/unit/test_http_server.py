@@ -17,7 +17,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from frontend import http_codec
+from frontend import http_codec, inflate
 from frontend.http_server import make_http_app
 from frontend.transport import http1
 from frontend.types import InferResult, ModelView, OutputTensor
@@ -420,11 +420,14 @@ def test_infer_gzip_request_and_response(app):
 
 
 def test_a_gzip_bomb_is_capped_and_inflates_in_steps(core):
-    """48 MiB of zeros in 47 KiB of gzip, under a 32 MiB --http-max-input-size: a 400
-    once 32 MiB are out, inflated a step at a time so that a request sent meanwhile
-    on the same loop is answered first."""
-    app = make_http_app(core, max_input_size=32 << 20)
-    bomb = gzip_of_zeros(48 << 20)
+    """16 MiB of zeros in 16 KiB of gzip, under a 12 MiB --http-max-input-size: a 400
+    once 12 MiB are out, inflated a step at a time (inflate.STEP, 4 MiB) so that a
+    request sent meanwhile on the same loop is answered first. (Small sizes: the
+    steps and the cap are what is tested, and each MiB inflated costs CPU.)"""
+    cap = 12 << 20
+    app = make_http_app(core, max_input_size=cap)
+    bomb = gzip_of_zeros(16 << 20)
+    assert cap >= 3 * inflate.STEP
     done = []
 
     async def both():
@@ -440,7 +443,7 @@ def test_a_gzip_bomb_is_capped_and_inflates_in_steps(core):
     start = time.process_time()
     bombed, live = asyncio.run(both())
     assert error(bombed) == (400, "Decompressed data size exceeds the maximum allowed "
-                                  f"value of {32 << 20} bytes. Use --http-max-input-size "
+                                  f"value of {cap} bytes. Use --http-max-input-size "
                                   "to increase the limit.")
     assert live[0] == 200 and done == ["live", "bomb"]
     assert time.process_time() - start < 5.0  # generous: ~0.15 s of inflate here

@@ -6,6 +6,7 @@ scheduler or of each other, and shm imports none of them."""
 
 import ast
 import functools
+import gc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,12 +24,32 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
 
 
+# Imports are statements: every one sits in a statement list of these fields (a
+# function's, class's, branch's, loop's, with's, try's and its handlers', a match's
+# cases'), so walking those lists finds them all without visiting the expressions, most
+# of a module's nodes.
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def statements(tree: ast.Module):
+    """Every statement of `tree`, at any depth (with except handlers and match cases,
+    which hold statements)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for field in _BLOCKS:
+            block = getattr(node, field, None)
+            if isinstance(block, list):
+                todo.extend(block)
+
+
 def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """Every project module `name` imports, at any depth of its code. `from a import b`
     counts as importing a.b where a.b is a module, else a."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in statements(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -45,10 +66,18 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return found
 
 
-@functools.cache  # parsed once for both tests: the walk is most of their time
+@functools.cache  # parsed once for both tests: parsing is most of their time
 def graph() -> dict[str, set[str]]:
     known = all_modules()
-    return {name: imports_of(name, path, known) for name, path in known.items()}
+    # The trees hold no cycles and are freed as each module is read: the collector's
+    # passes, set off by their ~200k nodes, would only walk the suite's live objects.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return {name: imports_of(name, path, known) for name, path in known.items()}
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:

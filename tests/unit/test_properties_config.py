@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(p for top in ("tests", "examples")
                  for p in (ROOT / top).rglob("config.pbtxt") if ".venv" not in p.parts)
 TEXTS = [(p.parent.name, p.read_text()) for p in SOURCES]
+ANY_TEXT = st.sampled_from(TEXTS)  # made once, not at every draw
 HUGE = [2**31 - 1, 2**31, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**31), -(2**63), -1, 0]
 
 
@@ -86,7 +87,7 @@ _LINE = st.text(max_size=12)
 @st.composite
 def mutated_text(draw):
     """A real config's text with one to three edits of its lines and tokens."""
-    name, text = draw(st.sampled_from(TEXTS))
+    name, text = draw(ANY_TEXT)
     for _ in range(draw(_ONE_TO_THREE)):
         lines = text.split("\n")
         how = draw(_EDITS)
@@ -112,9 +113,12 @@ def mutated_text(draw):
     return name, text
 
 
+_DIMS = st.lists(st.integers(-3, 5) | st.sampled_from(
+    [h for h in HUGE if -(2**63) <= h < 2**63]), max_size=4)
+
+
 def _dims(draw):
-    return draw(st.lists(st.integers(-3, 5) | st.sampled_from(
-        [h for h in HUGE if -(2**63) <= h < 2**63]), max_size=4))
+    return draw(_DIMS)
 
 
 _PARSED: dict = {}
@@ -145,13 +149,18 @@ _CONTROL_DTYPES = st.sampled_from(list(DataType.values()) + [99])
 _KINDS = st.sampled_from(list(ModelInstanceGroup.Kind.values()) + [9])
 _CLAMPED_INT64S = st.lists(_INT64.map(lambda v: max(min(v, 2**31 - 1), -(2**31))),
                            max_size=2)
+_CONTROL_NAMES = st.sampled_from(["", "START", "X"])
+_PLATFORMS = st.sampled_from(["", "ensemble", "onnxruntime_onnx", "pytorch_libtorch",
+                              "tensorrt_plan", "nope"])
+_BACKENDS = st.sampled_from(["", "python", "onnxruntime", "pytorch", "nope"])
+_VERSION_POLICIES = st.sampled_from(["latest", "specific", "all"])
 
 
 @st.composite
 def mutated_message(draw):
     """A real config parsed, with one to three fields set to values Triton refuses
     (or accepts at the edge)."""
-    name, text = draw(st.sampled_from(TEXTS))
+    name, text = draw(ANY_TEXT)
     config = ModelConfig()
     config.CopyFrom(_parsed(name, text))
     config.name = config.name or name
@@ -196,7 +205,7 @@ def mutated_message(draw):
         elif how == "sequence":
             seq = config.sequence_batching
             seq.max_sequence_idle_microseconds = draw(uint64)
-            control = seq.control_input.add(name=draw(st.sampled_from(["", "START", "X"])))
+            control = seq.control_input.add(name=draw(_CONTROL_NAMES))
             c = control.control.add(kind=draw(st.integers(-1, 5)))
             c.int32_false_true.extend(draw(st.lists(st.integers(-3, 3), max_size=3)))
             c.fp32_false_true.extend(draw(st.lists(st.floats(width=32), max_size=3)))
@@ -205,13 +214,10 @@ def mutated_message(draw):
                 seq.oldest.max_candidate_sequences = draw(st.integers(-5, 5))
                 seq.oldest.preferred_batch_size.extend(draw(_CLAMPED_INT64S))
         elif how == "platform":
-            config.platform = draw(st.sampled_from(["", "ensemble", "onnxruntime_onnx",
-                                                    "pytorch_libtorch", "tensorrt_plan",
-                                                    "nope"]))
-            config.backend = draw(st.sampled_from(["", "python", "onnxruntime", "pytorch",
-                                                   "nope"]))
+            config.platform = draw(_PLATFORMS)
+            config.backend = draw(_BACKENDS)
         elif how == "version_policy":
-            which = draw(st.sampled_from(["latest", "specific", "all"]))
+            which = draw(_VERSION_POLICIES)
             if which == "latest":
                 config.version_policy.latest.num_versions = draw(st.integers(0, 2**32 - 1))
             elif which == "specific":
@@ -221,7 +227,7 @@ def mutated_message(draw):
                 config.version_policy.all.SetInParent()
         else:
             step = config.ensemble_scheduling.step.add(
-                model_name=draw(st.sampled_from(["", "a", config.name])),
+                model_name=draw(st.sampled_from(("", "a", config.name))),  # a tuple: cached
                 model_version=draw(int64))
             step.input_map[draw(st.text(max_size=3))] = draw(st.text(max_size=3))
             step.output_map[draw(st.text(max_size=3))] = draw(st.text(max_size=3))

@@ -19,17 +19,15 @@ import pytest
 import tritonclient.grpc as grpcclient
 from hypothesis import example, given, note, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 from tritonclient.grpc import _utils as grpc_utils
 from tritonclient.grpc import service_pb2
 
 from frontend import grpc_codec
 from frontend.validate import validate_request
-from shm.datatypes import NUMPY
 from shm.errors import ErrorCode, InferError
 from tests.unit.test_properties_http import (
-    CONFIGS, DATATYPES, HUGE, REACH, Seen, decoded_bytes, elements, raw_bytes,
-    run_until_reached)
+    ANY_CONFIG, CLIENT_DATATYPES, CONFIGS, DATATYPES, HUGE, REACH, Seen, _arrays,
+    decoded_bytes, raw_bytes, run_until_reached)
 
 BAD_DATATYPES = ["", "FP8", "fp32", "STRING", "TYPE_INT32"]
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -118,10 +116,10 @@ def valid_message(draw, config):
     expect = {}
     specs = [s for s in config.input if not (s.optional and draw(st.booleans()))]
     raw_mode = draw(st.booleans())
-    from tests.unit.test_properties_http import _dtype_name, tensor
+    from tests.unit.test_properties_http import _dtype_name, tensor_of
     for spec in draw(st.permutations(specs)):
         datatype = _dtype_name(spec.data_type)
-        arr = draw(tensor(datatype, list(spec.dims), batch, json_safe=False))
+        arr = draw(tensor_of(datatype, tuple(spec.dims), batch, False))
         t = msg.inputs.add(name=spec.name, datatype=datatype, shape=list(arr.shape))
         raw = raw_bytes(arr, datatype)
         if raw_mode or datatype in ("FP16", "BF16", "INT8", "UINT8", "INT16", "UINT16"):
@@ -233,7 +231,7 @@ def mutate(draw, msg, hows=None):
 
 @st.composite
 def hostile_message(draw):
-    config = draw(st.sampled_from(CONFIGS))
+    config = draw(ANY_CONFIG)
     msg, _ = draw(valid_message(config))
     for _ in range(draw(st.integers(1, 2))):
         mutate(draw, msg)
@@ -321,10 +319,9 @@ def client_inputs(draw):
                           max_size=4, unique=True))
     inputs, expect = [], {}
     for name in names:
-        datatype = draw(st.sampled_from([d for d in DATATYPES if d != "BF16"]))
+        datatype = draw(CLIENT_DATATYPES)
         shape = draw(st.lists(st.integers(0, 3), max_size=3))
-        dtype = object if datatype == "BYTES" else NUMPY[datatype]
-        arr = draw(hnp.arrays(dtype, shape, elements=elements(datatype, False)))
+        arr = draw(_arrays(datatype, tuple(shape), False))
         inp = grpcclient.InferInput(name, shape, datatype)
         inp.set_data_from_numpy(arr)
         inputs.append(inp)

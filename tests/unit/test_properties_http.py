@@ -66,6 +66,8 @@ RAW_CONFIGS = [
     _config('name: "rawfixed" max_batch_size: 0 '
             'input [{name: "F" data_type: TYPE_FP64 dims: [3]}]'),
 ]
+# one of CONFIGS, drawn by the composites (a strategy made once, not at every draw)
+ANY_CONFIG = st.sampled_from(CONFIGS)
 
 DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
              "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16"]
@@ -204,6 +206,12 @@ def _arrays(datatype: str, shape: tuple, json_safe: bool):
     return hnp.arrays(dtype, shape, elements=elements(datatype, json_safe))
 
 
+@functools.lru_cache(maxsize=None)
+def tensor_of(datatype: str, dims: tuple, batch: int | None, json_safe: bool):
+    """tensor(...), one strategy per set of arguments (see elements)."""
+    return tensor(datatype, list(dims), batch, json_safe)
+
+
 @st.composite
 def valid_request(draw, config):
     """A request the model accepts: ({header}, [binary parts], {name: raw bytes})."""
@@ -215,7 +223,7 @@ def valid_request(draw, config):
             continue
         datatype = _dtype_name(spec.data_type)
         binary = datatype == "BF16" or draw(st.booleans())
-        arr = draw(tensor(datatype, list(spec.dims), batch, json_safe=not binary))
+        arr = draw(tensor_of(datatype, tuple(spec.dims), batch, not binary))
         raw = raw_bytes(arr, datatype)
         item = {"name": spec.name, "datatype": datatype, "shape": list(arr.shape)}
         if binary:
@@ -448,7 +456,7 @@ _MUTATION_LISTS = st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=2)
 def hostile_request(draw):
     """(config, body, header length value, encoding) for a valid request after
     1 or 2 mutations, and sometimes a lying Inference-Header-Content-Length."""
-    config = draw(st.sampled_from(CONFIGS))
+    config = draw(ANY_CONFIG)
     header, blobs, _ = draw(valid_request(config))
     for mutate in draw(_MUTATION_LISTS):
         note(f"mutation: {mutate.__name__}")
@@ -586,6 +594,9 @@ def test_valid_requests_decode_to_exactly_what_was_sent(data):
     assert req.parameters == header.get("parameters", {})
 
 
+CLIENT_DATATYPES = st.sampled_from([d for d in DATATYPES if d != "BF16"])
+
+
 @st.composite
 def client_tensors(draw):
     """tritonclient InferInputs over generated arrays, and the raw bytes of each."""
@@ -593,11 +604,10 @@ def client_tensors(draw):
                           max_size=4, unique=True))
     inputs, expect = [], {}
     for name in names:
-        datatype = draw(st.sampled_from([d for d in DATATYPES if d != "BF16"]))
+        datatype = draw(CLIENT_DATATYPES)
         binary = draw(st.booleans())
         shape = draw(st.lists(st.integers(0, 3), max_size=3))
-        dtype = object if datatype == "BYTES" else NUMPY[datatype]
-        arr = draw(hnp.arrays(dtype, shape, elements=elements(datatype, not binary)))
+        arr = draw(_arrays(datatype, tuple(shape), not binary))
         inp = httpclient.InferInput(name, shape, datatype)
         inp.set_data_from_numpy(arr, binary_data=binary)
         inputs.append(inp)
