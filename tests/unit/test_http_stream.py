@@ -122,13 +122,14 @@ class FakeSegments:
 
 def core_with_stream(rid=1, blocks=(("seg", 64),)):
     from frontend.body_budget import BodyBudget
-    from frontend.dataplane import SchedulerDataPlane
+    from frontend.dataplane import Laggards, SchedulerDataPlane
 
     core = SchedulerDataPlane.__new__(SchedulerDataPlane)
     core.arena, core.outbox, core.segments = FakeArena(), FakeOutbox(), FakeSegments()
     core.bodies = BodyBudget()
     core.address, core.scheduler = "fe", "sched"
     core.pending = {}
+    core.waiting, core.laggards = 0, Laggards()
     core.idle = asyncio.Event()
     view = ModelView("m", 1, "READY", "", mc.ModelConfig(name="m"))
     from frontend.types import DecodedRequest
