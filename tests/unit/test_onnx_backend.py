@@ -5,8 +5,6 @@ session options, execution providers, and runs on tiny ONNX models the tests bui
 import copy
 import json
 import logging
-import subprocess
-import sys
 
 import numpy as np
 import onnxruntime as ort
@@ -427,30 +425,6 @@ def test_device_names():
     assert ob.parse_device("cuda") == ("cuda", 0)
     with pytest.raises(ValueError, match="unknown device 'tpu:0'"):
         ob.parse_device("tpu:0")
-
-
-_GLOBAL_POOL_SCRIPT = """
-import sys, numpy as np
-from workers.onnx_backend import OnnxModel, auto_complete
-path, backend_config = sys.argv[1], {"enable-global-threadpool": "1",
-                                     "intra_op_thread_count": "1"}
-config = auto_complete({"name": "add_sub"}, path, backend_config)
-models = [OnnxModel(config, path, "cpu", backend_config) for _ in range(2)]
-models.append(OnnxModel(config, path, "cpu", {}))  # later sessions must share the pool too
-x = np.ones((1, 16), np.float32)
-for m in models:
-    assert m.session_options.use_per_session_threads is False
-    assert (m.run({"INPUT0": x, "INPUT1": x}, ["OUTPUT0"])["OUTPUT0"] == 2).all()
-print("ok")
-"""
-
-
-def test_global_thread_pool_from_backend_config(add_sub):
-    # process-wide ORT state: checked in a process of its own
-    done = subprocess.run([sys.executable, "-c", _GLOBAL_POOL_SCRIPT, path_of(add_sub)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
 
 
 # --- GPU -------------------------------------------------------------------------
