@@ -39,8 +39,19 @@ EDGES = [0, 1, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**65, -1, -(2*
 numbers = st.integers(-(2**66), 2**66) | st.sampled_from(EDGES) | st.integers(-8, 5000)
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds() -> set[tuple[int, str]]:
+    """This process's open descriptors and what each refers to. Compared as sets, not
+    counted: a descriptor left open by the code under test shows as a new pair, while
+    one the collector closes meanwhile (an object some earlier test dropped) only
+    leaves the set, which the count took for a change (the unit suite failed so once
+    in about 60 runs)."""
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds.add((int(name), os.readlink(f"/proc/self/fd/{name}")))
+        except OSError:  # closed since the listing (the listing's own descriptor)
+            pass
+    return fds
 
 
 class Objects:
@@ -124,7 +135,7 @@ def test_registration_checks_every_key_offset_and_size():
             assert done and not reg.by_name
 
         prop()
-    assert open_fds() == fds, "a file descriptor was left open"
+    assert not open_fds() - fds, "a file descriptor was left open"
     assert outcomes >= {None, "INVALID_ARG", "ALREADY_EXISTS", "INTERNAL"}, outcomes
 
 
@@ -173,7 +184,7 @@ def test_requests_resolve_inside_their_region_and_workers_see_those_bytes():
             assert done
 
         prop()
-    assert open_fds() == fds, "a file descriptor was left open"
+    assert not open_fds() - fds, "a file descriptor was left open"
     assert hits["inside"] and hits["outside"], hits
 
 
@@ -199,7 +210,7 @@ def test_a_worker_never_reads_or_writes_past_the_object(offset, nbytes):
                 assert inside
         assert objects.paths["odd"].stat().st_size == SIZES["odd"]
         maps.close()
-    assert open_fds() == fds
+    assert not open_fds() - fds, "a file descriptor was left open"
 
 
 json_values = st.recursive(
