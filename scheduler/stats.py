@@ -33,6 +33,8 @@ import bisect
 import collections
 import time
 
+from shm.messages.worker import RESPONSE_STATS_INDICES
+
 REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
 
@@ -232,6 +234,8 @@ class ModelStats:
         one's end) to its output, compute_output from there to its end; success and
         fail take both, an empty response its infer time only."""
         for index, kind, start, output_start, end in entries:
+            if index >= RESPONSE_STATS_INDICES:  # a worker's bound, kept here too
+                continue
             stat = self.responses.get(index)
             if stat is None:
                 stat = self.responses[index] = ResponseStat()

@@ -88,6 +88,15 @@ class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     responses: list[InferResponse] = []
 
 
+# Per-response statistics cover a request's first RESPONSE_STATS_INDICES responses.
+# Triton keeps one entry per response index ever seen; one request to a model that
+# answers per element of its input made the worker hold a timing per response until
+# the request ended, and the scheduler an entry per index for good (300,000
+# responses: +130 MiB in the scheduler, kept). Later responses are in the request's
+# totals only.
+RESPONSE_STATS_INDICES = 1 << 16
+
+
 class ResponseStats(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """The responses of one finished request of a decoupled model on `instance`, for
     Triton's per-response statistics: (index, kind, start_ns, output_start_ns, end_ns)

@@ -155,3 +155,15 @@ def test_non_decoupled_second_response_is_refused(tmp_path):
     assert result is ANSWERED
     ((rid, first, final, _),) = sent
     assert rid == 1 and final and values(first) == [1]
+
+
+def test_per_response_timings_cover_the_first_indices_only(tmp_path, monkeypatch):
+    """A request answered with more responses than RESPONSE_STATS_INDICES reports
+    timings for that many (the worker holds no more until the request ends, and the
+    scheduler's per-index statistics stay bounded); every response still goes out."""
+    from workers.python_backend import runner
+    monkeypatch.setattr(runner, "RESPONSE_STATS_INDICES", 3)
+    inst, sent, reports = instance(tmp_path, decoupled=True)
+    assert inst.execute([request(1, [4, 5, 6, 7, 8])], HostIO()) == [ANSWERED]
+    assert len(sent) == 6  # five responses and the empty final
+    assert [[(i, kind) for i, kind, *_ in r] for r in reports] == [[(0, 0), (1, 0), (2, 0)]]

@@ -211,3 +211,11 @@ def test_response_stats_count_by_index():
     assert rs["1"]["empty_response"] == {"count": 1, "ns": 5}
     assert rs["2"]["empty_response"] == {"count": 1, "ns": 30}
     assert rs["2"]["success"]["count"] == 0 and rs["2"]["cancel"] == {"count": 0, "ns": 0}
+
+
+def test_response_stats_keep_the_first_indices_only():
+    from shm.messages.worker import RESPONSE_STATS_INDICES
+    stats = ModelStats("m", 1, histograms=False)
+    last = RESPONSE_STATS_INDICES - 1
+    stats.responses_sent([(last, 0, 0, 1, 2), (last + 1, 0, 2, 3, 4), (10**9, 2, 4, 5, 6)])
+    assert set(stats.as_json()["response_stats"]) == {str(last)}

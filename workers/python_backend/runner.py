@@ -18,7 +18,7 @@ import traceback
 from shm import datatypes
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
-from shm.messages.worker import LoadInstance
+from shm.messages.worker import RESPONSE_STATS_INDICES, LoadInstance
 from workers.batch_io import Reshaper
 from workers.instance import Instance, WorkerLinks
 from workers.python_backend import pb_utils
@@ -362,7 +362,7 @@ class _ResponseStream:
     response. Not decoupled: the one response goes out, final, once the final flag
     comes (or when execute() returns)."""
 
-    __slots__ = ("inst", "req", "used", "held", "closed", "last_end", "timings")
+    __slots__ = ("inst", "req", "used", "held", "closed", "last_end", "timings", "sent")
 
     def __init__(self, inst: PythonInstance, req: InferRequest):
         self.inst = inst
@@ -371,7 +371,10 @@ class _ResponseStream:
         self.held = None  # a non-decoupled response waiting for its final flag
         self.closed = False  # the final response went out
         self.last_end = 0  # when the previous response went out (ns)
-        self.timings = []  # a decoupled model's (index, kind, start, output, end)
+        # a decoupled model's (index, kind, start, output, end), of its first
+        # RESPONSE_STATS_INDICES responses
+        self.timings = []
+        self.sent = 0  # responses sent: the next one's index
 
     def send(self, response, flags: int) -> None:
         if self.closed:  # e.g. after execute() failed and answered with an error
@@ -414,8 +417,10 @@ class _ResponseStream:
                 # only does not help (the frontend's write needs CPU through the burst);
                 # the price is more frontend wake-ups (HTTP streams: +20% server CPU).
                 os.sched_yield()
-            self.timings.append((len(self.timings), kind, self.last_end or output_start,
-                                 output_start, end))
+            if self.sent < RESPONSE_STATS_INDICES:
+                self.timings.append((self.sent, kind, self.last_end or output_start,
+                                     output_start, end))
+            self.sent += 1
             self.last_end = end
             if final and self.inst.report_responses is not None:
                 self.inst.report_responses(self.req, self.timings)
