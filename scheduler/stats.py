@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import collections
 import time
+from array import array
 
 from shm.messages.worker import RESPONSE_STATS_INDICES
 
@@ -73,25 +74,64 @@ class BatchStat:
         self.count = self.input_ns = self.infer_ns = self.output_ns = 0
 
 
-class ResponseStat:
-    """Triton's InferResponseStatistics for one response index."""
+class ResponseTable:
+    """Triton's InferResponseStatistics by response index: a column of counters per
+    field, as long as the largest index seen. 8 bytes a field and index, where an
+    object per index with its own ints took about 450 bytes (65,536 indices: ~5 MiB,
+    not ~29)."""
 
-    __slots__ = ("infer_count", "infer_ns", "output_count", "output_ns", "success_count",
-                 "success_ns", "fail_count", "fail_ns", "empty_count", "empty_ns")
+    FIELDS = ("infer_count", "infer_ns", "output_count", "output_ns", "success_count",
+              "success_ns", "fail_count", "fail_ns", "empty_count", "empty_ns")
+    __slots__ = FIELDS + ("size",)
 
     def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
+        for name in self.FIELDS:
+            setattr(self, name, array("q"))
+        self.size = 0
 
-    def as_json(self) -> dict:
-        return {
-            "compute_infer": {"count": self.infer_count, "ns": self.infer_ns},
-            "compute_output": {"count": self.output_count, "ns": self.output_ns},
-            "success": {"count": self.success_count, "ns": self.success_ns},
-            "fail": {"count": self.fail_count, "ns": self.fail_ns},
-            "empty_response": {"count": self.empty_count, "ns": self.empty_ns},
-            "cancel": {"count": 0, "ns": 0},
-        }
+    def add(self, index: int, kind: int, start: int, output_start: int,
+            end: int) -> None:
+        """One response: compute_infer from its start (the previous one's end) to its
+        output, compute_output from there to its end; success and fail take both, an
+        empty response (kind 2) its infer time only; kind 1 failed."""
+        if index >= self.size:
+            zeros = array("q", bytes(8 * (index + 1 - self.size)))
+            for name in self.FIELDS:
+                getattr(self, name).extend(zeros)
+            self.size = index + 1
+        infer_ns = output_start - start
+        if kind == 2:
+            self.empty_count[index] += 1
+            self.empty_ns[index] += infer_ns
+            return
+        self.infer_count[index] += 1
+        self.infer_ns[index] += infer_ns
+        self.output_count[index] += 1
+        self.output_ns[index] += end - output_start
+        if kind == 1:
+            self.fail_count[index] += 1
+            self.fail_ns[index] += end - start
+        else:
+            self.success_count[index] += 1
+            self.success_ns[index] += end - start
+
+    def as_json(self) -> dict[str, dict]:
+        """{index: its statistics}, for each index a response was counted at."""
+        out = {}
+        for i in range(self.size):
+            if not (self.infer_count[i] or self.empty_count[i]):
+                continue
+            out[str(i)] = {
+                "compute_infer": {"count": self.infer_count[i], "ns": self.infer_ns[i]},
+                "compute_output": {"count": self.output_count[i],
+                                   "ns": self.output_ns[i]},
+                "success": {"count": self.success_count[i], "ns": self.success_ns[i]},
+                "fail": {"count": self.fail_count[i], "ns": self.fail_ns[i]},
+                "empty_response": {"count": self.empty_count[i],
+                                   "ns": self.empty_ns[i]},
+                "cancel": {"count": 0, "ns": 0},
+            }
+        return out
 
 
 class ModelStats:
@@ -116,7 +156,7 @@ class ModelStats:
         self.cache_miss_count = self.cache_miss_ns = 0
         self.cache_enabled = False  # set by the manager: shows the cache metrics
         self.batches: dict[int, BatchStat] = {}
-        self.responses: dict[int, ResponseStat] = {}  # by response index
+        self.responses = ResponseTable()  # by response index
         self.histograms = histograms
         # Triton's name for the first one; request, queue and compute are shmserve's
         self.first_response_ms = Histogram()
@@ -230,30 +270,10 @@ class ModelStats:
 
     def responses_sent(self, entries) -> None:
         """A decoupled request's responses (ResponseStats entries), counted by their
-        index as Triton does: compute_infer from the response's start (the previous
-        one's end) to its output, compute_output from there to its end; success and
-        fail take both, an empty response its infer time only."""
-        for index, kind, start, output_start, end in entries:
-            if index >= RESPONSE_STATS_INDICES:  # a worker's bound, kept here too
-                continue
-            stat = self.responses.get(index)
-            if stat is None:
-                stat = self.responses[index] = ResponseStat()
-            infer_ns = output_start - start
-            if kind == 2:
-                stat.empty_count += 1
-                stat.empty_ns += infer_ns
-                continue
-            stat.infer_count += 1
-            stat.infer_ns += infer_ns
-            stat.output_count += 1
-            stat.output_ns += end - output_start
-            if kind == 1:
-                stat.fail_count += 1
-                stat.fail_ns += end - start
-            else:
-                stat.success_count += 1
-                stat.success_ns += end - start
+        index as Triton does (ResponseTable.add)."""
+        for entry in entries:
+            if entry[0] < RESPONSE_STATS_INDICES:  # a worker's bound, kept here too
+                self.responses.add(*entry)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -279,8 +299,7 @@ class ModelStats:
                 "cache_hit": duration(self.cache_hit_count, self.cache_hit_ns),
                 "cache_miss": duration(self.cache_miss_count, self.cache_miss_ns),
             },
-            "response_stats": {str(i): r.as_json()
-                               for i, r in sorted(self.responses.items())},
+            "response_stats": self.responses.as_json(),
             "batch_stats": [
                 {"batch_size": size,
                  "compute_input": duration(b.count, b.input_ns),
