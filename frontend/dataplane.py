@@ -52,8 +52,9 @@ log = logging.getLogger("shmserve.frontend")
 # - UNREAD_MAX responses wait and the reader has taken none for UNREAD_STALL seconds:
 #   its client reads nothing (a client that reads, however slowly, is never cut off
 #   by this, and a stalled one holds at most what the model makes in that time);
-# - or, reading or not, UNREAD_HARD_MAX responses or UNREAD_BYTES_MAX bytes of the
-#   worker's arena wait: the arena is shared by the model's other requests;
+# - or, reading or not, UNREAD_HARD_MAX responses or UNREAD_BYTES_MAX bytes of
+#   outputs wait (in the worker's arena, which the model's other requests share, or
+#   inline in this process);
 # - or more than UNREAD_MAX wait and the process holds WAITING_MAX for all its
 #   clients: slow readers, each within its own bounds, on many streams.
 # Counts leave out the response the reader is taking next. A tritonclient stream
@@ -128,7 +129,10 @@ class ResponseStream:
         self.items: collections.deque = collections.deque()
         self.sizes: collections.deque = collections.deque()  # each item's arena bytes
         self.unread_bytes = 0  # theirs in all (the reader's next item not counted)
-        self.last_read = _now()  # when the reader last took one
+        # while the reader is behind: since when (it last took one, or responses began
+        # to wait behind the next); read only then, so a request that never waits
+        # costs no clock reading
+        self.last_read = 0.0
         self.waiter: asyncio.Future | None = None
         self.done = False  # the final response was read
         self.closed = False  # cancelled: responses still coming are released unread
@@ -200,13 +204,17 @@ class ResponseStream:
                 core.laggards.add(self)  # judged again, should no more come
             if self.unread_bytes + size > UNREAD_BYTES_MAX:
                 return self._give_up(msg, "reads too slowly")
+            if len(items) == 1:  # the first to wait behind the reader's next
+                self.last_read = _now()
             core.waiting += 1
             self.unread_bytes += size
             self.sizes.append(size)
         else:
             self.sizes.append(0)
-            self.last_read = _now()  # nothing waited: the reader was not behind
         items.append(msg)
+        self._wake()
+
+    def _wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -224,9 +232,7 @@ class ResponseStream:
         self.items.append(InferResponse(self.rid, error=Error(
             ErrorCode.UNAVAILABLE, message), final=True))
         self.sizes.append(0)
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
 
 
 def all_models_ready(models: dict[str, dict[int, ModelView]]) -> bool:
