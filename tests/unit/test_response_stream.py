@@ -212,3 +212,22 @@ def test_a_reader_that_lags_by_a_few_gets_every_response(clock):
         assert s.unread_bytes == 0 and not s.sizes and core.waiting == 0
 
     asyncio.run(main())
+
+
+def test_a_lagging_stream_its_client_cancels_leaves_nothing_behind(clock):
+    """A client that resets its stream while thousands of responses wait for it: they
+    are released, the process's count comes back to 0, and the laggards' look drops
+    the stream and stops."""
+    async def main():
+        core = Core(asyncio.get_running_loop())
+        s = stream(core)
+        for k in range(dataplane.UNREAD_MAX + 5):
+            s._deliver(response(k))
+        assert core.waiting == dataplane.UNREAD_MAX + 4 and core.laggards.streams == {s}
+        s.cancel()  # what the transport does when its client resets the call
+        assert core.waiting == 0 and core.released() == dataplane.UNREAD_MAX + 5
+        assert sum(isinstance(m, CancelRequest) for m in core.sent) == 1
+        core.laggards.sweep()
+        assert not core.laggards.streams and core.laggards.timer is None
+
+    asyncio.run(main())
