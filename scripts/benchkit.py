@@ -235,6 +235,7 @@ def parse(p: argparse.ArgumentParser, log_prefix: str) -> argparse.Namespace:
     args = p.parse_args()
     if hasattr(args, "log_dir"):
         args.log_dir = args.log_dir or tempfile.mkdtemp(prefix=log_prefix)
+        os.makedirs(args.log_dir, exist_ok=True)  # one named that is not there yet
     place(args)
     SHMSERVE_ARGS[:] = shlex.split(getattr(args, "shmserve_args", "") or "")
     return args

@@ -44,3 +44,15 @@ def test_the_smallest_count_within_the_tolerance_of_the_best_is_chosen():
     assert sweep.choose(rows, 0.0)["wrk"]["chosen"] == 8
     table = sweep.format_choice(choice)
     assert "wrk" in table and "1: 15000, 2: 30000, 4: 40000" in table
+
+
+def test_a_log_folder_named_on_the_command_line_is_made(tmp_path, monkeypatch):
+    # the GPU machine starts bare: `--log-dir /tmp/sweep-logs` there named a folder that
+    # was not yet made, and the sweep died opening its first server's log
+    import benchkit
+    target = tmp_path / "not" / "yet"
+    p = benchkit.parser("doc")
+    benchkit.add_common_args(p, [18430, 18431, 18432], servers="shmserve")
+    monkeypatch.setattr(sys, "argv", ["sweep", "--log-dir", str(target)])
+    args = benchkit.parse(p, "x-")
+    assert args.log_dir == str(target) and target.is_dir()
