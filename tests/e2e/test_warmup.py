@@ -195,6 +195,32 @@ model_warmup [ {
 """
 
 
+GPU_WARMUP = """instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]
+model_warmup [ {
+  name: "on device" batch_size: 2 count: 2
+  inputs { key: "INPUT__0" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } }
+} ]
+"""
+
+
+def _gpu_warmup_model(repo) -> tuple[str, str, str]:
+    """(model, input, output): the ONNX identity where onnxruntime has its CUDA
+    provider, else a TorchScript one (the GPU machine's image has onnxruntime for the
+    CPU alone, and onnxruntime-gpu is more than one device call carries)."""
+    import onnxruntime
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        onnx_models.identity(repo / "onnx_gpu_warmup", dims=(4,), config=ONNX_GPU_WARMUP)
+        return "onnx_gpu_warmup", "INPUT0", "OUTPUT0"
+    from tests import torch_models
+    model = torch_models.identity(repo / "torch_gpu_warmup", dims=(4,))
+    config = model / "config.pbtxt"
+    text = config.read_text().replace("instance_group [ { count: 1 kind: KIND_CPU } ]\n",
+                                      GPU_WARMUP)
+    assert "KIND_GPU" in text and "KIND_CPU" not in text
+    config.write_text(text)
+    return "torch_gpu_warmup", "INPUT__0", "OUTPUT__0"
+
+
 @pytest.mark.gpu
 def test_gpu_instance_warms_up_on_its_device(tmp_path):
     """Rule: a KIND_GPU instance runs its warmup on its own device and stream before
@@ -202,17 +228,16 @@ def test_gpu_instance_warms_up_on_its_device(tmp_path):
     from shm import cuda
     if cuda.device_count() == 0:
         pytest.skip("no CUDA device")
-    onnx_models.identity(tmp_path / "repo" / "onnx_gpu_warmup", dims=(4,),
-                         config=ONNX_GPU_WARMUP)
+    model, input_name, output_name = _gpu_warmup_model(tmp_path / "repo")
     srv = ServerProcess([tmp_path / "repo"], log_dir=tmp_path)
     try:
         srv.start()
         for protocol in PROTOCOLS:
-            (entry,) = stats(srv, protocol, "onnx_gpu_warmup").values()
+            (entry,) = stats(srv, protocol, model).values()
             assert entry["execution_count"] == 0
         x = np.ones((1, 4), np.float32)
-        out = _infer(srv, "grpc", "onnx_gpu_warmup", {"INPUT0": (x, "FP32")})
-        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
+        out = _infer(srv, "grpc", model, {input_name: (x, "FP32")})
+        np.testing.assert_array_equal(out.as_numpy(output_name), x)
     finally:
         code = srv.stop()
     assert code == 0, srv.log()
