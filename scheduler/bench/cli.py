@@ -78,6 +78,7 @@ class BenchConfig:
     max_trials: int = 1
     server_pid: int | None = None
     profile_role: str | None = None
+    profile_native: bool = False
     workloads: list | None = None  # one Workload per point of the shape sweep
     model_version: str = ""
     streaming: bool = False  # requests over the gRPC stream (grpc-stream)
@@ -283,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run py-spy on the first process of ROLE (frontend, frontend 1, "
                         "scheduler, worker MODEL/..., tritonserver) for each window and "
                         "print its top functions")
+    g.add_argument("--profile-native", action="store_true",
+                   help="--profile-role samples native frames too (C extensions, the "
+                        "CUDA libraries): where a role's time goes below Python")
     g = p.add_argument_group("output")
     g.add_argument("--json", default=None, metavar="PATH", help="write all rows as JSON")
     g.add_argument("--csv", default=None, metavar="PATH",
@@ -360,6 +364,7 @@ def config_from_args(args) -> BenchConfig:
         max_inflight=args.max_inflight, percentile=args.percentile,
         stability_percentage=args.stability_percentage, max_trials=max_trials,
         server_pid=args.server_pid, profile_role=args.profile_role,
+        profile_native=args.profile_native,
         model_version=args.model_version, streaming=args.streaming,
         headers=dict(args.headers), parameters=dict(args.parameters),
         compression=(None if args.grpc_compression_algorithm == "none"

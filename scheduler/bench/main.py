@@ -385,7 +385,8 @@ class ServerProbe:
             return None, (f"# profile: no process has role {role!r} (roles: "
                           f"{', '.join(sorted(set(self.sampler.roles.values())))})")
         try:
-            return PySpy(pids[0], seconds), self.sampler.roles[pids[0]]
+            return (PySpy(pids[0], seconds, native=self.cfg.profile_native),
+                    self.sampler.roles[pids[0]])
         except FileNotFoundError as e:
             return None, f"# profile: {e}"
 

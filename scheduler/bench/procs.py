@@ -277,16 +277,19 @@ class PySpy:
     """`py-spy record` on one process for `seconds`, its raw (collapsed) stacks kept
     for top_functions()."""
 
-    def __init__(self, pid: int, seconds: float, rate: int = 200):
+    def __init__(self, pid: int, seconds: float, rate: int = 200, native: bool = False):
         exe = pyspy_path()
         if exe is None:
             raise FileNotFoundError(PYSPY_MISSING)
         self.pid = pid
         fd, self.path = tempfile.mkstemp(prefix="bench-pyspy-", suffix=".txt")
         os.close(fd)
+        # native stacks are read with the process paused (py-spy refuses them with
+        # --nonblocking), which slows it a little while it is sampled
+        mode = ["--native"] if native else ["--nonblocking"]
         self.proc = subprocess.Popen(
             [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
-             "--rate", str(rate), "--format", "raw", "--function", "--nonblocking",
+             "--rate", str(rate), "--format", "raw", "--function", *mode,
              "--output", self.path],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
