@@ -78,7 +78,8 @@ from scheduler.bench.inputs import (
 )
 from scheduler.bench.pa_flags import check_refused
 from scheduler.bench.procs import (
-    PySpy, RoleSampler, find_server, format_top, group_roles, wait_until,
+    PySpy, RoleSampler, busiest, cpu_seconds, find_server, format_top, group_roles,
+    wait_until,
 )
 from scheduler.bench.report import (
     cpu_line, is_stable, over_threshold, plot_files, read_stats, server_line,
@@ -189,6 +190,9 @@ class Row:
     ttft_p99_ms: float = math.nan
     ttft_mean_ms: float = math.nan
 
+
+# how long --profile-role watches a role's processes to profile the busiest
+PROFILE_LOOK_S = 0.25
 
 COLUMNS = [
     # header, width, row -> text
@@ -384,6 +388,13 @@ class ServerProbe:
         if not pids:
             return None, (f"# profile: no process has role {role!r} (roles: "
                           f"{', '.join(sorted(set(self.sampler.roles.values())))})")
+        if self.sampler.roles[pids[0]].startswith(mine):
+            pids = [p for p in pids if self.sampler.roles[p].startswith(mine)]
+        if len(pids) > 1:  # the one serving the load: the busiest over a short look
+            before = {p: cpu_seconds(p) or 0.0 for p in pids}
+            time.sleep(PROFILE_LOOK_S)
+            pids = [busiest(pids, before, {p: cpu_seconds(p) or 0.0 for p in pids})]
+            seconds -= PROFILE_LOOK_S
         try:
             return (PySpy(pids[0], seconds, native=self.cfg.profile_native),
                     self.sampler.roles[pids[0]])

@@ -273,6 +273,15 @@ PYSPY_MISSING = ("py-spy not found: `pip install py-spy` (or the `bench` extra, 
                  "which needs ptrace rights (root, or CAP_SYS_PTRACE in a container)")
 
 
+def busiest(pids: list[int], before: dict[int, float], after: dict[int, float]) -> int:
+    """Of `pids` (in order of preference), the one that spent the most CPU between two
+    samples (pid -> seconds); the first on a tie, or when none was sampled. The bench
+    profiles it: the kernel spreads connections over the frontends, so the first
+    frontend may be idle while another serves the load."""
+    spent = {p: after.get(p, 0.0) - before.get(p, 0.0) for p in pids}
+    return max(pids, key=lambda p: (spent[p], -pids.index(p)))
+
+
 class PySpy:
     """`py-spy record` on one process for `seconds`, its raw (collapsed) stacks kept
     for top_functions()."""

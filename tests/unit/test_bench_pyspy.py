@@ -46,3 +46,13 @@ def test_the_bench_flag_reaches_the_config():
     assert (cfg.profile_role, cfg.profile_native) == ("worker", True)
     args = build_parser().parse_args(["-m", "m", "--profile-role", "worker"])
     assert config_from_args(args).profile_native is False
+
+
+def test_the_busiest_process_of_a_role_is_profiled():
+    # connections spread over the frontends: the first may be idle while another
+    # serves the load (on the H200 the profile of "frontend 0" got 2 samples)
+    before = {10: 1.0, 11: 1.0, 12: 1.0}
+    assert procs.busiest([10, 11, 12], before, {10: 1.0, 11: 1.3, 12: 1.1}) == 11
+    assert procs.busiest([10, 11, 12], before, before) == 10  # a tie: the first
+    assert procs.busiest([12, 10], {}, {}) == 12  # nothing sampled: the preferred one
+    assert procs.busiest([10, 11], {10: 5.0}, {10: 5.2, 11: 0.1}) == 10
