@@ -416,7 +416,9 @@ class Worker:
                 lock.acquire(blocking=False)):
             return
         try:
-            msg = self.deferred.popleft() if self.deferred else self.inbox.recv(timeout_ms)
+            # only the inbox: what waits in `deferred` is for after the batch, and
+            # taking it again would keep what comes next (a cancel, an answer) out
+            msg = self.inbox.recv(timeout_ms)
             if msg is None:
                 return
             kind = type(msg)
