@@ -290,7 +290,8 @@ class Metrics:
                              st.cache_hit_ns // 1000)
                     w.sample("nv_cache_miss_duration_per_model", labels,
                              st.cache_miss_ns // 1000)
-            w.sample("nv_inference_pending_request_count", labels, sched.pending)
+            w.sample("nv_inference_pending_request_count", labels,
+                     sched.pending + sched.waiting_at_instances)
             seconds = self.manager.load_seconds.get((mv.name, mv.version))
             if seconds is not None:
                 w.sample("nv_model_load_duration_secs", labels, float(seconds))

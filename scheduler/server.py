@@ -249,7 +249,7 @@ class Server:
         drained = bool(self._quiet)
         if drained:  # batches that finished before the worker died are not lost
             self.done_inbox.drain()
-            self._quiet.difference_update(slot.batch for slot in slots)
+            self._quiet.difference_update(b for slot in slots for b in (slot.batch, slot.ahead))
         self.events.instances_lost(slots, how)
         if drained:
             self._after_burst()  # send what the drain answered; pump what it freed

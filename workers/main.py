@@ -47,6 +47,7 @@ from workers.backends import create_instance
 from workers.instance import Instance, WorkerLinks
 from workers.python_backend import bls, pb_utils
 from workers.python_backend.bls import BlsClient
+from workers.waiting import WaitingBatches
 from workers.sequence import SequenceContext
 from workers.tensors import (ANSWERED, ANSWERED_FAILED, Copies, ErrorResponse, TensorIO,
                              targets_of, unpinner)
@@ -167,6 +168,7 @@ class Worker:
         self.threads: dict[str, InstanceThread] = {}
         # python models' calls to other models, and the cancel flags of what runs here
         self.bls = BlsClient(address, scheduler, self.io, transport.outbox())
+        self.waiting = WaitingBatches()  # ahead batches not started (workers/waiting.py)
         # the process's BLS hooks, put back as they were by close()
         self._hooks = (pb_utils._bls_executor, pb_utils._bls_async_executor)
         pb_utils._bls_executor = self.bls.exec
@@ -354,6 +356,8 @@ class Worker:
         self.io.released(msg.reader, msg.blocks)
 
     def on_peer_gone(self, msg: PeerGone) -> None:
+        for over in self.waiting.peer_gone(msg.address):
+            self._over(*over)
         self.outbox.drop(msg.address)
         with self.response_lock:
             self.response_outbox.drop(msg.address)
@@ -370,13 +374,38 @@ class Worker:
         apply_log_settings(f"worker[{self.name}]", msg)
 
     def on_cancel(self, msg: CancelRequest) -> None:
-        # the scheduler forwards a client's cancel of a request running here
-        self.bls.cancels.cancel(msg.reply_to, msg.id)
+        # the scheduler forwards a client's cancel of a request running here, or
+        # waiting here behind a running batch (taken out and answered at once)
+        taken = self.waiting.cancel(msg.reply_to, msg.id)
+        if taken is None:
+            self.bls.cancels.cancel(msg.reply_to, msg.id)
+            return
+        with self.response_lock:
+            self.response_outbox.send(msg.reply_to, InferResponse(
+                msg.id, error=Error(ErrorCode.CANCELLED, "request was cancelled")))
+        self._over(*taken)
+
+    def _over(self, batch: ExecuteBatch | None, taken: list[int]) -> None:
+        """An ahead batch whose requests were all taken out is done: its BatchDone goes
+        now, so the scheduler counts them and may send the next to wait."""
+        if batch is None:
+            return
+        now = self.clock()
+        with self.response_lock:
+            self.response_outbox.send(
+                self.done_address if batch.quiet else self.scheduler,
+                BatchDone(batch.batch_id, batch.instance, now, now, now, now,
+                          cancelled=taken))
 
     def on_stop(self, msg: StopWorker) -> None:
         raise _Stop()
 
     def on_execute(self, msg: ExecuteBatch) -> None:
+        if msg.ahead:
+            # it waits behind its instance's running batch; what came after it (a
+            # cancel, a frontend's end) is read before it can start
+            self.waiting.arrived(msg)
+            self._read_ahead()
         thread = self.threads.get(msg.instance)
         if thread is None:
             self.run_batch(self.instances.get(msg.instance), msg, self.outbox)
@@ -406,6 +435,24 @@ class Worker:
             if self.pumped:
                 inst.inline = False
 
+    def _read_ahead(self) -> None:
+        """Read what has come without waiting: cancels, releases and frontends' ends
+        are handled now, everything else after what is in hand (as pump does)."""
+        lock = self.receiving
+        if not lock.acquire(blocking=False):
+            return  # a model is receiving for itself: it handles them
+        try:
+            while (msg := self.inbox.recv(0)) is not None:
+                kind = type(msg)
+                if kind in _PUMPED or kind is PeerGone:
+                    self.handlers[kind](msg)
+                    continue
+                if kind is ExecuteBatch and msg.ahead:
+                    self.waiting.arrived(msg)
+                self.deferred.append(msg)
+        finally:
+            lock.release()
+
     def pump(self, timeout_ms: int) -> None:
         """Receive one message for a model waiting inside an inline batch (any of its
         threads): BLS answers, cancels and releases are handled now, the rest after
@@ -427,12 +474,20 @@ class Worker:
                 return
             if kind is StopWorker:
                 self.bls.close()
+            elif kind is ExecuteBatch and msg.ahead:
+                self.waiting.arrived(msg)  # a cancel may take its requests out meanwhile
             self.deferred.append(msg)
         finally:
             lock.release()
 
     def run_batch(self, inst, msg: ExecuteBatch, outbox: Outbox) -> None:
         """Run one batch on `inst` and answer every request, then the scheduler."""
+        taken: list[int] = []
+        if msg.ahead:  # what a cancel or a frontend's end took out does not run
+            turn = self.waiting.start(msg)
+            if turn is None:
+                return  # all taken out: its BatchDone went then
+            msg, taken = turn
         start = self.clock()
         failed = []
         copies = inst.copies if inst is not None else Copies()
@@ -490,8 +545,11 @@ class Worker:
                 if i not in failed:
                     failed.append(i)
                 responses[i] = InferResponse(r.id, error=error)
+        if taken:  # indices as the scheduler sent the batch
+            kept = [i for i in range(len(msg.requests) + len(taken)) if i not in taken]
+            failed = [kept[i] for i in failed]
         done = BatchDone(msg.batch_id, msg.instance, start, input_end, output_start,
-                         self.clock(), failed, copies.as_list())
+                         self.clock(), failed, copies.as_list(), cancelled=taken)
         if msg.relay:
             # preserve_ordering: the scheduler releases them in request order; a request
             # answered as the model sent gets a placeholder that frontends ignore

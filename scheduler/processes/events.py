@@ -60,6 +60,9 @@ class ChildEvents:
             for q in sched.drop_from(msg.address, now):
                 dropped += 1
                 self.callbacks.request_ended(q, None, now)
+            # those waiting at busy instances' workers: the workers drop them (told
+            # above), and their batches' ends count them
+            dropped += sched.waiting_from(msg.address)
         if dropped:
             log.warning("dropped %d queued request(s) of a frontend that died", dropped)
         self.callbacks.reader_gone(msg.address)

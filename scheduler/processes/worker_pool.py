@@ -142,10 +142,14 @@ class WorkerPool:
         of its own, a framework instance joins its device's worker."""
         if backend in DEVICE_WORKER_BACKENDS:
             worker = await self._device_worker(worker_device(slot.kind, slot.device_id))
+            slot.queueable = True
         else:
             timeout = execute_timeout(msg.config, msg.backend_config)
             worker = await self._spawn(slot.key, **await self._exec_env(msg))
             self.timeouts[slot.key] = timeout
+            # a batch waiting behind another would have its execute timeout counted
+            # from when it was sent (batch_sent), not from when it starts
+            slot.queueable = not timeout
         slot.worker = worker
         worker.slots.append(slot)
         self.worker_of[slot.key] = worker

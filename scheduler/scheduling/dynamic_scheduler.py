@@ -114,6 +114,14 @@ class DynamicBatchScheduler:
         self.quiet_done = not self.decoupled
         self.lingering: collections.OrderedDict[tuple[str, int], str] = \
             collections.OrderedDict()
+        # Requests that run one at a time (Triton's default scheduler: nothing to batch,
+        # no queue policy) may wait at a busy instance's worker, one batch each, so the
+        # instance starts the next the moment it ends; a batch formed from the queue
+        # loses nothing by being cut early. Not for decoupled models (their batches end
+        # while they still answer) or relayed responses (preserve_ordering).
+        self.queue_at_instances = (batcher is None
+                                   and isinstance(self.batcher, DefaultBatcher)
+                                   and not self.decoupled and self.order is None)
 
     # -- requests ---------------------------------------------------------------------
 
@@ -147,18 +155,30 @@ class DynamicBatchScheduler:
                 limiter.unused(slot)
                 break
             self.dispatch(slot, batch)
+        if self.queue_at_instances:
+            while len(batcher):
+                slot = limiter.queue_at(self)
+                if slot is None:
+                    break
+                self.dispatch(slot, batcher.next_batch(now), ahead=True)
 
-    def dispatch(self, slot: InstanceSlot, requests: list[Queued], **fields) -> int:
-        """Send a batch to the granted instance `slot`; returns its batch id. `fields`
-        are the ExecuteBatch's own (a sequence batch's slots). The worker gets the
-        requests as their requesters sent them, none of the scheduler's stamps."""
+    def dispatch(self, slot: InstanceSlot, requests: list[Queued], ahead: bool = False,
+                 **fields) -> int:
+        """Send a batch to the granted instance `slot` (`ahead`: to wait behind the batch
+        it runs); returns its batch id. `fields` are the ExecuteBatch's own (a sequence
+        batch's slots). The worker gets the requests as their requesters sent them,
+        none of the scheduler's stamps."""
         batch_id = next(_batch_ids)
-        self.rate_limiter.started(slot, batch_id)
+        if ahead:
+            self.rate_limiter.queued(slot, batch_id)
+        else:
+            self.rate_limiter.started(slot, batch_id)
         self.in_flight[batch_id] = (slot, requests)
         if self.order is not None:
             self.order.dispatched(batch_id, requests)
         self._send_batch(slot, ExecuteBatch(batch_id, slot.key, [q.req for q in requests],
-                                            relay=self.order is not None, **fields),
+                                            relay=self.order is not None, ahead=ahead,
+                                            **fields),
                          requests)
         return batch_id
 
@@ -174,13 +194,24 @@ class DynamicBatchScheduler:
         slot, requests = entry
         if self.decoupled and slot.worker is not None:
             self._linger(requests, slot.worker.address)
-        woken = self.rate_limiter.release(slot)
+        woken = self.rate_limiter.finished(slot, msg.batch_id)
         if msg.copies:
             self.copies[msg.instance] = msg.copies
-        sizes = ([q.req.batch_size for q in requests] if self.batching
-                 else [1] * len(requests))
-        self.stats.batch_ran(requests, msg.failed, sizes, sum(sizes), msg.compute_start_ns,
-                             msg.input_end_ns, msg.output_start_ns, msg.compute_end_ns)
+        ran = requests
+        if msg.cancelled:  # taken out while they waited at the worker: never run
+            for i in msg.cancelled:
+                self.stats.failed(requests[i], CANCELED, now)
+            out = set(msg.cancelled)
+            ran = [q for i, q in enumerate(requests) if i not in out]
+        if ran:
+            sizes = ([q.req.batch_size for q in ran] if self.batching else [1] * len(ran))
+            failed = msg.failed
+            if msg.cancelled and failed:  # the worker's indices are into the whole batch
+                index = {i: k for k, i in enumerate(j for j in range(len(requests))
+                                                    if j not in out)}
+                failed = [index[i] for i in failed]
+            self.stats.batch_ran(ran, failed, sizes, sum(sizes), msg.compute_start_ns,
+                                 msg.input_end_ns, msg.output_start_ns, msg.compute_end_ns)
         if self.order is not None:
             results = msg.responses
             if len(results) != len(requests):  # a worker that did not relay: say so
@@ -212,13 +243,14 @@ class DynamicBatchScheduler:
     # -- instances ----------------------------------------------------------------------
 
     def instance_lost(self, slot: InstanceSlot, reason: str, now: int) -> int:
-        batch = slot.batch
+        batches = [b for b in (slot.batch, slot.ahead) if b is not None]
         self.rate_limiter.lost(slot)
-        if batch is None:
-            return 0
-        _, requests = self.in_flight.pop(batch, (None, []))
-        self._fail_dispatched(batch, requests, ErrorCode.UNAVAILABLE, reason, now)
-        return len(requests)
+        failed = 0
+        for batch in batches:
+            _, requests = self.in_flight.pop(batch, (None, []))
+            self._fail_dispatched(batch, requests, ErrorCode.UNAVAILABLE, reason, now)
+            failed += len(requests)
+        return failed
 
     def instance_back(self, slot: InstanceSlot) -> None:
         self.rate_limiter.back(slot)
@@ -280,13 +312,30 @@ class DynamicBatchScheduler:
     def pending(self) -> int:
         return len(self.batcher)
 
+    @property
+    def waiting_at_instances(self) -> int:
+        """Requests sent to wait behind a running batch (RateLimiter.queue_at): not
+        running yet, so Triton's pending count counts them with the queue."""
+        return sum(1 for _ in self._waiting_at_instances())
+
+    def waiting_from(self, reply_to: str) -> int:
+        """Of those, the requests of frontend `reply_to` (its workers drop them when
+        they hear it is gone, and the batch's end counts them)."""
+        return sum(1 for q in self._waiting_at_instances() if q.req.reply_to == reply_to)
+
+    def _waiting_at_instances(self):
+        for slot in self.rate_limiter.slots(self):
+            entry = self.in_flight.get(slot.ahead) if slot.ahead is not None else None
+            if entry is not None:
+                yield from entry[1]
+
     def fail_all(self, code: ErrorCode, reason: str, now: int) -> None:
         for q in self.batcher.remove(lambda r: True):
             self.stats.failed(q, OTHER, now)
             self._fail(q, code, reason)
         for batch_id in list(self.in_flight):
             slot, requests = self.in_flight.pop(batch_id)
-            slot.batch = None
+            slot.batch = slot.ahead = None
             self._fail_dispatched(batch_id, requests, code, reason, now)
 
     def summary(self) -> str:

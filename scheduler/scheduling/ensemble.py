@@ -489,6 +489,13 @@ class EnsembleScheduler:
     def pending(self) -> int:
         return 0  # requests wait in their steps' queues, counted there
 
+    @property
+    def waiting_at_instances(self) -> int:
+        return 0  # likewise
+
+    def waiting_from(self, reply_to: str) -> int:
+        return 0
+
     def fail_all(self, code: ErrorCode, reason: str, now: int) -> None:
         # the steps' own schedulers fail what they hold, which ends each run; a run
         # still here has a step nobody will answer

@@ -69,7 +69,15 @@ class Scheduler(Protocol):
 
     @property
     def pending(self) -> int:
-        """Requests queued, not yet running (Triton's pending request count)."""
+        """Requests queued here, waiting to be placed on an instance."""
+
+    @property
+    def waiting_at_instances(self) -> int:
+        """Requests sent to wait at a busy instance's worker, not running yet; with
+        `pending`, Triton's pending request count."""
+
+    def waiting_from(self, reply_to: str) -> int:
+        """Of those, the requests of frontend `reply_to`."""
 
     def fail_all(self, code: ErrorCode, reason: str, now: int) -> None:
         """Fail everything queued or running (the server gave up waiting)."""

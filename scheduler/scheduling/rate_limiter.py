@@ -31,8 +31,8 @@ class InstanceSlot:
     """An instance as the scheduler sees it: where it runs, whether it is free, and
     what running a batch on it costs in rate-limiter resources."""
 
-    __slots__ = ("key", "name", "kind", "device_id", "worker", "alive", "batch", "passive",
-                 "resources", "priority", "executions", "owner")
+    __slots__ = ("key", "name", "kind", "device_id", "worker", "alive", "batch", "ahead",
+                 "queueable", "passive", "resources", "priority", "executions", "owner")
 
     def __init__(self, key: str, name: str, kind: str, device_id: int, *,
                  passive: bool = False, resources: dict | None = None, priority: int = 0):
@@ -43,6 +43,11 @@ class InstanceSlot:
         self.worker = None  # the WorkerHandle running it
         self.alive = False
         self.batch: int | None = None  # the batch it runs, if any
+        # the batch sent to wait at its worker behind `batch` (RateLimiter.queue_at)
+        self.ahead: int | None = None
+        # its worker may hold a second batch while it runs one (the worker pool says:
+        # not while an execute timeout is watched, which starts when a batch is sent)
+        self.queueable = False
         self.passive = passive  # loaded, never scheduled
         # (resource name, device key) -> count needed per execution
         self.resources: dict[tuple[str, int], int] = resources or {}
@@ -133,7 +138,7 @@ class RateLimiter:
     def add(self, owner: Hashable, slot: InstanceSlot) -> None:
         slot.owner = owner
         slot.alive = True
-        slot.batch = None
+        slot.batch = slot.ahead = None
         self._slots.setdefault(owner, []).append(slot)
         idle = self._idle.setdefault(owner, collections.deque())
         if not slot.passive:
@@ -156,7 +161,7 @@ class RateLimiter:
         if slot.alive and slot.batch is not None:
             self._free(slot)
         slot.alive = False
-        slot.batch = None
+        slot.batch = slot.ahead = None
         idle = self._idle.get(slot.owner)
         if idle is not None and slot in idle:
             idle.remove(slot)
@@ -164,7 +169,7 @@ class RateLimiter:
     def back(self, slot: InstanceSlot) -> None:
         """A restarted instance can take batches again."""
         slot.alive = True
-        slot.batch = None
+        slot.batch = slot.ahead = None
         idle = self._idle.get(slot.owner)
         if idle is not None and not slot.passive and slot not in idle:
             idle.append(slot)
@@ -226,6 +231,37 @@ class RateLimiter:
     def started(self, slot: InstanceSlot, batch_id: int) -> None:
         slot.batch = batch_id
         slot.executions += 1
+
+    def queue_at(self, owner: Hashable) -> InstanceSlot | None:
+        """A running instance of `owner` whose worker may hold the next batch, to start
+        it the moment the running one ends, instead of idling while its end reaches
+        this process and the next batch comes back; None if none may. Only with the
+        rate limiter off: a batch waiting at its instance would hold no resources."""
+        if self.enabled:
+            return None
+        for slot in self._slots.get(owner, ()):
+            if (slot.queueable and slot.alive and slot.batch is not None
+                    and slot.ahead is None):
+                return slot
+        return None
+
+    def queued(self, slot: InstanceSlot, batch_id: int) -> None:
+        slot.ahead = batch_id
+        slot.executions += 1
+
+    def finished(self, slot: InstanceSlot, batch_id: int) -> list[Hashable]:
+        """`batch_id` ended on `slot`. The batch waiting behind it runs now, or the
+        instance is released (see `release`). A worker runs an instance's batches in
+        the order sent, so the end of the one waiting, read first (its BatchDone came
+        through the other inbox), means the running one's end is on its way. Either
+        way the owner may send the next batch to wait: it is returned to be pumped."""
+        if batch_id == slot.ahead:
+            slot.ahead = None
+            return [slot.owner]
+        if batch_id == slot.batch and slot.ahead is not None:
+            slot.batch, slot.ahead = slot.ahead, None
+            return [slot.owner]
+        return self.release(slot)
 
     def release(self, slot: InstanceSlot) -> list[Hashable]:
         """The instance finished its batch. Returns the owners that may run now: its

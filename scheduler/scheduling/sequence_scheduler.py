@@ -163,6 +163,13 @@ class SequenceBatchScheduler:
     def pending(self) -> int:
         return self.batches.pending
 
+    @property
+    def waiting_at_instances(self) -> int:
+        return self.batches.waiting_at_instances
+
+    def waiting_from(self, reply_to: str) -> int:
+        return self.batches.waiting_from(reply_to)
+
     def instance_back(self, slot: InstanceSlot) -> None:
         self.batches.instance_back(slot)
 

@@ -68,6 +68,9 @@ class ExecuteBatch(msgspec.Struct, tag=True, array_like=True):
     # send BatchDone to the scheduler's quiet inbox (done_address), which wakes it only
     # while it waits on an instance; the scheduler reads it on its next wake otherwise
     quiet: bool = False
+    # sent to wait behind the batch the instance runs (workers/waiting.py): until it
+    # starts, a cancel or its frontend's end takes a request out, as a queue would
+    ahead: bool = False
 
 
 class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -86,6 +89,8 @@ class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     copies: list[int] = []
     # the batch's responses, one per request, when ExecuteBatch asked for `relay`
     responses: list[InferResponse] = []
+    # requests of an ahead batch taken out before it started (by index): never run
+    cancelled: list[int] = []
 
 
 # Per-response statistics cover a request's first RESPONSE_STATS_INDICES responses.

@@ -222,7 +222,7 @@ def _metrics(cache_enabled):
     st.cache_enabled = cache_enabled
     st.cache_hit_count, st.cache_hit_ns = 3, 7_000
     st.cache_miss_count, st.cache_miss_ns = 2, 9_000
-    sched = types.SimpleNamespace(stats=st, pending=0)
+    sched = types.SimpleNamespace(stats=st, pending=0, waiting_at_instances=0)
     mv = types.SimpleNamespace(name="m", version=1, scheduler=sched)
     manager = types.SimpleNamespace(ready_versions=lambda: [mv], load_seconds={})
     text = Metrics(manager, {}, cpu=False).render().decode()

@@ -409,3 +409,95 @@ def test_the_delay_counts_from_when_the_frontend_accepted_the_request():
     assert h.ids() == [[1], [2]]
     # statistics still count the queue from the scheduler's enqueue
     assert stale.queue_ns == 3 * MS
+
+
+def _queueable_slot(i=0):
+    slot = InstanceSlot(f"m/1/m_0_{i}#1", f"m_0_{i}", "KIND_CPU", 0)
+    slot.queueable = True  # the worker pool's word: no execute timeout watched
+    return slot
+
+
+def test_requests_that_run_alone_wait_at_a_busy_instance_one_batch_deep():
+    # Triton's default scheduler runs requests one at a time; ours also sends the next
+    # one to wait at the busy instance's worker, which starts it the moment the running
+    # one ends instead of idling while that end reaches the scheduler and the next
+    # batch comes back. One waits per instance; the rest stay queued here.
+    h = Harness(_config(max_batch_size=0, delay_us=None), slots=[_queueable_slot()])
+    for i in range(4):
+        h.s.enqueue(_req(i), 0)
+    h.s.pump(0)
+    (slot,) = h.limiter.slots(h.s)
+    assert h.ids() == [[0], [1]] and h.s.pending == 2
+    assert (slot.batch, slot.ahead) == (h.sent[0][1].batch_id, h.sent[1][1].batch_id)
+    requests, woken = h.done(0)
+    assert [q.req.id for q in requests] == [0]
+    assert woken == [h.s]  # pumped, to send the next to wait: 1 runs now
+    assert (slot.batch, slot.ahead) == (h.sent[1][1].batch_id, None)
+    h.s.pump(0)
+    assert h.ids() == [[0], [1], [2]] and slot.ahead == h.sent[2][1].batch_id
+    # the end of the waiting batch may be read before the running one's (its BatchDone
+    # came through the other inbox): the instance stays busy until both are in
+    h.done(2)
+    assert (slot.batch, slot.ahead) == (h.sent[1][1].batch_id, None)
+    h.s.pump(0)
+    assert h.ids() == [[0], [1], [2], [3]]
+    h.done(1)
+    assert (slot.batch, slot.ahead) == (h.sent[3][1].batch_id, None)
+    h.done(3)
+    assert slot.batch is None and h.s.drained
+    assert h.s.stats.success_count == 4 and h.s.stats.execution_count == 4
+
+
+def test_only_requests_that_cannot_batch_wait_at_an_instance():
+    # a batch cut early from a dynamic batcher's queue would be smaller than the one
+    # the instance gets when it is free; an instance whose worker watches an execute
+    # timeout (counted from when a batch is sent) is not queueable; nor is anything
+    # under the rate limiter, whose resources a waiting batch would not hold
+    for config, slot, limiter in (
+            (_config(max_batch_size=8, delay_us=0), _queueable_slot(), None),
+            (_config(max_batch_size=0, delay_us=None),
+             InstanceSlot("m/1/m_0_0#1", "m_0_0", "KIND_CPU", 0), None),
+            (_config(max_batch_size=0, delay_us=None), _queueable_slot(),
+             RateLimiter(enabled=True))):
+        h = Harness(config, slots=[slot], limiter=limiter)
+        for i in range(3):
+            h.s.enqueue(_req(i), 0)
+        h.s.pump(0)
+        assert len(h.sent) == 1 and slot.ahead is None
+    decoupled = _config(max_batch_size=0, delay_us=None)
+    decoupled.model_transaction_policy.decoupled = True
+    h = Harness(decoupled, slots=[_queueable_slot()])
+    assert not h.s.queue_at_instances
+
+
+def test_an_instance_lost_fails_the_batch_it_ran_and_the_one_waiting():
+    h = Harness(_config(max_batch_size=0, delay_us=None), slots=[_queueable_slot()])
+    for i in range(3):
+        h.s.enqueue(_req(i), 0)
+    h.s.pump(0)
+    (slot,) = h.limiter.slots(h.s)
+    assert h.s.instance_lost(slot, "worker died", 0) == 2
+    assert sorted(i for i, _, _ in h.failed) == [0, 1] and h.s.pending == 1
+    assert (slot.batch, slot.ahead) == (None, None) and not h.s.in_flight
+    h.s.instance_back(slot)
+    h.s.pump(0)
+    assert h.ids()[-1] == [2] and slot.ahead is None
+
+
+def test_requests_taken_out_at_the_worker_count_as_cancelled_and_never_ran():
+    # workers/waiting.py: a cancel (or its frontend's end) took the waiting request
+    # out; its batch's end says so, and only what ran counts as run
+    h = Harness(_config(max_batch_size=0, delay_us=None), slots=[_queueable_slot()])
+    for i in range(2):
+        h.s.enqueue(_req(i), 0)
+    h.s.pump(0)
+    (slot,) = h.limiter.slots(h.s)
+    assert h.s.waiting_at_instances == 1 and h.s.waiting_from("ipc://fe") == 1
+    assert h.s.waiting_from("ipc://other") == 0
+    ahead = h.sent[1][1]
+    h.s.batch_done(BatchDone(ahead.batch_id, ahead.instance, 5, 5, 5, 5, cancelled=[0]), 5)
+    assert slot.ahead is None and h.s.waiting_at_instances == 0
+    st = h.s.stats
+    assert (st.execution_count, st.fail_count, st.failures["CANCELED"]) == (0, 1, 1)
+    h.done(0)
+    assert (st.execution_count, st.success_count) == (1, 1) and h.s.drained

@@ -13,7 +13,9 @@ from scheduler.stats import ModelStats
 class _Scheduler:
     def __init__(self, name):
         self.stats = ModelStats(name, 1)
-        self.pending = 3
+        # Triton's pending count: queued here, and waiting at a busy instance's worker
+        self.pending = 2
+        self.waiting_at_instances = 1
 
 
 def _manager():
