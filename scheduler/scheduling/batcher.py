@@ -54,6 +54,11 @@ class Batcher(Protocol):
 
     def next_batch(self, now: int) -> list | None: ...
 
+    # may a batch that cannot grow be cut while every instance is busy, and that batch
+    cuts_ahead: bool
+
+    def complete_batch(self, now: int) -> list | None: ...
+
     def next_deadline(self, batching: bool = True) -> int | None: ...
 
     def expired(self, now: int) -> list: ...
@@ -87,6 +92,10 @@ class DefaultBatcher:
 
     def next_batch(self, now: int) -> list | None:
         return [self._queue.popleft()] if self._queue else None
+
+    # a batch of one cannot grow: it may always be cut while the instances are busy
+    cuts_ahead = True
+    complete_batch = next_batch
 
     def next_deadline(self, batching: bool = True) -> int | None:
         return None  # only an idle instance changes anything
@@ -367,6 +376,30 @@ class DynamicBatcher:
         if not count:
             return None
         batch = self._pop_front(count)
+        self._maybe_compact()
+        return batch
+
+    @property
+    def cuts_ahead(self) -> bool:
+        """Whether a batch that cannot grow may be cut while every instance is busy
+        (to wait at one, DynamicBatchScheduler.queue_at_instances): only where the
+        instance, once free, would get the very same batch. So one level in arrival
+        order, no queue timeout or bound (a request waiting at an instance could
+        neither time out nor make room), no preferred size below the largest (which
+        a batch cut later could pass), and no test hold."""
+        policy = self._levels[0].policy
+        return (not self.priority_levels and not self.preserve_ordering
+                and self.preferred_batch_sizes == {self.max_batch_size}
+                and not policy.default_timeout_ns and not policy.max_queue_size
+                and not self._hold.active)
+
+    def complete_batch(self, now: int) -> list | None:
+        """The batch at the head if it cannot grow any more (full, or the next request
+        does not fit or has another shape), as next_batch would cut it; else None."""
+        entries, size, _, send_now, _ = self._gather(None)
+        if not entries or not (send_now or size >= self.max_batch_size):
+            return None
+        batch = self._pop_front(len(entries))
         self._maybe_compact()
         return batch
 

@@ -114,13 +114,13 @@ class DynamicBatchScheduler:
         self.quiet_done = not self.decoupled
         self.lingering: collections.OrderedDict[tuple[str, int], str] = \
             collections.OrderedDict()
-        # Requests that run one at a time (Triton's default scheduler: nothing to batch,
-        # no queue policy) may wait at a busy instance's worker, one batch each, so the
-        # instance starts the next the moment it ends; a batch formed from the queue
-        # loses nothing by being cut early. Not for decoupled models (their batches end
-        # while they still answer) or relayed responses (preserve_ordering).
-        self.queue_at_instances = (batcher is None
-                                   and isinstance(self.batcher, DefaultBatcher)
+        # A batch that cannot grow may wait at a busy instance's worker, one batch each,
+        # so the instance starts it the moment its running one ends: a request that runs
+        # alone (Triton's default scheduler), or a full dynamic batch where the instance,
+        # once free, would get the same one (DynamicBatcher.cuts_ahead). Not for
+        # decoupled models (their batches end while they still answer) or relayed
+        # responses (preserve_ordering).
+        self.queue_at_instances = (batcher is None and self.batcher.cuts_ahead
                                    and not self.decoupled and self.order is None)
 
     # -- requests ---------------------------------------------------------------------
@@ -160,7 +160,10 @@ class DynamicBatchScheduler:
                 slot = limiter.queue_at(self)
                 if slot is None:
                     break
-                self.dispatch(slot, batcher.next_batch(now), ahead=True)
+                batch = batcher.complete_batch(now)
+                if not batch:
+                    break
+                self.dispatch(slot, batch, ahead=True)
 
     def dispatch(self, slot: InstanceSlot, requests: list[Queued], ahead: bool = False,
                  **fields) -> int:

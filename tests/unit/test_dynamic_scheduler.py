@@ -448,26 +448,63 @@ def test_requests_that_run_alone_wait_at_a_busy_instance_one_batch_deep():
     assert h.s.stats.success_count == 4 and h.s.stats.execution_count == 4
 
 
-def test_only_requests_that_cannot_batch_wait_at_an_instance():
-    # a batch cut early from a dynamic batcher's queue would be smaller than the one
-    # the instance gets when it is free; an instance whose worker watches an execute
-    # timeout (counted from when a batch is sent) is not queueable; nor is anything
-    # under the rate limiter, whose resources a waiting batch would not hold
-    for config, slot, limiter in (
-            (_config(max_batch_size=8, delay_us=0), _queueable_slot(), None),
-            (_config(max_batch_size=0, delay_us=None),
-             InstanceSlot("m/1/m_0_0#1", "m_0_0", "KIND_CPU", 0), None),
-            (_config(max_batch_size=0, delay_us=None), _queueable_slot(),
-             RateLimiter(enabled=True))):
-        h = Harness(config, slots=[slot], limiter=limiter)
+def test_who_may_not_wait_at_an_instance():
+    # an instance whose worker watches an execute timeout (counted from when a batch is
+    # sent) is not queueable; nor is anything under the rate limiter, whose resources
+    # a waiting batch would not hold; nor a decoupled model's
+    for slot, limiter in ((InstanceSlot("m/1/m_0_0#1", "m_0_0", "KIND_CPU", 0), None),
+                          (_queueable_slot(), RateLimiter(enabled=True))):
+        h = Harness(_config(max_batch_size=0, delay_us=None), slots=[slot], limiter=limiter)
         for i in range(3):
             h.s.enqueue(_req(i), 0)
         h.s.pump(0)
         assert len(h.sent) == 1 and slot.ahead is None
     decoupled = _config(max_batch_size=0, delay_us=None)
     decoupled.model_transaction_policy.decoupled = True
-    h = Harness(decoupled, slots=[_queueable_slot()])
-    assert not h.s.queue_at_instances
+    assert not Harness(decoupled, slots=[_queueable_slot()]).s.queue_at_instances
+
+
+def test_a_dynamic_batch_waits_at_an_instance_only_once_it_cannot_grow():
+    # cut while the instance is busy, it must be the batch the instance would get once
+    # free: full, or ended by a request that does not fit or has another shape
+    h = Harness(_config(max_batch_size=4, delay_us=0), slots=[_queueable_slot()])
+    (slot,) = h.limiter.slots(h.s)
+    h.s.enqueue(_req(0), 0)
+    h.s.pump(0)
+    for i in range(1, 4):
+        h.s.enqueue(_req(i), 0)
+    h.s.pump(0)
+    assert h.ids() == [[0]] and slot.ahead is None  # three could still become four
+    h.s.enqueue(_req(4), 0)
+    h.s.enqueue(_req(5, rows=2), 0)
+    h.s.pump(0)
+    assert h.ids() == [[0], [1, 2, 3, 4]] and slot.ahead == h.sent[1][1].batch_id
+    h.done(0)  # the full one runs; [5] (2 rows) could still grow: it stays
+    h.s.pump(0)
+    assert h.ids() == [[0], [1, 2, 3, 4]] and h.s.pending == 1
+    h.s.enqueue(_req(6, cols=8), 0)  # another shape: [5] cannot grow now
+    h.s.pump(0)
+    assert h.ids()[-1] == [5]
+
+
+def test_a_dynamic_batch_is_never_cut_early_where_it_could_differ():
+    # preferred sizes below the largest (a later cut could pass them), priority levels
+    # (a later request could go first), queue timeouts or bounds (a request waiting at
+    # an instance could neither time out nor make room), preserve_ordering
+    preferred = _config(max_batch_size=4, delay_us=0, preferred=[2, 4])
+    levels = _config(max_batch_size=4, delay_us=0)
+    levels.dynamic_batching.priority_levels = 2
+    levels.dynamic_batching.default_priority_level = 1
+    timeout = _config(max_batch_size=4, delay_us=0)
+    timeout.dynamic_batching.default_queue_policy.default_timeout_microseconds = 1000
+    bounded = _config(max_batch_size=4, delay_us=0)
+    bounded.dynamic_batching.default_queue_policy.max_queue_size = 100
+    ordered = _config(max_batch_size=4, delay_us=0)
+    ordered.dynamic_batching.preserve_ordering = True
+    for config in (preferred, levels, timeout, bounded, ordered):
+        assert not Harness(config, slots=[_queueable_slot()]).s.queue_at_instances
+    assert Harness(_config(max_batch_size=4, delay_us=0),
+                   slots=[_queueable_slot()]).s.queue_at_instances
 
 
 def test_an_instance_lost_fails_the_batch_it_ran_and_the_one_waiting():
