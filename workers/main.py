@@ -401,18 +401,20 @@ class Worker:
         raise _Stop()
 
     def on_execute(self, msg: ExecuteBatch) -> None:
-        if msg.ahead:
-            # it waits behind its instance's running batch; what came after it (a
-            # cancel, a frontend's end) is read before it can start
+        if msg.ahead:  # sent to wait behind its instance's running batch
             self.waiting.arrived(msg)
-            self._read_ahead()
         thread = self.threads.get(msg.instance)
+        if thread is not None and not (thread.inst.inline and thread.idle()):
+            thread.give(msg)  # this thread goes on receiving meanwhile
+            return
+        if msg.ahead:
+            # it starts on this thread now: what came after it (a cancel, a
+            # frontend's end) is read first
+            self._read_ahead()
         if thread is None:
             self.run_batch(self.instances.get(msg.instance), msg, self.outbox)
-        elif thread.inst.inline and thread.idle():
-            self.run_inline(thread, msg)
         else:
-            thread.give(msg)
+            self.run_inline(thread, msg)
 
     def run_inline(self, thread: InstanceThread, msg: ExecuteBatch) -> None:
         """Run a batch here, on the receiving thread, instead of handing it to the

@@ -386,9 +386,10 @@ class DynamicBatcher:
         instance, once free, would get the very same batch. So one level in arrival
         order, no queue timeout or bound (a request waiting at an instance could
         neither time out nor make room), no preferred size below the largest (which
-        a batch cut later could pass), and no test hold."""
+        a batch cut later could pass), and no test hold. (preserve_ordering is the
+        scheduler's to refuse: it also rules out a model that does not batch.)"""
         policy = self._levels[0].policy
-        return (not self.priority_levels and not self.preserve_ordering
+        return (not self.priority_levels
                 and self.preferred_batch_sizes == {self.max_batch_size}
                 and not policy.default_timeout_ns and not policy.max_queue_size
                 and not self._hold.active)

@@ -200,19 +200,19 @@ class DynamicBatchScheduler:
         woken = self.rate_limiter.finished(slot, msg.batch_id)
         if msg.copies:
             self.copies[msg.instance] = msg.copies
-        ran = requests
+        ran, failed = requests, msg.failed
         if msg.cancelled:  # taken out while they waited at the worker: never run
-            for i in msg.cancelled:
-                self.stats.failed(requests[i], CANCELED, now)
-            out = set(msg.cancelled)
-            ran = [q for i, q in enumerate(requests) if i not in out]
+            out, was_failed = set(msg.cancelled), set(failed)
+            ran, failed = [], []  # indices into what ran, not the batch as sent
+            for i, q in enumerate(requests):
+                if i in out:
+                    self.stats.failed(q, CANCELED, now)
+                    continue
+                if i in was_failed:
+                    failed.append(len(ran))
+                ran.append(q)
         if ran:
             sizes = ([q.req.batch_size for q in ran] if self.batching else [1] * len(ran))
-            failed = msg.failed
-            if msg.cancelled and failed:  # the worker's indices are into the whole batch
-                index = {i: k for k, i in enumerate(j for j in range(len(requests))
-                                                    if j not in out)}
-                failed = [index[i] for i in failed]
             self.stats.batch_ran(ran, failed, sizes, sum(sizes), msg.compute_start_ns,
                                  msg.input_end_ns, msg.output_start_ns, msg.compute_end_ns)
         if self.order is not None:
