@@ -30,6 +30,7 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, Drain,
                                    InferRequest, ModelStateUpdate, RequestedOutput,
                                    ServerState, StatsReply, StatsRequest)
+from shm.messages.leases import LeaseEnded, goes_direct
 from shm.messages.regions import RegionOp, RegionReply, RegionRequest
 from shm.messages.repository import (IndexEntry, ModelReadyState, RepositoryOp,
                                      RepositoryReply, RepositoryRequest)
@@ -37,6 +38,7 @@ from shm.log import apply_log_settings
 from shm.messages.results import Error, InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
+from shm.messages.worker import ExecuteBatch
 from shm.tensor import INLINE_MAX, TensorRef
 
 log = logging.getLogger("shmserve.frontend")
@@ -69,6 +71,23 @@ UNREAD_ERROR = ("{} responses ({} bytes) of this request waited for a client tha
                 "the request was cancelled")
 STALLED = "read none of them for %g s" % UNREAD_STALL
 _now = time.monotonic
+# lease ids heard ended before the answer that granted them came (another connection):
+# remembered up to this many
+ENDED_MAX = 256
+
+
+class Lease:
+    """An instance lent to this frontend (shm/messages/leases.py): its requests for the
+    instance's model version go to its worker straight, one at a time (`busy`: the
+    one running, by request id)."""
+
+    __slots__ = ("id", "instance", "address", "busy")
+
+    def __init__(self, lease_id: int, instance: str, address: str):
+        self.id = lease_id
+        self.instance = instance
+        self.address = address
+        self.busy = 0
 
 
 class Laggards:
@@ -116,7 +135,7 @@ class ResponseStream:
     cancelled and one final error instead of what waited."""
 
     __slots__ = ("core", "rid", "view", "request", "blocks", "key", "items", "sizes",
-                 "unread_bytes", "last_read", "waiter", "done", "closed")
+                 "unread_bytes", "last_read", "waiter", "done", "closed", "direct")
 
     def __init__(self, core: "SchedulerDataPlane", rid: int, view: ModelView,
                  request: DecodedRequest, blocks: list, key: bytes | None):
@@ -136,6 +155,7 @@ class ResponseStream:
         self.waiter: asyncio.Future | None = None
         self.done = False  # the final response was read
         self.closed = False  # cancelled: responses still coming are released unread
+        self.direct = ""  # sent under a lease: the worker's inbox (its cancel goes there)
 
     async def next(self):
         while not self.items:
@@ -181,7 +201,8 @@ class ResponseStream:
         self.sizes.clear()
         self.unread_bytes = 0
         if self.rid in core.pending:
-            core.outbox.send(core.scheduler, CancelRequest(self.rid, core.address))
+            core.outbox.send(self.direct or core.scheduler,
+                             CancelRequest(self.rid, core.address))
 
     def _deliver(self, msg: InferResponse) -> None:
         if self.closed:
@@ -268,6 +289,9 @@ class SchedulerDataPlane:
         self.laggards = Laggards()  # pending streams whose readers are far behind
         self.waiting = 0  # responses waiting behind each stream's next, in all
         self.calls: dict[int, asyncio.Future] = {}  # shared-memory calls to the scheduler
+        # instances lent to this frontend, by (model, version)
+        self.leases: dict[tuple[str, int], Lease] = {}
+        self._ended: set[int] = set()  # leases over before their grant was heard
         self._ids = itertools.count(1)
         self.ready = False
         self.stopping = False
@@ -289,6 +313,7 @@ class SchedulerDataPlane:
             TraceSettingReply: self.on_call_reply,
             RepositoryReply: self.on_call_reply,
             LogSettings: self.on_log_settings,
+            LeaseEnded: self.on_lease_ended,
         }
 
     def attach(self, loop) -> None:
@@ -405,7 +430,7 @@ class SchedulerDataPlane:
         rid = next(self._ids)
         stream = self.pending[rid] = ResponseStream(self, rid, view, request, blocks, key)
         self.idle.clear()
-        self.outbox.send(self.scheduler, InferRequest(
+        req = InferRequest(
             rid, self.address, view.name, view.version, refs, outputs,
             request_id=request.id,
             batch_size=batch_size or 1,
@@ -417,7 +442,16 @@ class SchedulerDataPlane:
             parameters=_user_parameters(params),
             start_ns=time.monotonic_ns(),  # Triton's request start: parsed and valid
             cache_key=key or b"",
-        ))
+        )
+        lease = self.leases.get((view.name, view.version)) if self.leases else None
+        if lease is not None and not lease.busy and goes_direct(req):
+            lease.busy = rid
+            stream.direct = lease.address
+            self.outbox.send(lease.address, ExecuteBatch(0, lease.instance, [req],
+                                                         quiet=True, lease=lease.id,
+                                                         direct=True))
+        else:
+            self.outbox.send(self.scheduler, req)
         return stream
 
     def _cache_insert(self, key: bytes, view: ModelView, result: InferResult) -> None:
@@ -543,6 +577,12 @@ class SchedulerDataPlane:
         if stream is None:
             self._release_unclaimed(msg)
             return
+        if msg.lease is not None:
+            self._leased(stream.view, *msg.lease)
+        if msg.final and stream.direct:
+            lease = self.leases.get((stream.view.name, stream.view.version))
+            if lease is not None and lease.busy == msg.id:
+                lease.busy = 0
         if msg.final:
             # the request has ended: the worker reads its inputs no more
             del self.pending[msg.id]
@@ -552,6 +592,34 @@ class SchedulerDataPlane:
         elif msg.empty:
             return  # a placeholder the scheduler relayed for preserve_ordering
         stream._deliver(msg)
+
+    def _leased(self, view: ModelView, lease_id: int, instance: str, address: str) -> None:
+        if lease_id in self._ended:
+            self._ended.discard(lease_id)
+            return
+        self.leases[(view.name, view.version)] = Lease(lease_id, instance, address)
+
+    def on_lease_ended(self, msg: LeaseEnded) -> None:
+        """A lease is over: requests go to the scheduler again. One sent under it that
+        is still running was handed on to the scheduler (so its cancel goes there), or
+        is lost with its instance (`lost`) and fails."""
+        for key, lease in self.leases.items():
+            if lease.id == msg.lease:
+                del self.leases[key]
+                break
+        else:
+            if len(self._ended) >= ENDED_MAX:
+                self._ended.clear()
+            self._ended.add(msg.lease)
+            return
+        stream = self.pending.get(lease.busy) if lease.busy else None
+        if stream is None:
+            return
+        if msg.lost:
+            self.on_response(InferResponse(lease.busy, error=Error(ErrorCode.UNAVAILABLE,
+                                                                   msg.reason)))
+        else:
+            stream.direct = ""
 
     def _release_unclaimed(self, msg: InferResponse) -> None:
         blocks = [(r.segment, r.offset) for r in msg.outputs if r.data is None]
@@ -571,6 +639,7 @@ class SchedulerDataPlane:
         if msg.config_json:
             view.config_json = json.loads(msg.config_json)
         self.models.setdefault(msg.name, {})[msg.version] = view
+        self.leases.pop((msg.name, msg.version), None)  # the scheduler's to lend again
         if msg.version:  # a real version supersedes a placeholder for a failed config
             self.models[msg.name].pop(0, None)
 

@@ -29,6 +29,7 @@ from scheduler.processes.worker_pool import WorkerPool
 from shm.channel import Outbox
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CancelRequest, InferRequest
+from shm.messages.leases import EndLease, LeaseEnded
 from shm.messages.results import Error, InferResponse, ReleaseBlocks
 from shm.messages.worker import BatchDone, ExecuteBatch
 from shm.tensor import arena_blocks
@@ -71,6 +72,9 @@ class LoopCallbacks:
         self._ids = itertools.count(1)
         self.internal: dict[int, RequestOwner] = {}
         self.lent: dict[tuple[str, int], tuple[str, str]] = {}
+        # instances lent to frontends (scheduler/leases.py): while any is, the loop
+        # reads the quiet inbox now and then for the batches sent under them
+        self.lent_slots: set[InstanceSlot] = set()
 
     # -- every scheduler ----------------------------------------------------------------
 
@@ -93,6 +97,21 @@ class LoopCallbacks:
             self.quiet.add(batch.batch_id)
         self.outbox.send(slot.worker.address, batch)
         self.workers.batch_sent(slot, batch.batch_id)  # the execute-timeout watch
+        if batch.lease:
+            self.lent_slots.add(slot)
+
+    def may_lend(self, slot: InstanceSlot) -> bool:
+        return (slot.worker is not None and not self.trace.active
+                and not self.workers.timeouts.get(slot.key))
+
+    def end_lease(self, slot: InstanceSlot) -> None:
+        if slot.worker is not None:
+            self.outbox.send(slot.worker.address, EndLease(slot.key, slot.lease))
+
+    def lease_lost(self, slot: InstanceSlot, reason: str) -> None:
+        self.lent_slots.discard(slot)
+        self.outbox.send(slot.lessee, LeaseEnded(slot.key, slot.lease, lost=True,
+                                                 reason=reason))
 
     def fail(self, q: Queued, code: ErrorCode, reason: str) -> None:
         req = q.req

@@ -24,6 +24,7 @@ from scheduler.scheduling.queued import Queued
 from scheduler.trace import TraceManager
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CacheInsert, CancelRequest, InferRequest, RequestOrigin
+from shm.messages.leases import LeaseEnded
 from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone, ResponseStats
 from shm.transport import OutboxLike
@@ -121,6 +122,15 @@ class RequestCalls:
         if sched is not None:
             sched.stats.responses_sent(msg.responses)
             sched.request_complete(msg.reply_to, msg.id)
+
+    def on_lease_ended(self, msg: LeaseEnded) -> None:
+        """An instance's worker gave its lease back: the instance takes batches again."""
+        sched = self.manager.by_instance.get(msg.instance)
+        if sched is None:
+            return
+        self.dirty.update(sched.lease_ended(msg.instance, msg.lease))
+        lent = self.callbacks.lent_slots
+        lent.difference_update([slot for slot in lent if not slot.lease])
 
     def on_batch_done(self, msg: BatchDone) -> None:
         self.wakes["BatchDone"] += 1

@@ -51,6 +51,7 @@ from shm.channel import ipc_address
 from shm.errors import ErrorCode
 from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
                                    FrontendStopped, InferRequest, StatsRequest)
+from shm.messages.leases import LeaseEnded
 from shm.messages.regions import RegionRequest
 from shm.messages.repository import RepositoryRequest
 from shm.messages.results import InferResponse, ReleaseBlocks
@@ -61,6 +62,9 @@ from shm.messages.worker import (BatchDone, InstanceLoaded, ResponseStats, Worke
 from shm.transport import SOCKETS, Transport
 
 log = logging.getLogger("shmserve.scheduler")
+# while an instance is lent, how often the loop reads the quiet inbox for the ends of
+# batches sent under the lease when nothing else wakes it (their statistics)
+LEASE_READ_S = 0.1
 # the least time workers get to finalize their models at a stop, when the frontends'
 # drain used up the exit timeout
 WORKER_STOP_MIN_S = 1.0
@@ -91,6 +95,7 @@ class Server:
         # BatchDone of quiet batches (callbacks.send_batch): watched only while it matters
         self.done_inbox = transport.inbox(done_address(self.address), (BatchDone,))
         self._drained = False  # the quiet inbox was read in this burst
+        self._lease_reads: asyncio.TimerHandle | None = None
         # SHMSERVE_WAKE_COUNTS=PATH: what woke this loop, as JSON at exit (tests, tools)
         self.wakes: collections.Counter = collections.Counter()
         self.outbox = transport.outbox(self.loop)
@@ -122,6 +127,7 @@ class Server:
         self.callbacks.models = self.manager.models
         self.callbacks.by_instance = self.manager.by_instance
         self._quiet = self.callbacks.quiet  # quiet batches whose BatchDone is not read yet
+        self._lent = self.callbacks.lent_slots  # instances lent to frontends
         self.events = ChildEvents(self.manager, self.workers, self.regions, self.callbacks,
                                   self.outbox, args.strict_readiness)
         cache = ResponseCache(args.cache_bytes) if args.cache_bytes > 0 else None
@@ -135,6 +141,7 @@ class Server:
             InferRequest: requests.on_infer,
             CancelRequest: requests.on_cancel,
             BatchDone: requests.on_batch_done,
+            LeaseEnded: requests.on_lease_ended,
             ResponseStats: requests.on_response_stats,
             CacheInsert: requests.on_cache_insert,
             FrontendReady: self.frontends.on_frontend_ready,
@@ -174,7 +181,7 @@ class Server:
 
     def _drain_done(self) -> None:
         """Read the quiet BatchDones not read yet, once per burst."""
-        if self._quiet and not self._drained:
+        if (self._quiet or self._lent) and not self._drained:
             self._drained = True
             self.done_inbox.drain()
 
@@ -185,7 +192,15 @@ class Server:
             self.outbox.uncork()
         self._drained = False
         self._watch_done()
+        if self._lent and self._lease_reads is None:
+            self._lease_reads = self.loop.call_later(LEASE_READ_S, self._read_leased)
 
+    def _read_leased(self) -> None:
+        """While instances are lent, the ends of batches their frontends send reach
+        the quiet inbox and wake nobody: read them now and then, so statistics and
+        metrics stay current and the inbox never fills."""
+        self._lease_reads = None
+        self._settle()
     def _watch_done(self) -> None:
         """Wake for quiet BatchDones only while something waits on one: requests
         queued, a version draining, an unregistered region's last users, the server
@@ -257,7 +272,7 @@ class Server:
     def _settle(self) -> None:
         """Read the quiet BatchDones that came, outside a burst (a metrics scrape, the
         shutdown), and send what that frees."""
-        if self._quiet:
+        if self._quiet or self._lent:
             self.done_inbox.drain()
             self._after_burst()
 
@@ -300,6 +315,8 @@ class Server:
             log.warning("removed %d shared-memory segment(s) left by dead processes",
                         len(leftovers))
         self.pumps.timer.close()
+        if self._lease_reads is not None:
+            self._lease_reads.cancel()
         self.inbox.close()
         self.done_inbox.close()
         self._dump_wakes()

@@ -73,5 +73,8 @@ class SettingsCalls:
                                      f"Request for unknown model : {call.model}")
             if call.update is not None:
                 self.trace.update(call.model, call.update)
+                if self.trace.active:  # requests sent under a lease would not be seen
+                    for sched in self.manager.instance_schedulers():
+                        sched.end_leases()
             reply.settings = self.trace.settings(call.model)
         self._answer(call, TraceSettingReply(call.call_id), fill)

@@ -33,6 +33,7 @@ from shm.errors import ErrorCode, InferError
 from shm.lifecycle import die_with_parent, exit_orphaned, parent_gone, watch_parent
 from shm.log import apply_log_settings, configure_logging
 from shm.messages.frontend import CancelRequest
+from shm.messages.leases import EndLease, LeaseEnded
 from shm.messages.regions import RegionGone
 from shm.messages.results import Error, InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.roles import WorkerSpec
@@ -45,6 +46,7 @@ from shm.transport import SOCKETS, Transport
 from workers import warmup
 from workers.backends import create_instance
 from workers.instance import Instance, WorkerLinks
+from workers.leases import Leases
 from workers.python_backend import bls, pb_utils
 from workers.python_backend.bls import BlsClient
 from workers.waiting import WaitingBatches
@@ -169,6 +171,7 @@ class Worker:
         # python models' calls to other models, and the cancel flags of what runs here
         self.bls = BlsClient(address, scheduler, self.io, transport.outbox())
         self.waiting = WaitingBatches()  # ahead batches not started (workers/waiting.py)
+        self.leases = Leases()  # instances lent to frontends (workers/leases.py)
         # the process's BLS hooks, put back as they were by close()
         self._hooks = (pb_utils._bls_executor, pb_utils._bls_async_executor)
         pb_utils._bls_executor = self.bls.exec
@@ -195,6 +198,7 @@ class Worker:
             LogSettings: self.on_log_settings,
             InferResponse: self.bls.on_response,
             CancelRequest: self.on_cancel,
+            EndLease: self.on_end_lease,
         }
 
     def run(self) -> None:
@@ -309,6 +313,35 @@ class Worker:
         self.sequences.pop(msg.instance, None)
         if inst is not None:
             inst.finalize()
+        lease = self.leases.lease_of(msg.instance)
+        if lease:  # what its frontend still sends goes to the scheduler
+            self._lease_over(msg.instance, lease, self.leases.end(msg.instance), self.outbox)
+
+    def on_end_lease(self, msg: EndLease) -> None:
+        """The scheduler takes its lease back: from now on what the frontend sends
+        under it goes on to the scheduler; the end is told once the last batch sent
+        under it has ended (a batch still with the instance's thread comes first)."""
+        frontend = self.leases.end(msg.instance, msg.lease)
+        thread = self.threads.get(msg.instance)
+        if thread is not None and not thread.idle():
+            thread.give(lambda outbox: self._lease_over(msg.instance, msg.lease, frontend,
+                                                        outbox))
+        else:
+            self._lease_over(msg.instance, msg.lease, frontend, self.outbox)
+
+    def _lease_over(self, instance: str, lease: int, frontend: str | None,
+                    outbox: Outbox) -> None:
+        ended = LeaseEnded(instance, lease)
+        outbox.send(self.scheduler, ended)
+        if frontend is not None:
+            outbox.send(frontend, ended)
+
+    def _hand_on(self, msg: ExecuteBatch) -> None:
+        """A frontend's request sent under a lease that is over (it had not heard):
+        the scheduler takes it as if sent there, and the frontend hears again."""
+        for request in msg.requests:
+            self.outbox.send(self.scheduler, request)
+            self.outbox.send(request.reply_to, LeaseEnded(msg.instance, msg.lease))
 
     def respond(self, inst, request, result, final: bool, empty: bool = False,
                 parameters: dict | None = None) -> None:
@@ -358,6 +391,9 @@ class Worker:
     def on_peer_gone(self, msg: PeerGone) -> None:
         for over in self.waiting.peer_gone(msg.address):
             self._over(*over)
+        for instance, lease in self.leases.of(msg.address):
+            self.leases.end(instance)
+            self.outbox.send(self.scheduler, LeaseEnded(instance, lease))
         self.outbox.drop(msg.address)
         with self.response_lock:
             self.response_outbox.drop(msg.address)
@@ -401,6 +437,14 @@ class Worker:
         raise _Stop()
 
     def on_execute(self, msg: ExecuteBatch) -> None:
+        if msg.lease:
+            frontend = msg.requests[0].reply_to
+            if not msg.direct:  # the scheduler lends the instance with this batch
+                self.leases.grant(msg.instance, frontend, msg.lease)
+            elif (not self.leases.holds(msg.instance, frontend, msg.lease)
+                  or msg.instance not in self.instances):
+                self._hand_on(msg)
+                return
         if msg.ahead:  # sent to wait behind its instance's running batch
             self.waiting.arrived(msg)
         thread = self.threads.get(msg.instance)
@@ -552,6 +596,14 @@ class Worker:
             failed = [kept[i] for i in failed]
         done = BatchDone(msg.batch_id, msg.instance, start, input_end, output_start,
                          self.clock(), failed, copies.as_list(), cancelled=taken)
+        if msg.lease:
+            request = msg.requests[0]
+            if msg.direct:  # the scheduler has no record of it: what statistics need
+                done.direct = [(request.start_ns, request.batch_size)]
+            elif responses[0] is not None and self.leases.holds(
+                    msg.instance, request.reply_to, msg.lease):
+                # the frontend learns of its lease with the answer
+                responses[0].lease = (msg.lease, msg.instance, self.address)
         if msg.relay:
             # preserve_ordering: the scheduler releases them in request order; a request
             # answered as the model sent gets a placeholder that frontends ignore

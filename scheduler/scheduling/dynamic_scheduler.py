@@ -23,11 +23,17 @@ from scheduler.scheduling.queued import Queued
 from scheduler.stats import CANCELED, OTHER, REJECTED, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
+from shm.messages.leases import goes_direct
 from shm.messages.worker import BatchDone, ExecuteBatch
 
 log = logging.getLogger("shmserve.scheduler")
 
 _batch_ids = itertools.count(1)
+_lease_ids = itertools.count(1)
+# A frontend is lent an instance after this many of its requests in a row found the
+# model idle (nothing queued, nothing running, no lease out): one client at c=1, or a
+# few taking turns, not many at once (scheduler/leases.py)
+LEASE_AFTER = 16
 LINGER = 4096  # decoupled requests remembered after their batch, for cancels
 
 
@@ -122,6 +128,13 @@ class DynamicBatchScheduler:
         # responses (preserve_ordering).
         self.queue_at_instances = (batcher is None and self.batcher.cuts_ahead
                                    and not self.decoupled and self.order is None)
+        # An idle instance may be lent to a frontend whose requests come one at a time
+        # (shm/messages/leases.py): on the same terms, and never under the rate
+        # limiter, which must see every execution
+        self.leasable = self.queue_at_instances and not rate_limiter.enabled
+        self.leases_out = 0
+        self._streak_from = ""  # the frontend whose requests found the model idle...
+        self._streak = 0  # ...this many times in a row
 
     # -- requests ---------------------------------------------------------------------
 
@@ -138,7 +151,53 @@ class DynamicBatchScheduler:
                                  priority=req.priority, timeout_ns=req.timeout_us * 1000)
         except QueueFull as exc:
             raise InferError(ErrorCode.UNAVAILABLE, log_prefix(req) + str(exc)) from None
+        if self.leasable:
+            self._lease_terms(q)
         self._pump_soon(self)
+
+    def _lease_terms(self, q: Queued) -> None:
+        """Count the requests in a row from one frontend that found the model idle. Any
+        request that comes here while an instance is lent takes the leases back: the
+        frontend that holds one sends here only what it cannot send under it, and
+        another frontend's requests may need the instance, or be batched with it."""
+        if self.leases_out:
+            self._streak = 0
+            self.end_leases()
+            return
+        req = q.req
+        if len(self.batcher) == 1 and not self.in_flight and not q.trace_id \
+                and goes_direct(req):
+            if req.reply_to == self._streak_from:
+                self._streak += 1
+            else:
+                self._streak_from, self._streak = req.reply_to, 1
+        else:
+            self._streak = 0
+
+    def end_leases(self) -> None:
+        for slot in self.rate_limiter.slots(self):
+            if slot.lease and not slot.lease_ending:
+                slot.lease_ending = True
+                self._callbacks.end_lease(slot)
+
+    def lease_ended(self, instance: str, lease: int) -> list:
+        for slot in self.rate_limiter.slots(self):
+            if slot.key == instance and slot.lease == lease:
+                self.leases_out -= 1
+                return self.rate_limiter.lease_ended(slot, lease)
+        return []
+
+    def _lend(self, slot: InstanceSlot, batch: list[Queued]) -> int:
+        """The lease to grant with this batch, if its frontend has earned one: 0 or
+        the lease id."""
+        if (self._streak < LEASE_AFTER or len(batch) != 1
+                or batch[0].req.reply_to != self._streak_from
+                or not self._callbacks.may_lend(slot)):
+            return 0
+        self._streak = 0
+        self.leases_out += 1
+        slot.lease, slot.lessee = next(_lease_ids), self._streak_from
+        return slot.lease
 
     def pump(self, now: int) -> None:
         batcher = self.batcher
@@ -154,7 +213,10 @@ class DynamicBatchScheduler:
             if not batch:
                 limiter.unused(slot)
                 break
-            self.dispatch(slot, batch)
+            if self._streak >= LEASE_AFTER:
+                self.dispatch(slot, batch, lease=self._lend(slot, batch))
+            else:
+                self.dispatch(slot, batch)
         if self.queue_at_instances:
             while len(batcher):
                 slot = limiter.queue_at(self)
@@ -191,6 +253,9 @@ class DynamicBatchScheduler:
         return self.batcher.next_deadline(self.rate_limiter.available(self))
 
     def batch_done(self, msg: BatchDone, now: int):
+        if msg.direct:  # sent by a frontend under its lease
+            self._direct_ran(msg)
+            return [], []
         entry = self.in_flight.pop(msg.batch_id, None)
         if entry is None:
             return [], []  # its instance was declared lost already
@@ -222,6 +287,18 @@ class DynamicBatchScheduler:
             self._release(self.order.done(msg.batch_id, results))
         return requests, woken
 
+    def _direct_ran(self, msg: BatchDone) -> None:
+        """Statistics of a batch a frontend sent under its lease: its queue time runs
+        from the request's start in the frontend to the batch's start."""
+        if msg.copies:
+            self.copies[msg.instance] = msg.copies
+        ran = [Queued(InferRequest(0, "", self.name, self.version, [], start_ns=start,
+                                   batch_size=size), queue_ns=start)
+               for start, size in msg.direct]
+        sizes = [size for _, size in msg.direct] if self.batching else [1] * len(ran)
+        self.stats.batch_ran(ran, msg.failed, sizes, sum(sizes), msg.compute_start_ns,
+                             msg.input_end_ns, msg.output_start_ns, msg.compute_end_ns)
+
     def _release(self, pairs) -> None:
         """Hand on what preserve_ordering let go: relayed responses, or failures
         (code, reason) of batches that never finished."""
@@ -247,6 +324,9 @@ class DynamicBatchScheduler:
 
     def instance_lost(self, slot: InstanceSlot, reason: str, now: int) -> int:
         batches = [b for b in (slot.batch, slot.ahead) if b is not None]
+        if slot.lease:  # its frontend fails what it sent under the lease
+            self.leases_out -= 1
+            self._callbacks.lease_lost(slot, reason)
         self.rate_limiter.lost(slot)
         failed = 0
         for batch in batches:

@@ -111,6 +111,13 @@ class InstanceScheduler(Scheduler, Protocol):
     def instance_back(self, slot: InstanceSlot) -> None:
         """A restarted instance takes batches again."""
 
+    def end_leases(self) -> None:
+        """Ask for every lease on this model's instances back."""
+
+    def lease_ended(self, instance: str, lease: int) -> list[Hashable]:
+        """The worker of `instance` says its lease `lease` is over (scheduler/leases.py):
+        returns the schedulers the freed instance lets run."""
+
     def running(self, slot: InstanceSlot) -> list[Queued]:
         """The requests `slot` is running now."""
 
@@ -180,6 +187,16 @@ class Callbacks(Protocol):
         """Answer a client (a decoupled ensemble answers several times, the last
         response carries `final`); `lent` maps each output block to its owner, to
         which the client's release is handed on."""
+
+    def may_lend(self, slot: InstanceSlot) -> bool:
+        """Whether the process allows lending `slot` to a frontend (scheduler/leases.py):
+        no execute timeout watches it and no trace samples requests."""
+
+    def end_lease(self, slot: InstanceSlot) -> None:
+        """Ask the worker of `slot` to end its lease (EndLease)."""
+
+    def lease_lost(self, slot: InstanceSlot, reason: str) -> None:
+        """`slot`'s process died while lent: tell the frontend that held it."""
 
     def release(self, owner: str, blocks: list[tuple[str, int]]) -> None:
         """Give blocks back to their owner: this process is done reading them."""

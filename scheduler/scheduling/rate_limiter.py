@@ -32,7 +32,8 @@ class InstanceSlot:
     what running a batch on it costs in rate-limiter resources."""
 
     __slots__ = ("key", "name", "kind", "device_id", "worker", "alive", "batch", "ahead",
-                 "queueable", "passive", "resources", "priority", "executions", "owner")
+                 "queueable", "passive", "resources", "priority", "executions", "owner",
+                 "lease", "lessee", "lease_ending")
 
     def __init__(self, key: str, name: str, kind: str, device_id: int, *,
                  passive: bool = False, resources: dict | None = None, priority: int = 0):
@@ -54,6 +55,14 @@ class InstanceSlot:
         self.priority = max(priority, 1)
         self.executions = 0
         self.owner: Hashable | None = None  # the model scheduler it serves
+        # lent to the frontend `lessee` (scheduler/leases.py): neither idle nor given
+        # batches until its worker says the lease `lease` is over
+        self.lease = 0
+        self.lessee = ""
+        self.lease_ending = False  # EndLease sent
+
+    def end_lease(self) -> None:
+        self.lease, self.lessee, self.lease_ending = 0, "", False
 
     def weight(self) -> int:
         return self.executions * self.priority
@@ -162,6 +171,7 @@ class RateLimiter:
             self._free(slot)
         slot.alive = False
         slot.batch = slot.ahead = None
+        slot.end_lease()
         idle = self._idle.get(slot.owner)
         if idle is not None and slot in idle:
             idle.remove(slot)
@@ -241,7 +251,7 @@ class RateLimiter:
             return None
         for slot in self._slots.get(owner, ()):
             if (slot.queueable and slot.alive and slot.batch is not None
-                    and slot.ahead is None):
+                    and slot.ahead is None and not slot.lease):
                 return slot
         return None
 
@@ -261,6 +271,19 @@ class RateLimiter:
         if batch_id == slot.batch and slot.ahead is not None:
             slot.batch, slot.ahead = slot.ahead, None
             return [slot.owner]
+        if slot.lease:  # lent on: its end releases it (lease_ended)
+            slot.batch = None
+            return []
+        return self.release(slot)
+
+    def lease_ended(self, slot: InstanceSlot, lease: int) -> list[Hashable]:
+        """The worker says lease `lease` on `slot` is over: the instance is released,
+        unless the batch that granted it has not ended yet (its end then does)."""
+        if slot.lease != lease:
+            return []
+        slot.end_lease()
+        if slot.batch is not None or not slot.alive:
+            return []
         return self.release(slot)
 
     def release(self, slot: InstanceSlot) -> list[Hashable]:

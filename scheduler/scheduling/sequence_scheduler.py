@@ -173,6 +173,12 @@ class SequenceBatchScheduler:
     def instance_back(self, slot: InstanceSlot) -> None:
         self.batches.instance_back(slot)
 
+    def end_leases(self) -> None:
+        pass  # a sequence's instances are never lent
+
+    def lease_ended(self, instance: str, lease: int) -> list:
+        return self.batches.lease_ended(instance, lease)  # never lent: none ends
+
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
         return self.batches.cancel(reply_to, request_id, now)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from shm.messages.frontend import CancelRequest, InferRequest
+from shm.messages.leases import EndLease, LeaseEnded
 from shm.messages.regions import RegionGone
 from shm.messages.results import InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import LogSettings
@@ -71,6 +72,11 @@ class ExecuteBatch(msgspec.Struct, tag=True, array_like=True):
     # sent to wait behind the batch the instance runs (workers/waiting.py): until it
     # starts, a cancel or its frontend's end takes a request out, as a queue would
     ahead: bool = False
+    # Leases (workers/leases.py): from the scheduler, a batch of one client request
+    # that also lends its instance to that request's frontend (this lease's id); from
+    # a frontend holding the lease (`direct`), its request sent straight here
+    lease: int = 0
+    direct: bool = False
 
 
 class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
@@ -91,6 +97,9 @@ class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):
     responses: list[InferResponse] = []
     # requests of an ahead batch taken out before it started (by index): never run
     cancelled: list[int] = []
+    # a batch a frontend sent under its lease, which the scheduler never saw: each
+    # request's (start_ns, batch size), for the statistics
+    direct: list[tuple[int, int]] = []
 
 
 # Per-response statistics cover a request's first RESPONSE_STATS_INDICES responses.
@@ -129,9 +138,11 @@ def done_address(scheduler: str) -> str:
 
 
 # InferRequest / CancelRequest: a python model's BLS calls (reply_to: the worker's inbox)
+# InferRequest also: a frontend's request sent under a lease that had ended, handed on
 TO_SCHEDULER_FROM_WORKER = (WorkerReady, InstanceLoaded, BatchDone, InferRequest,
-                            CancelRequest, ResponseStats)
+                            CancelRequest, ResponseStats, LeaseEnded)
 # CancelRequest: the scheduler forwards a client's cancel for a request that is running;
-# InferResponse: answers to the worker's own BLS calls
+# InferResponse: answers to the worker's own BLS calls; ExecuteBatch and CancelRequest
+# also come from frontends holding a lease
 WORKER_INBOX = (LoadInstance, ExecuteBatch, UnloadInstance, StopWorker, ReleaseBlocks,
-                PeerGone, RegionGone, LogSettings, CancelRequest, InferResponse)
+                PeerGone, RegionGone, LogSettings, CancelRequest, InferResponse, EndLease)
