@@ -134,6 +134,8 @@ class RequestCalls:
 
     def on_batch_done(self, msg: BatchDone) -> None:
         self.wakes["BatchDone"] += 1
+        if msg.direct:
+            self.wakes["BatchDone under a lease"] += 1
         self.quiet.discard(msg.batch_id)
         sched = self.manager.by_instance.get(msg.instance)
         if sched is None:

@@ -1,0 +1,152 @@
+"""Leases (shm/messages/leases.py): a client whose requests come one at a time is
+served with its frontend sending them to the instance's worker straight. What a user
+sees must not change: every answer right, statistics exact, an unload and a lost
+instance handled as before, concurrent clients served; the wake counts written at the
+stop show that the requests did go under a lease."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import shutil
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e import clients
+from tests.e2e.harness import EXAMPLES, ROOT, ServerProcess, wait_until
+
+N = 40  # requests at c=1: the first LEASE_AFTER (16) earn the lease
+TIMEOUT = 20.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("leases")
+    repo = tmp / "repo"
+    # the faults model with one instance and no execute timeout (a watched instance is
+    # never lent): killing it while lent must fail the request sent under the lease
+    (repo / "lent_faulty" / "1").mkdir(parents=True)
+    faulty = ROOT / "tests" / "models_faults" / "faulty"
+    shutil.copy(faulty / "1" / "model.py", repo / "lent_faulty" / "1")
+    config = (faulty / "config.pbtxt").read_text().replace('"faulty"', '"lent_faulty"')
+    config = config.replace("count: 2", "count: 1")
+    config = "\n".join(line for line in config.splitlines()
+                       if "EXECUTE_TIMEOUT_SECS" not in line)
+    (repo / "lent_faulty" / "config.pbtxt").write_text(config)
+    markers = tmp / "markers"
+    markers.mkdir()
+    srv = ServerProcess([EXAMPLES, repo], "--model-control-mode", "explicit",
+                        "--load-model", "identity_fp32", "--load-model", "lent_faulty",
+                        log_dir=tmp, env={"SHMSERVE_WAKE_COUNTS": str(tmp / "wakes.json"),
+                                          "SHMSERVE_TEST_MARKER_DIR": str(markers)})
+    srv.counts = tmp / "wakes.json"
+    srv.start()
+    yield srv
+    srv.stop()  # test_the_requests_went_under_leases stops it checked
+
+
+def identity(c, protocol: str, value: float) -> None:
+    data = np.full((1, 16), value, dtype=np.float32)
+    kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
+    out = c.infer("identity_fp32", [clients.infer_input(protocol, "INPUT0", data, "FP32")],
+                  **kwargs).as_numpy("OUTPUT0")
+    assert (out == data).all()
+
+
+def counts(c, model: str) -> tuple[int, int, int]:
+    stats = c.get_inference_statistics(model)
+    if not isinstance(stats, dict):  # gRPC: the message
+        from google.protobuf.json_format import MessageToDict
+        stats = MessageToDict(stats, preserving_proto_field_name=True)
+    s = stats["model_stats"][0]
+    return (int(s["inference_stats"]["success"].get("count", 0)),
+            int(s.get("inference_count", 0)), int(s.get("execution_count", 0)))
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_one_request_at_a_time_is_answered_and_counted(server, protocol):
+    c = clients.client(server, protocol)
+    before = counts(c, "identity_fp32")
+    for i in range(N):
+        identity(c, protocol, float(i))
+    # asked right after the last answer: the ends of batches sent under the lease
+    # are read before the statistics are
+    assert counts(c, "identity_fp32") == tuple(b + N for b in before)
+
+
+def test_concurrent_clients_take_the_lease_back(server):
+    http = clients.client(server, "http")
+    for i in range(N):  # a lease is out when the burst comes
+        identity(http, "http", float(i))
+    before = counts(http, "identity_fp32")
+
+    def burst(k: int) -> None:
+        protocol = clients.PROTOCOLS[k % 2]
+        c = clients.client(server, protocol)
+        for i in range(20):
+            identity(c, protocol, float(k * 100 + i))
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        list(pool.map(burst, range(4)))
+    success, inferences, executions = counts(http, "identity_fp32")
+    # requests that came together may have been batched: fewer executions
+    assert (success, inferences) == (before[0] + 80, before[1] + 80)
+    assert before[2] < executions <= before[2] + 80
+    for i in range(N):  # and one client alone again
+        identity(http, "http", float(i))
+    assert counts(http, "identity_fp32") == (success + N, inferences + N, executions + N)
+
+
+def test_an_unload_ends_the_lease(server):
+    c = clients.client(server, "http")
+    for i in range(N):
+        identity(c, "http", float(i))
+    c.unload_model("identity_fp32")
+    with pytest.raises(InferenceServerException) as err:
+        identity(c, "http", 1.0)
+    assert "identity_fp32" in str(err.value)  # as before leases: unknown now
+    c.load_model("identity_fp32")
+    for i in range(N):
+        identity(c, "http", float(i))
+
+
+def _faulty(c, protocol: str, mode: int) -> int:
+    inputs = [clients.infer_input(protocol, "MODE", np.array([mode], np.int32), "INT32"),
+              clients.infer_input(protocol, "DELAY_MS", np.array([0], np.int32), "INT32")]
+    kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
+    return int(c.infer("lent_faulty", inputs, **kwargs).as_numpy("PID")[0])
+
+
+@pytest.mark.parametrize("protocol", clients.PROTOCOLS)
+def test_a_lent_instance_that_dies_fails_its_request(server, protocol):
+    """The request the frontend sent under its lease fails with the scheduler's reason
+    (it heard of the death, the frontend did not), and the restarted instance serves
+    again."""
+    c = clients.client(server, protocol, **({"network_timeout": TIMEOUT}
+                                            if protocol == "http" else {}))
+    wait_until(lambda: _faulty(c, protocol, 0) > 0, 30, what="the instance serving")
+    for _ in range(N):
+        _faulty(c, protocol, 0)
+    with pytest.raises(InferenceServerException) as err:
+        _faulty(c, protocol, 2)  # kills its own process
+    assert "lent_faulty" in str(err.value) and "restarting" in str(err.value)
+
+    def served() -> bool:
+        try:
+            return _faulty(c, protocol, 0) > 0
+        except InferenceServerException:
+            return False
+    wait_until(served, 30, what="the instance back")
+
+
+def test_the_requests_went_under_leases(server):
+    """Last in the module: the stop is clean (no segment left, exit 0) and the wake
+    counts say most c=1 requests reached their worker without the scheduler."""
+    server.stop_checked()
+    wakes = json.loads(server.counts.read_text())
+    # 2 x N (one module's c=1 runs per protocol) + 2 x N + 2 x N more above, less
+    # the LEASE_AFTER each lease costs and what a revocation sends back
+    assert wakes.get("BatchDone under a lease", 0) >= 3 * N, wakes
+    assert "never released" not in server.log() and "still in use" not in server.log()
