@@ -96,6 +96,7 @@ class Server:
         self.done_inbox = transport.inbox(done_address(self.address), (BatchDone,))
         self._drained = False  # the quiet inbox was read in this burst
         self._lease_reads: asyncio.TimerHandle | None = None
+        self._lease_quiet = False  # the last read found no batch sent under a lease
         # SHMSERVE_WAKE_COUNTS=PATH: what woke this loop, as JSON at exit (tests, tools)
         self.wakes: collections.Counter = collections.Counter()
         self.outbox = transport.outbox(self.loop)
@@ -173,6 +174,8 @@ class Server:
     def _dispatch_done(self, msg: BatchDone) -> None:
         self.outbox.cork()
         self.wakes["quiet BatchDone"] += 1
+        if msg.direct:
+            self._lease_quiet = False
         self.requests.on_batch_done(msg)
 
     def _after_quiet_burst(self) -> None:
@@ -191,22 +194,26 @@ class Server:
         finally:
             self.outbox.uncork()
         self._drained = False
-        self._watch_done()
-        if self._lent and self._lease_reads is None:
+        if self._lent and self._lease_reads is None and not self._lease_quiet:
             self._lease_reads = self.loop.call_later(LEASE_READ_S, self._read_leased)
+        self._watch_done()
 
     def _read_leased(self) -> None:
         """While instances are lent, the ends of batches their frontends send reach
         the quiet inbox and wake nobody: read them now and then, so statistics and
-        metrics stay current and the inbox never fills."""
+        metrics stay current and the inbox never fills. A read that finds none stops
+        the reads; the next such end then wakes the loop (_watch_done), which starts
+        them again, so an idle server with a lease out sleeps."""
         self._lease_reads = None
+        self._lease_quiet = True
         self._settle()
     def _watch_done(self) -> None:
         """Wake for quiet BatchDones only while something waits on one: requests
         queued, a version draining, an unregistered region's last users, the server
         stopping. Otherwise the next wake reads them."""
         self.done_inbox.watch(self.pumps.any_waiting() or bool(self.manager.retiring)
-                              or bool(self.regions.draining) or self.manager.stopping)
+                              or bool(self.regions.draining) or self.manager.stopping
+                              or (bool(self._lent) and self._lease_reads is None))
 
     def _on_timer(self) -> None:
         self.outbox.cork()
