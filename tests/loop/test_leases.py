@@ -14,6 +14,7 @@ import scheduler.server
 from scheduler.scheduling.dynamic_scheduler import LEASE_AFTER
 from shm.messages.frontend import InferRequest
 from shm.messages.leases import LeaseEnded
+from shm.messages.repository import RepositoryOp, RepositoryRequest
 from shm.messages.settings import TraceSettingRequest
 from shm.messages.worker import BatchDone, ExecuteBatch, done_address
 from shm.tensor import TensorRef
@@ -179,3 +180,21 @@ def test_while_lent_the_loop_reads_the_ends_of_direct_batches_unwoken(tmp_path):
         assert sched.stats.success_count == executions + 1
     run(_repo(tmp_path), test)
 
+
+def test_unloading_a_lent_model_ends_its_lease_everywhere(tmp_path):
+    async def test(rig):
+        replies = await _one_at_a_time(rig, LEASE_AFTER)
+        lease = replies[-1].lease
+        assert lease is not None and rig.server.callbacks.lent_slots
+        fe = rig.frontend
+        cid = next(rig._ids)
+        fut = fe.expect(cid)
+        fe.outbox.send(fe.scheduler, RepositoryRequest(cid, fe.address, RepositoryOp.UNLOAD,
+                                                       "alone"))
+        assert not (await asyncio.wait_for(fut, DEADLINE_S)).error
+        await rig.until(lambda: fe.leases_ended, "the frontend to hear the lease ended")
+        assert fe.leases_ended == [LeaseEnded(lease[1], lease[0])]
+        # the loop stops reading the quiet inbox for it
+        await rig.until(lambda: not rig.server.callbacks.lent_slots, "the lent slot gone")
+    run(_repo(tmp_path), test, "--model-control-mode", "explicit", "--load-model", "alone",
+        real_workers=True)

@@ -281,3 +281,14 @@ def test_an_instance_lost_while_not_lent_tells_nobody():
     h.s.instance_lost(h.slot, "worker died", 0)
     assert h.cb.lost == []
 
+
+def test_an_unload_takes_the_lease_back_and_waits_for_its_end():
+    # the worker of a lent instance may be stopped once the version drains: what the
+    # frontend still sends under the lease must meet an ended lease there (handed on)
+    h = Harness()
+    lease = h.lend()
+    h.s.begin_unload()
+    assert h.cb.ends == [(KEY, lease)]
+    assert not h.s.drained, "drained while lent"
+    h.s.lease_ended(KEY, lease)
+    assert h.s.drained
