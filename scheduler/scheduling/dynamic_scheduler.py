@@ -386,10 +386,13 @@ class DynamicBatchScheduler:
     def begin_unload(self) -> None:
         self.accepting = False
         self._callbacks.wake(self)  # what is queued goes on to its instances
+        # a lent instance's worker may be stopped (its last instance unloaded): the
+        # lease ends first, so what its frontend sends late is handed on, not lost
+        self.end_leases()
 
     @property
     def drained(self) -> bool:
-        return not len(self.batcher) and not self.in_flight
+        return not len(self.batcher) and not self.in_flight and not self.leases_out
 
     @property
     def pending(self) -> int:

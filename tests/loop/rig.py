@@ -28,6 +28,7 @@ from scheduler.server import Server
 from shm.errors import ErrorCode
 from shm.messages.frontend import (FRONTEND_INBOX, Drain, FrontendReady, FrontendStopped,
                                    InferRequest, StatsRequest)
+from shm.messages.leases import EndLease, LeaseEnded
 from shm.messages.results import Error, InferResponse
 from shm.messages.roles import WorkerSpec
 from shm.messages.worker import (WORKER_INBOX, BatchDone, ExecuteBatch, InstanceLoaded,
@@ -145,6 +146,8 @@ class FakeWorker:
                 self.finish(msg)
         elif isinstance(msg, StopWorker):
             self.rig.loop.call_soon(self.child.exit, 0)
+        elif isinstance(msg, EndLease):
+            self.rig.end_leases.append((self, msg))
 
     def finish(self, batch: ExecuteBatch, failed=()) -> BatchDone:
         """Answer every request of `batch` (those in `failed` with an error), then tell
@@ -221,6 +224,7 @@ class FakeFrontend:
         self.outbox = rig.hub.outbox(rig.loop)
         self.inbox.attach(rig.loop, self.on_message)
         self.replies: dict[int, asyncio.Future] = {}
+        self.leases_ended: list[LeaseEnded] = []
         self.outbox.send(self.scheduler, FrontendReady(self.index, self.address, 0))
         rig.frontend = self
 
@@ -230,6 +234,8 @@ class FakeFrontend:
             fut = self.replies.pop(key, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
+        elif isinstance(msg, LeaseEnded):
+            self.leases_ended.append(msg)
         elif isinstance(msg, Drain):
             self.outbox.send(self.scheduler, FrontendStopped(self.index, 0))
             self.rig.loop.call_soon(self.child.exit, 0)
@@ -247,6 +253,7 @@ class Rig:
         self.workers: list[FakeWorker] = []
         self.frontend: FakeFrontend | None = None
         self.batches: list[tuple[FakeWorker, ExecuteBatch]] = []
+        self.end_leases: list[tuple[FakeWorker, EndLease]] = []  # as the workers got them
         self.auto_finish = False
         self._ids = itertools.count(1)
         args = parse_args(["--model-repository", str(repo), "--frontend-processes", "1",

@@ -14,9 +14,21 @@ class FakeCallbacks:
         self.respond = respond or (lambda req, response: None)
         self.pumped: set = set()  # schedulers that asked to be pumped
         self.woken: list = []
+        self.lendable = True  # may_lend's answer
+        self.ends: list = []  # end_lease calls: (instance, lease)
+        self.lost: list = []  # lease_lost calls: (instance, lease, lessee, reason)
 
     def pump_soon(self, sched) -> None:
         self.pumped.add(sched)
 
     def wake(self, sched) -> None:
         self.woken.append(sched)
+
+    def may_lend(self, slot) -> bool:
+        return self.lendable
+
+    def end_lease(self, slot) -> None:
+        self.ends.append((slot.key, slot.lease))
+
+    def lease_lost(self, slot, reason: str) -> None:
+        self.lost.append((slot.key, slot.lease, slot.lessee, reason))

@@ -1,0 +1,294 @@
+"""Leases (shm/messages/leases.py): which requests a lease holder may send to the worker
+straight, how the rate limiter keeps a lent instance out of the idle line, and when the
+dynamic batch scheduler lends an instance, takes it back and counts what ran under it.
+The scheduler runs as a state machine with fake callbacks (tests/unit/fake_callbacks.py)."""
+
+import pytest
+from tritonclient.grpc import model_config_pb2
+
+from scheduler.scheduling.dynamic_scheduler import LEASE_AFTER, DynamicBatchScheduler
+from scheduler.scheduling.queued import Queued
+from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
+from shm.messages.frontend import InferRequest, RequestedOutput, RequestOrigin
+from shm.messages.leases import goes_direct
+from shm.messages.worker import BatchDone
+from shm.tensor import TensorRef
+from tests.unit.fake_callbacks import FakeCallbacks
+
+FE, FE2 = "ipc://fe", "ipc://fe2"
+KEY = "m/1/m_0_0#1"
+
+
+def _tensor(**kw) -> TensorRef:
+    return TensorRef("X", "FP32", [1, 4], **({"data": bytes(16)} | kw))
+
+
+def _infer(i=1, reply_to=FE, **kw) -> InferRequest:
+    return InferRequest(i, reply_to, "m", 1, kw.pop("inputs", [_tensor()]), **kw)
+
+
+# -- goes_direct -----------------------------------------------------------------------
+
+def test_a_plain_client_request_goes_direct():
+    assert goes_direct(_infer())
+    assert goes_direct(_infer(outputs=[RequestedOutput("Y")]))  # named, no region
+
+
+@pytest.mark.parametrize("why, fields", [
+    ("priority", {"priority": 1}),
+    ("queue timeout", {"timeout_us": 1000}),
+    ("sequence", {"sequence_id": 7}),
+    ("string sequence", {"sequence_id": "s"}),
+    ("response cache", {"cache_key": b"k"}),
+    ("BLS call", {"origin": RequestOrigin.BLS, "callers": ["outer"]}),
+    ("ensemble step", {"origin": RequestOrigin.ENSEMBLE}),
+    ("callers alone", {"callers": ["outer"]}),
+    ("output to a client region", {"outputs": [RequestedOutput("Y", target=TensorRef(
+        "Y", "FP32", [1, 4], segment="r", nbytes=16, region=-1))]}),
+    ("input in a client region", {"inputs": [_tensor(data=None, segment="r", nbytes=16,
+                                                     region=-1)]}),
+])
+def test_what_the_scheduler_must_see_does_not_go_direct(why, fields):
+    assert not goes_direct(_infer(**fields)), why
+
+
+# -- the rate limiter --------------------------------------------------------------------
+
+def _limiter(queueable=False):
+    limiter, owner = RateLimiter(), object()
+    slot = InstanceSlot(KEY, "m_0_0", "KIND_CPU", 0)
+    slot.queueable = queueable
+    limiter.add(owner, slot)
+    return limiter, owner, slot
+
+
+def _lent(queueable=False):
+    """An instance running batch 1, which lent it (lease 5)."""
+    limiter, owner, slot = _limiter(queueable)
+    assert limiter.acquire(owner) is slot
+    limiter.started(slot, 1)
+    slot.lease, slot.lessee = 5, FE
+    return limiter, owner, slot
+
+
+def test_a_lent_instance_whose_batch_ends_stays_out_of_the_idle_line():
+    limiter, owner, slot = _lent()
+    assert limiter.finished(slot, 1) == []
+    assert slot.batch is None and not limiter.available(owner)
+    assert limiter.acquire(owner) is None
+    assert limiter.lease_ended(slot, 6) == []  # another lease: not this one's end
+    assert slot.lease == 5 and not limiter.available(owner)
+    assert limiter.lease_ended(slot, 5) == [owner]
+    assert (slot.lease, slot.lessee, slot.lease_ending) == (0, "", False)
+    assert limiter.acquire(owner) is slot
+
+
+def test_a_lease_over_before_its_granting_batch_ends_leaves_release_to_that_end():
+    limiter, owner, slot = _lent()
+    assert limiter.lease_ended(slot, 5) == []
+    assert slot.lease == 0 and not limiter.available(owner)  # still running batch 1
+    assert limiter.finished(slot, 1) == [owner]
+    assert limiter.acquire(owner) is slot
+
+
+def test_no_batch_is_sent_to_wait_at_a_lent_instance():
+    limiter, owner, slot = _lent(queueable=True)
+    assert limiter.queue_at(owner) is None
+    slot.end_lease()
+    assert limiter.queue_at(owner) is slot  # the same slot unlent would take one
+
+
+def test_a_lost_instance_is_lent_no_more():
+    limiter, owner, slot = _lent()
+    slot.lease_ending = True
+    limiter.lost(slot)
+    assert (slot.lease, slot.lessee, slot.lease_ending) == (0, "", False)
+    assert limiter.lease_ended(slot, 5) == []  # a late end frees nothing twice
+    limiter.back(slot)
+    assert limiter.acquire(owner) is slot
+
+
+# -- the dynamic batch scheduler ----------------------------------------------------------
+
+def _config(*, dynamic=False, preserve_ordering=False, decoupled=False):
+    cfg = model_config_pb2.ModelConfig(name="m", max_batch_size=4 if dynamic else 0)
+    cfg.input.add(name="X", data_type=model_config_pb2.TYPE_FP32, dims=[-1])
+    if dynamic:
+        cfg.dynamic_batching.max_queue_delay_microseconds = 0
+        cfg.dynamic_batching.preferred_batch_size.append(4)
+        cfg.dynamic_batching.preserve_ordering = preserve_ordering
+    cfg.model_transaction_policy.decoupled = decoupled
+    return cfg
+
+
+class Harness:
+    def __init__(self, config=None, limiter=None, queueable=True):
+        self.sent, self.failed = [], []
+        self.limiter = limiter or RateLimiter()
+        self.cb = FakeCallbacks(lambda slot, b, _: self.sent.append(b),
+                                lambda q, code, why: self.failed.append(q.req.id))
+        self.s = DynamicBatchScheduler("m", 1, config or _config(), self.limiter, self.cb,
+                                       environ={})
+        self.slot = InstanceSlot(KEY, "m_0_0", "KIND_CPU", 0)
+        self.slot.queueable = queueable
+        self.limiter.add(self.s, self.slot)
+        self._ids = iter(range(1, 1_000_000))
+
+    def send(self, reply_to=FE, **kw):
+        """A request enqueued and pumped; the batch it went out in, if any."""
+        n = len(self.sent)
+        self.s.enqueue(Queued(_infer(next(self._ids), reply_to, start_ns=1, **kw)), 0)
+        self.s.pump(0)
+        return self.sent[n] if len(self.sent) > n else None
+
+    def finish(self, batch):
+        return self.s.batch_done(BatchDone(batch.batch_id, batch.instance, 10, 20, 30, 40),
+                                 0)
+
+    def one_at_a_time(self, n, frontends=(FE,)):
+        """`n` requests each sent after the one before it ended, the frontends taking
+        turns: the lease each batch carried."""
+        leases = []
+        for i in range(n):
+            batch = self.send(frontends[i % len(frontends)])
+            assert batch is not None, "an idle instance did not take the request"
+            leases.append(batch.lease)
+            self.finish(batch)
+        return leases
+
+    def lend(self):
+        """Lend the instance to FE; its granting batch ended. The lease id."""
+        *before, lease = self.one_at_a_time(LEASE_AFTER)
+        assert before == [0] * (LEASE_AFTER - 1) and lease
+        return lease
+
+
+def test_the_request_that_makes_a_streak_of_lease_after_carries_the_lease():
+    h = Harness()
+    lease = h.lend()
+    assert (h.slot.lease, h.slot.lessee, h.s.leases_out) == (lease, FE, 1)
+    assert not h.limiter.available(h.s)  # lent on after its batch ended
+
+
+def test_a_dynamic_batch_model_that_cuts_ahead_is_leasable_too():
+    h = Harness(_config(dynamic=True))
+    h.lend()
+
+
+def test_frontends_taking_turns_never_earn_a_lease():
+    h = Harness()
+    assert h.one_at_a_time(4 * LEASE_AFTER, (FE, FE2)) == [0] * (4 * LEASE_AFTER)
+
+
+def test_a_request_that_finds_the_model_busy_starts_the_streak_again():
+    h = Harness()
+    assert h.one_at_a_time(LEASE_AFTER - 2) == [0] * (LEASE_AFTER - 2)
+    running = h.send()  # the streak's 15th
+    waiting = h.send()  # finds it running: sent to wait behind it, and no streak
+    assert (running.lease, waiting.lease, waiting.ahead) == (0, 0, True)
+    h.finish(running)
+    h.finish(waiting)
+    assert h.one_at_a_time(LEASE_AFTER - 1) == [0] * (LEASE_AFTER - 1)
+    assert h.one_at_a_time(1) != [0]
+
+
+def test_a_request_that_cannot_go_direct_starts_the_streak_again():
+    h = Harness()
+    assert h.one_at_a_time(LEASE_AFTER - 1) == [0] * (LEASE_AFTER - 1)
+    h.finish(h.send(cache_key=b"k"))
+    assert h.one_at_a_time(LEASE_AFTER - 1) == [0] * (LEASE_AFTER - 1)
+    assert h.one_at_a_time(1) != [0]
+
+
+@pytest.mark.parametrize("case", ["rate limiter", "preserve_ordering", "decoupled",
+                                  "may_lend false"])
+def test_models_whose_every_execution_must_be_seen_are_never_lent(case):
+    h = Harness(
+        _config(dynamic=True, preserve_ordering=True) if case == "preserve_ordering"
+        else _config(decoupled=True) if case == "decoupled" else None,
+        limiter=RateLimiter(enabled=True) if case == "rate limiter" else None)
+    h.cb.lendable = case != "may_lend false"
+    for _ in range(2 * LEASE_AFTER):
+        batch = h.send()
+        assert batch is not None and batch.lease == 0, case
+        if batch.relay:  # preserve_ordering: the worker relays the responses
+            h.s.batch_done(BatchDone(batch.batch_id, batch.instance, 10, 20, 30, 40,
+                                     responses=[]), 0)
+        else:
+            h.finish(batch)
+    assert h.s.leases_out == 0 and h.slot.lease == 0
+
+
+def test_a_request_while_lent_takes_the_lease_back_once_then_runs_on_the_instance():
+    h = Harness()
+    lease = h.lend()
+    assert h.send(FE2) is None  # not sent to wait at the lent instance either
+    assert h.cb.ends == [(KEY, lease)] and h.slot.lease_ending
+    assert h.send(FE) is None
+    assert h.cb.ends == [(KEY, lease)], "EndLease sent again while one is pending"
+    assert h.s.lease_ended(KEY, lease + 1) == []  # not this lease
+    assert h.s.leases_out == 1 and h.slot.lease == lease
+    assert h.s.lease_ended(KEY, lease) == [h.s]
+    assert h.s.leases_out == 0 and h.slot.lease == 0
+    h.s.pump(0)
+    assert [r.id for b in h.sent[LEASE_AFTER:] for r in b.requests] == \
+        [LEASE_AFTER + 1, LEASE_AFTER + 2]
+    assert all(b.lease == 0 for b in h.sent[LEASE_AFTER:])
+
+
+def test_a_request_while_the_granting_batch_runs_waits_for_the_lease_to_end():
+    h = Harness()
+    leases = h.one_at_a_time(LEASE_AFTER - 1)
+    granting = h.send()
+    assert granting.lease and leases == [0] * (LEASE_AFTER - 1)
+    assert h.send(FE2) is None  # no batch waits at the lent instance
+    assert h.cb.ends == [(KEY, granting.lease)]
+    assert h.s.lease_ended(KEY, granting.lease) == []  # batch still running
+    assert h.finish(granting)[1] == [h.s]  # its end frees the instance
+    h.s.pump(0)
+    assert [r.id for r in h.sent[-1].requests] == [LEASE_AFTER + 1]
+
+
+def test_a_batch_run_under_a_lease_counts_in_statistics_and_frees_nothing():
+    h = Harness()
+    lease = h.lend()
+    stats = h.s.stats
+    before = (stats.success_count, stats.inference_count, stats.execution_count)
+    requests, woken = h.s.batch_done(BatchDone(0, KEY, 10, 20, 30, 40,
+                                               direct=[(5, 1)]), 0)
+    assert (requests, woken) == ([], [])
+    assert (stats.success_count, stats.inference_count, stats.execution_count) == \
+        tuple(n + 1 for n in before)
+    assert stats.queue_ns >= 5  # queued from the frontend's start (5) to the start (10)
+    assert h.slot.lease == lease and h.slot.batch is None
+    assert not h.limiter.available(h.s) and h.s.in_flight == {}
+
+
+def test_an_instance_lost_while_lent_tells_its_lessee():
+    h = Harness()
+    lease = h.lend()
+    h.s.instance_lost(h.slot, "worker died", 0)
+    assert h.cb.lost == [(KEY, lease, FE, "worker died")]
+    assert h.s.leases_out == 0 and h.slot.lease == 0
+    assert h.s.lease_ended(KEY, lease) == []  # a late end changes nothing
+    h.s.instance_back(h.slot)
+    assert h.send() is not None
+
+
+def test_an_instance_lost_while_not_lent_tells_nobody():
+    h = Harness()
+    h.one_at_a_time(3)
+    h.s.instance_lost(h.slot, "worker died", 0)
+    assert h.cb.lost == []
+
+
+def test_an_unload_takes_the_lease_back_and_waits_for_its_end():
+    # the worker of a lent instance may be stopped once the version drains: what the
+    # frontend still sends under the lease must meet an ended lease there (handed on)
+    h = Harness()
+    lease = h.lend()
+    h.s.begin_unload()
+    assert h.cb.ends == [(KEY, lease)]
+    assert not h.s.drained, "drained while lent"
+    h.s.lease_ended(KEY, lease)
+    assert h.s.drained
