@@ -17,6 +17,8 @@ import json
 import logging
 import time
 
+import msgspec
+
 from tritonclient.grpc import model_config_pb2
 
 from frontend.body_budget import BodyBudget, BodyQuota
@@ -31,7 +33,8 @@ from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, D
                                    InferRequest, ModelStateUpdate, RequestedOutput,
                                    ServerState, StatsReply, StatsRequest)
 from shm.messages.leases import LeaseEnded, goes_direct
-from shm.messages.regions import RegionOp, RegionReply, RegionRequest
+from shm.messages.regions import (RegionOp, RegionReply, RegionRequest, RegionShared,
+                                  RegionUnshared, bind, in_bounds)
 from shm.messages.repository import (IndexEntry, ModelReadyState, RepositoryOp,
                                      RepositoryReply, RepositoryRequest)
 from shm.log import apply_log_settings
@@ -292,6 +295,8 @@ class SchedulerDataPlane:
         # instances lent to this frontend, by (model, version)
         self.leases: dict[tuple[str, int], Lease] = {}
         self._ended: set[int] = set()  # leases over before their grant was heard
+        # the client regions registered (the scheduler's table), by name
+        self.regions: dict[str, RegionShared] = {}
         self._ids = itertools.count(1)
         self.ready = False
         self.stopping = False
@@ -314,6 +319,8 @@ class SchedulerDataPlane:
             RepositoryReply: self.on_call_reply,
             LogSettings: self.on_log_settings,
             LeaseEnded: self.on_lease_ended,
+            RegionShared: self.on_region_shared,
+            RegionUnshared: self.on_region_unshared,
         }
 
     def attach(self, loop) -> None:
@@ -444,7 +451,9 @@ class SchedulerDataPlane:
             cache_key=key or b"",
         )
         lease = self.leases.get((view.name, view.version)) if self.leases else None
-        if lease is not None and not lease.busy and goes_direct(req):
+        if lease is not None and not lease.busy and goes_direct(req) \
+                and (direct := self._bound(req)) is not None:
+            req = direct
             lease.busy = rid
             stream.direct = lease.address
             self.outbox.send(lease.address, ExecuteBatch(0, lease.instance, [req],
@@ -593,6 +602,45 @@ class SchedulerDataPlane:
             return  # a placeholder the scheduler relayed for preserve_ordering
         stream._deliver(msg)
 
+    def _bound(self, req: InferRequest) -> InferRequest | None:
+        """`req` with the client regions it names resolved here, as the scheduler
+        would (a copy); None if one is unknown here or out of its bounds: the
+        scheduler then answers it (NOT_FOUND, INVALID_ARG) in its own words."""
+        named = any(ref.region == -1 for ref in req.inputs) or bool(
+            req.outputs and any(o.target is not None for o in req.outputs))
+        if not named:
+            return req
+        inputs = []
+        for ref in req.inputs:
+            if ref.region == -1 and (ref := self._bind(ref)) is None:
+                return None
+            inputs.append(ref)
+        outputs = req.outputs
+        if outputs:
+            outputs = []
+            for out in req.outputs:
+                if out.target is not None:
+                    target = self._bind(out.target)
+                    if target is None:
+                        return None
+                    out = RequestedOutput(out.name, out.parameters, target)
+                outputs.append(out)
+        return msgspec.structs.replace(req, inputs=inputs, outputs=outputs)
+
+    def _bind(self, ref: TensorRef) -> TensorRef | None:
+        region = self.regions.get(ref.segment)
+        if region is None or not in_bounds(ref, region.byte_size):
+            return None
+        ref = msgspec.structs.replace(ref)
+        bind(ref, region)
+        return ref
+
+    def on_region_shared(self, msg: RegionShared) -> None:
+        self.regions[msg.name] = msg
+
+    def on_region_unshared(self, msg: RegionUnshared) -> None:
+        self.regions.pop(msg.name, None)
+
     def _leased(self, view: ModelView, lease_id: int, instance: str, address: str) -> None:
         if lease_id in self._ended:
             self._ended.discard(lease_id)
@@ -662,6 +710,15 @@ class SchedulerDataPlane:
         self.on_drain(Drain(0.0))
 
     def on_peer_gone(self, msg: PeerGone) -> None:
+        # A worker that stopped (its model unloaded) after a request was sent to it
+        # under a lease, but before it read it: nobody else will answer that one
+        for key in [k for k, lease in self.leases.items() if lease.address == msg.address]:
+            del self.leases[key]
+        for rid, stream in list(self.pending.items()):
+            if stream.direct == msg.address:
+                self.on_response(InferResponse(rid, error=Error(
+                    ErrorCode.UNAVAILABLE, f"model '{stream.view.name}' stopped before "
+                    "it ran the request")))
         self.outbox.drop(msg.address)
         self.segments.forget(msg.segment_prefix)
 

@@ -101,8 +101,10 @@ class LoopCallbacks:
             self.lent_slots.add(slot)
 
     def may_lend(self, slot: InstanceSlot) -> bool:
+        # not while an unregistered region waits for its users: a frontend that has
+        # not heard yet would still resolve it
         return (slot.worker is not None and not self.trace.active
-                and not self.workers.timeouts.get(slot.key))
+                and not self.workers.timeouts.get(slot.key) and not self.regions.draining)
 
     def end_lease(self, slot: InstanceSlot) -> None:
         if slot.worker is not None:
@@ -110,6 +112,7 @@ class LoopCallbacks:
 
     def lease_lost(self, slot: InstanceSlot, reason: str) -> None:
         self.lent_slots.discard(slot)
+        self.regions.lease_over(slot.lease)
         self.outbox.send(slot.lessee, LeaseEnded(slot.key, slot.lease, lost=True,
                                                  reason=reason))
 

@@ -22,7 +22,8 @@ from typing import Callable, Iterable
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
 from shm.messages.regions import (CUDA, CUDA_IPC_HANDLE_BYTES, SYSTEM, RegionOp,
-                                  RegionReply, RegionRequest, RegionStatus)
+                                  RegionReply, RegionRequest, RegionShared, RegionStatus,
+                                  RegionUnshared, bind, in_bounds)
 from shm.messages.results import Error
 from shm.regions import NotSharedMemory, check_client_key, object_size
 from shm.tensor import TensorRef
@@ -58,6 +59,11 @@ class RegionRegistry:
         self._send = send  # answers a call (the loop's outbox)
         self.cuda_devices = cuda_devices
         self.on_gone = on_gone  # a region's last user finished after it was unregistered
+        # frontends hear of every region (RegionShared, RegionUnshared); the loop's
+        # leases: the ids of those out, and a call that asks for them all back
+        self.publish: Callable[[object], None] = lambda msg: None
+        self.leases: Callable[[], list[int]] = list
+        self.end_leases: Callable[[], None] = lambda: None
         self.by_name: dict[str, Region] = {}
         self._uids = itertools.count(1)
         # request (reply_to, id) -> the regions it uses
@@ -167,6 +173,12 @@ class RegionRegistry:
                                  f"{len(call.raw_handle)}")
             region.device_id, region.raw_handle = call.device_id, call.raw_handle
         self.by_name[call.name] = region
+        self.publish(self.shared(region))
+
+    def shared(self, region: Region) -> RegionShared:
+        return RegionShared(region.uid, region.name, region.kind, region.key,
+                            region.offset, region.byte_size, region.device_id,
+                            region.raw_handle)
 
     def status(self, kind: str, name: str) -> list[RegionStatus]:
         # Triton answers status even with client shm disabled (there is none to list)
@@ -190,9 +202,21 @@ class RegionRegistry:
             regions = [region] if region is not None and region.kind == kind else []
         else:
             regions = [r for r in self.by_name.values() if r.kind == kind]
+        # Requests a frontend sends under a lease resolved the names in the frontend and
+        # are nobody's users here: every lease is taken back, and each counts as a user
+        # of these regions until its worker says it is over, after the last request
+        # sent under it (RequestCalls.on_lease_ended)
+        leases = self.leases() if regions else []
+        if leases:
+            for r in regions:
+                r.users += len(leases)
+            for lease in leases:
+                self.users.setdefault(("lease", lease), []).extend(regions)
+            self.end_leases()
         pending = [r for r in regions if r.users]
         for r in regions:
             del self.by_name[r.name]
+            self.publish(RegionUnshared(r.name))
             r.gone = True
             if not r.users:
                 self.on_gone(r)
@@ -243,8 +267,7 @@ class RegionRegistry:
         if region is None:  # Triton 2.51: 404 / NOT_FOUND
             raise InferError(ErrorCode.NOT_FOUND,
                              f"Unable to find shared memory region: '{ref.segment}'")
-        if (ref.offset < 0 or ref.nbytes < 0 or ref.offset >= region.byte_size
-                or ref.offset + ref.nbytes > region.byte_size):
+        if not in_bounds(ref, region.byte_size):
             # Triton's texts, word for word (its qa tests match on them): an offset
             # past the region's last byte is named alone, else the sum is; a negative
             # offset is a huge one to Triton (size_t). The numbers go to the log.
@@ -254,23 +277,22 @@ class RegionRegistry:
                      else "offset + byte size")
             raise InferError(ErrorCode.INVALID_ARG,
                              f"Invalid {which} for shared memory region: '{region.name}'")
-        ref.region = region.uid
-        ref.region_name = region.name
-        if region.kind == SYSTEM:
-            ref.segment = region.key
-            ref.offset += region.offset
-        else:
-            ref.segment = ""
-            ref.device = region.device_id
-            ref.handle = region.raw_handle
-            ref.region_size = region.byte_size  # the worker maps the whole allocation
+        bind(ref, region)
         return region
 
     def finished(self, req: InferRequest) -> None:
         """`req` is done (answered, failed or dropped): it no longer uses its regions."""
-        if not self.users:
-            return
-        used = self.users.pop((req.reply_to, req.id), None)
+        if self.users:
+            self._release((req.reply_to, req.id))
+
+    def lease_over(self, lease: int) -> None:
+        """A lease that an unregister waited for has ended: what its frontend sent
+        under it has run (see unregister)."""
+        if self.users:
+            self._release(("lease", lease))
+
+    def _release(self, user) -> None:
+        used = self.users.pop(user, None)
         if not used:
             return
         for r in used:

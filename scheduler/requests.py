@@ -129,6 +129,7 @@ class RequestCalls:
         if sched is None:
             return
         self.dirty.update(sched.lease_ended(msg.instance, msg.lease))
+        self.regions.lease_over(msg.lease)  # an unregister may wait for it
         lent = self.callbacks.lent_slots
         lent.difference_update([slot for slot in lent if not slot.lease])
 

@@ -107,6 +107,11 @@ class Server:
         self.regions = RegionRegistry(args.allow_client_shm, self.gpus,
                                       lambda region: self.events.region_gone(region),
                                       send=self.outbox.send)
+        # frontends resolve region names for requests they send under a lease
+        self.regions.publish = lambda msg: self.frontends.broadcast(msg)
+        self.regions.leases = lambda: [s.lease for s in self.callbacks.lent_slots if s.lease]
+        self.regions.end_leases = lambda: [
+            sched.end_leases() for sched in self.manager.instance_schedulers()]
         self.trace = TraceManager(args.trace_config)
         self.rate_limiter = RateLimiter(args.rate_limit == "execution_count",
                                         args.rate_limit_resource)

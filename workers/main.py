@@ -332,9 +332,9 @@ class Worker:
     def _lease_over(self, instance: str, lease: int, frontend: str | None,
                     outbox: Outbox) -> None:
         ended = LeaseEnded(instance, lease)
-        outbox.send(self.scheduler, ended)
-        if frontend is not None:
+        if frontend is not None:  # first: it hears before the scheduler can act on it
             outbox.send(frontend, ended)
+        outbox.send(self.scheduler, ended)
 
     def _hand_on(self, msg: ExecuteBatch) -> None:
         """A frontend's request sent under a lease that is over (it had not heard):

@@ -304,11 +304,6 @@ class WorkerPool:
         del self.workers[worker.address]
         remove_segments(worker.prefix + "-")
         self.outbox.drop(worker.address)
-        gone = PeerGone(worker.address, worker.prefix + "-")
-        for peer in self._peers():
-            self.outbox.send(peer, gone)
-        # other workers too: through BLS they read its arena and hold blocks for it
-        self.broadcast(gone)
         how = worker.killed_for or describe_exit(returncode)
         error = RuntimeError(f"worker process for {worker.name} {how} while starting")
         if not worker.ready.done():
@@ -318,4 +313,11 @@ class WorkerPool:
                 fut.set_exception(error)
         worker.loads.clear()
         if not self.stopping and worker.slots:
+            # before PeerGone: a frontend that sent a request to it under a lease hears
+            # why it failed (LeaseEnded, lost) before it hears that the worker is gone
             self._on_instances_lost(list(worker.slots), how)
+        gone = PeerGone(worker.address, worker.prefix + "-")
+        for peer in self._peers():
+            self.outbox.send(peer, gone)
+        # other workers too: through BLS they read its arena and hold blocks for it
+        self.broadcast(gone)

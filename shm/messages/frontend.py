@@ -7,7 +7,7 @@ import enum
 import msgspec
 
 from shm.messages.leases import LeaseEnded
-from shm.messages.regions import RegionReply, RegionRequest
+from shm.messages.regions import RegionReply, RegionRequest, RegionShared, RegionUnshared
 from shm.messages.repository import ModelReadyState, RepositoryReply, RepositoryRequest
 from shm.messages.results import Error, InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
@@ -165,4 +165,5 @@ TO_SCHEDULER_FROM_FRONTEND = (InferRequest, CancelRequest, FrontendReady, Fronte
                                LogSettingsRequest, TraceSettingRequest, RepositoryRequest)
 FRONTEND_INBOX = (InferResponse, ModelStateUpdate, ServerState, Drain, PeerGone,
                   ReleaseBlocks, RegionReply, StatsReply, LogSettingsReply,
-                  TraceSettingReply, LogSettings, RepositoryReply, LeaseEnded)
+                  TraceSettingReply, LogSettings, RepositoryReply, LeaseEnded,
+                  RegionShared, RegionUnshared)

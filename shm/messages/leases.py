@@ -29,12 +29,8 @@ class LeaseEnded(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
 
 def goes_direct(req) -> bool:
     """Whether a frontend holding a lease may send this InferRequest straight to the
-    instance: a client's plain request. One with a priority, a timeout, a sequence,
-    a response cache key or client regions (whose names the scheduler resolves and
-    whose users it counts) goes through the scheduler."""
-    if (req.priority or req.timeout_us or req.sequence_id or req.cache_key
-            or req.origin or req.callers):
-        return False
-    if req.outputs and any(o.target is not None for o in req.outputs):
-        return False
-    return not any(ref.region for ref in req.inputs)
+    instance: a client's request with no priority, timeout, sequence or response
+    cache key. (One naming client regions goes if the frontend can resolve them:
+    shm/messages/regions.py's RegionShared.)"""
+    return not (req.priority or req.timeout_us or req.sequence_id or req.cache_key
+                or req.origin or req.callers)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import shutil
+import uuid
 
 import numpy as np
 import pytest
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e import clients
@@ -139,6 +141,56 @@ def test_a_lent_instance_that_dies_fails_its_request(server, protocol):
         except InferenceServerException:
             return False
     wait_until(served, 30, what="the instance back")
+
+
+def test_requests_in_client_regions_go_under_a_lease(tmp_path):
+    """The frontend resolves the region names of a request it sends under its lease
+    (the scheduler shares its table); an unregister takes the leases back and waits
+    for them, and a region name gone, or a tensor out of its region's bounds, is
+    refused as before, in the scheduler's words. A server of its own: its wake counts
+    are this test's alone."""
+    srv = ServerProcess(EXAMPLES, "--model-control-mode", "explicit",
+                        "--load-model", "identity_fp32", "--allow-client-shm", "true",
+                        log_dir=tmp_path,
+                        env={"SHMSERVE_WAKE_COUNTS": str(tmp_path / "wakes.json")}).start()
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    key = f"/lease-{uuid.uuid4().hex[:12]}"
+    handle = shm.create_shared_memory_region(key[1:], key, 2 * data.nbytes)
+    try:
+        for protocol in clients.PROTOCOLS:
+            c = clients.client(srv, protocol)
+            mod = clients.module(protocol)
+            rin, rout = f"in{uuid.uuid4().hex[:8]}", f"out{uuid.uuid4().hex[:8]}"
+            c.register_system_shared_memory(rin, key, data.nbytes)
+            c.register_system_shared_memory(rout, key, data.nbytes, offset=data.nbytes)
+            before = counts(c, "identity_fp32")
+            for i in range(N):
+                shm.set_shared_memory_region(handle, [data + i])
+                inp = mod.InferInput("INPUT0", [1, 16], "FP32")
+                inp.set_shared_memory(rin, data.nbytes)
+                out = mod.InferRequestedOutput("OUTPUT0")
+                out.set_shared_memory(rout, data.nbytes)
+                c.infer("identity_fp32", [inp], outputs=[out])
+                got = shm.get_contents_as_numpy(handle, np.float32, [2, 16])
+                np.testing.assert_array_equal(got[1], (data + i)[0])
+            assert counts(c, "identity_fp32") == tuple(b + N for b in before)
+            c.unregister_system_shared_memory(rin)
+            inp = mod.InferInput("INPUT0", [1, 16], "FP32")
+            inp.set_shared_memory(rin, data.nbytes)
+            with pytest.raises(InferenceServerException, match="Unable to find shared"):
+                c.infer("identity_fp32", [inp])
+            inp = mod.InferInput("INPUT0", [1, 16], "FP32")
+            inp.set_shared_memory(rout, data.nbytes, offset=4)
+            with pytest.raises(InferenceServerException, match="Invalid offset"):
+                c.infer("identity_fp32", [inp])
+            c.unregister_system_shared_memory()
+    finally:
+        shm.destroy_shared_memory_region(handle)
+        srv.stop_checked()
+    wakes = json.loads((tmp_path / "wakes.json").read_text())
+    # of 2 x N, all but the LEASE_AFTER (16) that earn each lease, less a few where
+    # an answer outran its batch's end to the scheduler (the count starts again)
+    assert wakes.get("BatchDone under a lease", 0) >= N, wakes
 
 
 def test_the_requests_went_under_leases(server):

@@ -32,6 +32,12 @@ def _infer(i=1, reply_to=FE, **kw) -> InferRequest:
 def test_a_plain_client_request_goes_direct():
     assert goes_direct(_infer())
     assert goes_direct(_infer(outputs=[RequestedOutput("Y")]))  # named, no region
+    # client regions too: the frontend resolves their names, or sends the request to
+    # the scheduler when it cannot (tests/unit/test_dataplane_leases.py)
+    assert goes_direct(_infer(outputs=[RequestedOutput("Y", target=TensorRef(
+        "Y", "FP32", [1, 4], segment="r", nbytes=16, region=-1))]))
+    assert goes_direct(_infer(inputs=[_tensor(data=None, segment="r", nbytes=16,
+                                              region=-1)]))
 
 
 @pytest.mark.parametrize("why, fields", [
@@ -43,10 +49,6 @@ def test_a_plain_client_request_goes_direct():
     ("BLS call", {"origin": RequestOrigin.BLS, "callers": ["outer"]}),
     ("ensemble step", {"origin": RequestOrigin.ENSEMBLE}),
     ("callers alone", {"callers": ["outer"]}),
-    ("output to a client region", {"outputs": [RequestedOutput("Y", target=TensorRef(
-        "Y", "FP32", [1, 4], segment="r", nbytes=16, region=-1))]}),
-    ("input in a client region", {"inputs": [_tensor(data=None, segment="r", nbytes=16,
-                                                     region=-1)]}),
 ])
 def test_what_the_scheduler_must_see_does_not_go_direct(why, fields):
     assert not goes_direct(_infer(**fields)), why
@@ -292,3 +294,62 @@ def test_an_unload_takes_the_lease_back_and_waits_for_its_end():
     assert not h.s.drained, "drained while lent"
     h.s.lease_ended(KEY, lease)
     assert h.s.drained
+
+
+# -- client regions under leases ---------------------------------------------------------
+
+def _registry(leases):
+    from scheduler.regions import RegionRegistry
+    from shm.messages.regions import CUDA, RegionOp, RegionRequest
+    gone, published, ended = [], [], []
+    registry = RegionRegistry(True, 1, gone.append)
+    registry.publish = published.append
+    registry.leases = lambda: list(leases)
+    registry.end_leases = lambda: ended.append(True)
+    registry.register(RegionRequest(1, FE, RegionOp.REGISTER, CUDA, "r", byte_size=64,
+                                    raw_handle=bytes(64)))
+    return registry, gone, published, ended
+
+
+def test_frontends_hear_of_every_region_registered_and_unregistered():
+    from shm.messages.regions import RegionShared, RegionUnshared
+    registry, gone, published, ended = _registry([])
+    assert published == [RegionShared(1, "r", "cuda", byte_size=64, raw_handle=bytes(64))]
+    done = []
+    registry.unregister("cuda", "r", lambda: done.append(True))
+    assert published[-1] == RegionUnshared("r")
+    assert done and len(gone) == 1 and not ended  # no lease out: nothing to wait for
+
+
+def test_an_unregister_takes_the_leases_back_and_waits_for_them():
+    """A frontend may have sent requests naming the region under its lease, resolved
+    by itself: the region stays mapped until every lease out has ended."""
+    registry, gone, published, ended = _registry([5, 6])
+    done = []
+    registry.unregister("cuda", "r", lambda: done.append(True))
+    assert ended and not done and not gone
+    assert "r" not in registry.by_name  # the name is gone at once
+    registry.lease_over(5)
+    assert not done and not gone
+    registry.lease_over(6)
+    assert done and len(gone) == 1
+    registry.lease_over(6)  # heard twice: nothing more
+    assert len(done) == 1 and len(gone) == 1
+
+
+def test_no_lease_is_granted_while_a_region_waits_for_its_users():
+    """A frontend that has not heard of the unregister yet would still resolve the
+    name: LoopCallbacks.may_lend says no until the region is drained."""
+    from types import SimpleNamespace
+
+    from scheduler.callbacks import LoopCallbacks
+    registry, *_ = _registry([5])
+    callbacks = SimpleNamespace(trace=SimpleNamespace(active=False),
+                                workers=SimpleNamespace(timeouts={}), regions=registry)
+    slot = InstanceSlot(KEY, "m_0_0", "KIND_CPU", 0)
+    slot.worker = object()
+    assert LoopCallbacks.may_lend(callbacks, slot)
+    registry.unregister("cuda", "r", lambda: None)
+    assert not LoopCallbacks.may_lend(callbacks, slot)
+    registry.lease_over(5)
+    assert LoopCallbacks.may_lend(callbacks, slot)

@@ -1,0 +1,164 @@
+"""The frontend's side of a lease (frontend/dataplane.py): what SchedulerDataPlane
+sends where, and how it ends a request sent under a lease. The data plane is the real
+one; its outbox records instead of sending."""
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+from tritonclient.grpc import model_config_pb2
+
+from frontend.dataplane import SchedulerDataPlane
+from frontend.types import DecodedInput, DecodedRequest
+from shm.errors import ErrorCode, InferError
+from shm.messages.frontend import CancelRequest, InferRequest, ModelStateUpdate
+from shm.messages.leases import LeaseEnded
+from shm.messages.regions import RegionShared, RegionUnshared
+from shm.messages.repository import ModelReadyState
+from shm.messages.results import InferResponse, PeerGone
+from shm.messages.worker import ExecuteBatch
+
+pytestmark = pytest.mark.timeout(30)
+
+WORKER = "ipc://worker"
+
+
+def config() -> bytes:
+    c = model_config_pb2.ModelConfig(name="m", max_batch_size=8)
+    c.input.add(name="IN", data_type=model_config_pb2.TYPE_FP32, dims=[4])
+    c.output.add(name="OUT", data_type=model_config_pb2.TYPE_FP32, dims=[4])
+    return c.SerializeToString()
+
+
+def run(tmp_path, test):
+    async def main():
+        plane = SchedulerDataPlane(f"ipc://{tmp_path}/fe", "ipc://sched",
+                                   f"shmserve-unittest-lease-{os.getpid()}", 1 << 20)
+        plane.sent = []
+        plane.outbox.send = lambda to, msg: plane.sent.append((to, msg))
+        plane.on_model_state(ModelStateUpdate("m", 1, ModelReadyState.READY,
+                                              config=config()))
+        try:
+            await test(plane)
+        finally:
+            plane.close()
+    asyncio.run(main())
+
+
+def request(region: str = "") -> DecodedRequest:
+    if region:
+        inp = DecodedInput("IN", "FP32", [1, 4], None,
+                           {"shared_memory_region": region, "shared_memory_byte_size": 16})
+    else:
+        inp = DecodedInput("IN", "FP32", [1, 4], np.ones(4, np.float32).tobytes())
+    return DecodedRequest("m", "", "", [inp], None, {})
+
+
+def grant(plane, stream, lease: int = 7) -> None:
+    """The answer to `stream`'s request, lending the instance."""
+    plane.on_response(InferResponse(stream.rid, lease=(lease, "m_0", WORKER)))
+
+
+def last(plane):
+    return plane.sent[-1]
+
+
+def test_requests_go_to_the_worker_one_at_a_time_under_a_lease(tmp_path):
+    async def test(plane):
+        first = plane.start(request())
+        assert last(plane)[0] == "ipc://sched" and isinstance(last(plane)[1], InferRequest)
+        grant(plane, first)
+        second = plane.start(request())
+        to, msg = last(plane)
+        assert to == WORKER and isinstance(msg, ExecuteBatch)
+        assert (msg.direct, msg.lease, msg.instance, msg.quiet) == (True, 7, "m_0", True)
+        assert msg.requests[0].id == second.rid
+        third = plane.start(request())  # the lent instance is busy: the scheduler's
+        assert last(plane)[0] == "ipc://sched"
+        plane.on_response(InferResponse(second.rid))
+        plane.on_response(InferResponse(third.rid))
+        plane.start(request())
+        assert last(plane)[0] == WORKER
+        # a cancel of a request sent under the lease goes to the worker running it
+        fourth = plane.start(request())  # (to the scheduler: the lease is busy)
+        plane.pending[fourth.rid - 1].cancel()
+        assert last(plane) == (WORKER, CancelRequest(fourth.rid - 1, plane.address))
+    run(tmp_path, test)
+
+
+def test_a_lease_ended_sends_requests_to_the_scheduler_again(tmp_path):
+    async def test(plane):
+        grant(plane, plane.start(request()))
+        plane.on_lease_ended(LeaseEnded("m_0", 7))
+        plane.start(request())
+        assert last(plane)[0] == "ipc://sched"
+        # an end heard before the grant it ends (another connection): never used
+        plane.on_lease_ended(LeaseEnded("m_0", 8))
+        grant(plane, plane.start(request()), lease=8)
+        plane.start(request())
+        assert last(plane)[0] == "ipc://sched"
+        # a new state of the model: the lease is the scheduler's to give again
+        grant(plane, plane.start(request()), lease=9)
+        plane.on_model_state(ModelStateUpdate("m", 1, ModelReadyState.READY,
+                                              config=config()))
+        plane.start(request())
+        assert last(plane)[0] == "ipc://sched"
+    run(tmp_path, test)
+
+
+async def _error_of(stream) -> InferError:
+    result, final = await asyncio.wait_for(stream.next(), 5)
+    assert final and isinstance(result, InferError)
+    return result
+
+
+def test_a_lost_instance_fails_the_request_sent_under_its_lease(tmp_path):
+    async def test(plane):
+        grant(plane, plane.start(request()))
+        running = plane.start(request())
+        plane.on_lease_ended(LeaseEnded("m_0", 7, lost=True, reason="it died"))
+        error = await _error_of(running)
+        assert (error.code, error.message) == (ErrorCode.UNAVAILABLE, "it died")
+        assert running.rid not in plane.pending
+        plane.start(request())
+        assert last(plane)[0] == "ipc://sched"
+    run(tmp_path, test)
+
+
+def test_a_worker_that_stopped_fails_what_it_never_read(tmp_path):
+    async def test(plane):
+        grant(plane, plane.start(request()))
+        running = plane.start(request())
+        elsewhere = plane.start(request())  # with the scheduler: not this worker's
+        plane.on_peer_gone(PeerGone(WORKER, "prefix-"))
+        error = await _error_of(running)
+        assert error.code == ErrorCode.UNAVAILABLE and "stopped" in error.message
+        assert elsewhere.rid in plane.pending
+        plane.start(request())
+        assert last(plane)[0] == "ipc://sched"
+    run(tmp_path, test)
+
+
+def test_region_names_are_resolved_here_under_a_lease(tmp_path):
+    async def test(plane):
+        plane.on_region_shared(RegionShared(3, "r", "system", "/key", 64, 128))
+        grant(plane, plane.start(request()))
+        plane.start(request("r"))
+        to, msg = last(plane)
+        assert to == WORKER
+        ref = msg.requests[0].inputs[0]
+        assert (ref.region, ref.segment, ref.offset, ref.region_name) == (3, "/key", 64, "r")
+        plane.on_response(InferResponse(msg.requests[0].id))
+        # a name this frontend does not know (unregistered): the scheduler answers it,
+        # with the request as the client sent it
+        plane.on_region_unshared(RegionUnshared("r"))
+        plane.start(request("r"))
+        to, msg = last(plane)
+        assert to == "ipc://sched" and msg.inputs[0].region == -1
+        assert msg.inputs[0].segment == "r"
+        # out of the region's bounds: the scheduler's words, too
+        plane.on_region_shared(RegionShared(4, "small", "system", "/key", 0, 8))
+        plane.start(request("small"))
+        assert last(plane)[0] == "ipc://sched"
+    run(tmp_path, test)
