@@ -192,11 +192,11 @@ def _run_dir(srv) -> str:
     raise AssertionError("no child names the socket directory")
 
 
-def _start(tmp_path, *args, frontends=1):
+def _start(tmp_path, *args, frontends=1, env=None):
     markers = tmp_path / "markers"
     markers.mkdir(exist_ok=True)
     srv = ServerProcess(REPO, *args, frontends=frontends, log_dir=tmp_path,
-                        env={"SHMSERVE_TEST_MARKER_DIR": str(markers)})
+                        env={"SHMSERVE_TEST_MARKER_DIR": str(markers), **(env or {})})
     return srv.start(), markers
 
 
@@ -456,15 +456,16 @@ def test_sigterm_while_the_scheduler_starts_is_a_clean_stop(tmp_path):
 
 def test_scheduler_stuck_in_its_stop_is_killed_by_the_root(tmp_path):
     """The root bounds a stop: a scheduler that has not exited --exit-timeout-secs +
-    30 s after SIGTERM (here: frozen with SIGSTOP) is killed, its children exit, nothing
-    is left in /dev/shm, and the exit status says it was killed (128 + 9)."""
-    srv, _ = _start(tmp_path, "--exit-timeout-secs=1")
+    a margin (30 s; 3 here, through SHMSERVE_STOP_MARGIN_S) after SIGTERM (here: frozen
+    with SIGSTOP) is killed, its children exit, nothing is left in /dev/shm, and the
+    exit status says it was killed (128 + 9)."""
+    srv, _ = _start(tmp_path, "--exit-timeout-secs=1", env={"SHMSERVE_STOP_MARGIN_S": "3"})
     scheduler, children = srv.scheduler_pid(), srv.children()
     try:
         os.kill(scheduler, signal.SIGSTOP)
         srv.proc.send_signal(signal.SIGTERM)
-        assert srv.proc.wait(1 + 30 + TIMEOUT) == 128 + signal.SIGKILL
-        assert "did not stop within 31s; killing it" in srv.log()
+        assert srv.proc.wait(1 + 3 + TIMEOUT) == 128 + signal.SIGKILL
+        assert "did not stop within 4s; killing it" in srv.log()
     finally:
         srv.stop()
     assert not [p for p in children + [scheduler] if os.path.exists(f"/proc/{p}")]
