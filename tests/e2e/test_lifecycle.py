@@ -65,7 +65,7 @@ def test_killed_worker_fails_in_flight_requests_fast_and_comes_back(tmp_path):
         outcomes = []
 
         def load():
-            # keep both instances busy with 3 s requests
+            # keep both instances busy with 10 s requests
             while not stop.is_set():
                 t0 = time.monotonic()
                 try:
@@ -82,6 +82,9 @@ def test_killed_worker_fails_in_flight_requests_fast_and_comes_back(tmp_path):
         victim = next(iter(pids))
         killed_at, killed_wall = time.monotonic(), time.time()
         os.kill(victim, signal.SIGKILL)
+        # no new requests: the victim's thread would queue a 10 s one for the
+        # restarted instance, and the join below would wait for it
+        stop.set()
         errors = wait_until(lambda: [o for o in outcomes if o[0] == "error"], 10,
                             what="the in-flight request to fail")
         # The server fails the request within 1 s of the kill: its log stamps the moment.
@@ -90,7 +93,6 @@ def test_killed_worker_fails_in_flight_requests_fast_and_comes_back(tmp_path):
         assert (_failed_at(srv.log()) - _clock_secs(killed_wall)) % 86400 < 1.0, srv.log()
         assert errors[0][1] - killed_at < 5.0, "in-flight request did not fail promptly"
         assert "worker process" in errors[0][2] and "slow_parallel" in errors[0][2]
-        stop.set()
         for t in threads:
             t.join(30)
         # once the instance is back, requests succeed again, on a new process
