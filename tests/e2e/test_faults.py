@@ -143,11 +143,11 @@ class ReadinessPoll:
         self.thread.join(5)
 
 
-def _held(srv, protocol, markers):
-    """A 15 s request on one instance; returns its future and the pid running it."""
+def _held(srv, protocol, markers, ms: int = 15000):
+    """A request of `ms` on one instance; returns its future and the pid running it."""
     pool = cf.ThreadPoolExecutor(1)
     before = set(os.listdir(markers))
-    fut = pool.submit(lambda: _infer(_client(srv, protocol), protocol, SERVE, 15000))
+    fut = pool.submit(lambda: _infer(_client(srv, protocol), protocol, SERVE, ms))
     pool.shutdown(wait=False)
     name = wait_until(lambda: next((n for n in os.listdir(markers)
                                     if n.startswith("running-") and n not in before), None),
@@ -270,7 +270,9 @@ def test_kill9_frontend_under_load(tmp_path, protocol):
     try:
         with Load(srv) as load, ReadinessPoll(srv) as poll:
             wait_until(lambda: len(load.served_since(0)) >= 8, TIMEOUT, what="load runs")
-            fut, _ = _held(srv, protocol, markers)
+            # long enough to be running at the kill, short enough that the stop below
+            # does not wait out a 15 s request whose frontend is gone
+            fut, _ = _held(srv, protocol, markers, ms=6000)
             frontend = next(p for p in srv.children()
                             if b"frontend.main" in open(f"/proc/{p}/cmdline", "rb").read())
             os.kill(frontend, signal.SIGKILL)
