@@ -181,6 +181,29 @@ def test_while_lent_the_loop_reads_the_ends_of_direct_batches_unwoken(tmp_path):
     run(_repo(tmp_path), test)
 
 
+def test_an_idle_loop_with_a_lease_out_stops_reading_until_an_end_wakes_it(tmp_path):
+    """A read that finds no end of a batch sent under a lease stops the reads (an idle
+    server with a lease out sleeps); the quiet inbox is watched meanwhile, so the next
+    such end wakes the loop, which counts it and reads on."""
+    async def test(rig):
+        worker, batch = await _lend(rig)
+        server = rig.server
+        await rig.until(lambda: server._lease_quiet and server._lease_reads is None,
+                        "the reads to stop")
+        assert server.done_inbox._watching
+        sched = server.manager.by_instance[batch.instance]
+        executions, woken = sched.stats.execution_count, server.wakes["quiet inbox wake"]
+        now = rig.clock()
+        worker.outbox.send(done_address(worker.scheduler), BatchDone(
+            0, batch.instance, now, now, now, now, direct=[(now, 1)]))
+        worker.outbox.uncork()
+        await rig.until(lambda: sched.stats.execution_count == executions + 1,
+                        "the direct batch counted")
+        assert server.wakes["quiet inbox wake"] == woken + 1
+        assert server._lease_reads is not None and not server.done_inbox._watching
+    run(_repo(tmp_path), test)
+
+
 def test_unloading_a_lent_model_ends_its_lease_everywhere(tmp_path):
     async def test(rig):
         replies = await _one_at_a_time(rig, LEASE_AFTER)
