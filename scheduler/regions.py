@@ -33,18 +33,17 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(eq=False)
 class Region:
-    uid: int
-    name: str
-    kind: str
-    key: str = ""
-    offset: int = 0
-    byte_size: int = 0
-    device_id: int = 0
-    raw_handle: bytes = b""
+    """A registration: `info`, what workers map and frontends are told (RegionShared;
+    its fields read through: `region.name`, `region.key`...), and who uses it."""
+
+    info: RegionShared
     users: int = 0
     # unregister calls waiting for the last user: callbacks run when it is gone
     waiters: list = dataclasses.field(default_factory=list)
     gone: bool = False
+
+    def __getattr__(self, name: str):
+        return getattr(self.info, name)
 
     def status(self) -> RegionStatus:
         return RegionStatus(self.name, self.kind, self.key, self.offset, self.byte_size,
@@ -121,7 +120,7 @@ class RegionRegistry:
                              f"shared memory region '{call.name}' already in manager")
         if call.byte_size <= 0 and call.kind != SYSTEM:
             raise _empty_region(call.name)
-        region = Region(next(self._uids), call.name, call.kind, byte_size=call.byte_size)
+        place = {}  # where it lies: key and offset, or device and IPC handle
         if call.kind == SYSTEM:
             try:
                 check_client_key(call.key)
@@ -152,7 +151,7 @@ class RegionRegistry:
                                  " invalid args")
             if call.byte_size <= 0:  # after the bounds, as Triton (offset 65 of 64: bounds)
                 raise _empty_region(call.name)
-            region.key, region.offset = call.key, call.offset
+            place = dict(key=call.key, offset=call.offset)
         else:
             if not self.cuda_devices:
                 # Triton 2.51 without a GPU: 400 and these words (its cudaIpcOpenMemHandle
@@ -171,14 +170,11 @@ class RegionRegistry:
                                  f"CUDA shared memory region '{call.name}': raw handle "
                                  f"must be {CUDA_IPC_HANDLE_BYTES} bytes, got "
                                  f"{len(call.raw_handle)}")
-            region.device_id, region.raw_handle = call.device_id, call.raw_handle
+            place = dict(device_id=call.device_id, raw_handle=call.raw_handle)
+        region = Region(RegionShared(next(self._uids), call.name, call.kind,
+                                     byte_size=call.byte_size, **place))
         self.by_name[call.name] = region
-        self.publish(self.shared(region))
-
-    def shared(self, region: Region) -> RegionShared:
-        return RegionShared(region.uid, region.name, region.kind, region.key,
-                            region.offset, region.byte_size, region.device_id,
-                            region.raw_handle)
+        self.publish(region.info)
 
     def status(self, kind: str, name: str) -> list[RegionStatus]:
         # Triton answers status even with client shm disabled (there is none to list)

@@ -26,19 +26,15 @@ class Leases:
     def holds(self, instance: str, frontend: str, lease: int) -> bool:
         return self._held.get(instance) == (frontend, lease)
 
-    def end(self, instance: str, lease: int = 0) -> str | None:
-        """End the lease on `instance` (only lease `lease`, if given): its frontend, or
-        None if no such lease was held."""
+    def end(self, instance: str, lease: int = 0) -> tuple[str, int] | None:
+        """End the lease on `instance` (only lease `lease`, if given): (its frontend,
+        its id), or None if no such lease was held."""
         held = self._held.get(instance)
         if held is None or (lease and held[1] != lease):
             return None
         del self._held[instance]
-        return held[0]
+        return held
 
     def of(self, frontend: str) -> list[tuple[str, int]]:
         """The (instance, lease id) pairs `frontend` holds."""
         return [(inst, lease) for inst, (fe, lease) in self._held.items() if fe == frontend]
-
-    def lease_of(self, instance: str) -> int:
-        held = self._held.get(instance)
-        return held[1] if held is not None else 0

@@ -313,15 +313,16 @@ class Worker:
         self.sequences.pop(msg.instance, None)
         if inst is not None:
             inst.finalize()
-        lease = self.leases.lease_of(msg.instance)
-        if lease:  # what its frontend still sends goes to the scheduler
-            self._lease_over(msg.instance, lease, self.leases.end(msg.instance), self.outbox)
+        held = self.leases.end(msg.instance)
+        if held is not None:  # what its frontend still sends goes to the scheduler
+            self._lease_over(msg.instance, held[1], held[0], self.outbox)
 
     def on_end_lease(self, msg: EndLease) -> None:
         """The scheduler takes its lease back: from now on what the frontend sends
         under it goes on to the scheduler; the end is told once the last batch sent
         under it has ended (a batch still with the instance's thread comes first)."""
-        frontend = self.leases.end(msg.instance, msg.lease)
+        held = self.leases.end(msg.instance, msg.lease)
+        frontend = held[0] if held is not None else None
         thread = self.threads.get(msg.instance)
         if thread is not None and not thread.idle():
             thread.give(lambda outbox: self._lease_over(msg.instance, msg.lease, frontend,

@@ -71,7 +71,7 @@ class ChildEvents:
         for mv in self.manager.models.all():
             self.outbox.send(fe.address, self.manager.state_update(mv))
         for region in self.regions.by_name.values():
-            self.outbox.send(fe.address, self.regions.shared(region))
+            self.outbox.send(fe.address, region.info)
         stopping = self.manager.stopping
         self.outbox.send(fe.address, ServerState(ready=not stopping, stopping=stopping,
                                                  strict=self.strict_readiness))

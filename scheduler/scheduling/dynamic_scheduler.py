@@ -213,10 +213,7 @@ class DynamicBatchScheduler:
             if not batch:
                 limiter.unused(slot)
                 break
-            if self._streak >= LEASE_AFTER:
-                self.dispatch(slot, batch, lease=self._lend(slot, batch))
-            else:
-                self.dispatch(slot, batch)
+            self.dispatch(slot, batch, lease=self._lend(slot, batch))
         if self.queue_at_instances:
             while len(batcher):
                 slot = limiter.queue_at(self)
