@@ -134,6 +134,15 @@ async def _lend(rig):
     return worker, batch
 
 
+def _direct_batch_ended(rig, worker, batch) -> None:
+    """The fake worker says a batch sent under `batch`'s lease ended, as the real one
+    does: in the scheduler's quiet inbox, which wakes nobody by itself."""
+    now = rig.clock()
+    worker.outbox.send(done_address(worker.scheduler), BatchDone(
+        0, batch.instance, now, now, now, now, direct=[(now, 1)]))
+    worker.outbox.uncork()
+
+
 def test_a_worker_that_dies_while_lent_ends_the_lease_as_lost(tmp_path):
     async def test(rig):
         worker, batch = await _lend(rig)
@@ -171,10 +180,7 @@ def test_while_lent_the_loop_reads_the_ends_of_direct_batches_unwoken(tmp_path):
         worker, batch = await _lend(rig)
         sched = rig.server.manager.by_instance[batch.instance]
         executions = sched.stats.execution_count
-        now = rig.clock()
-        worker.outbox.send(done_address(worker.scheduler), BatchDone(
-            0, batch.instance, now, now, now, now, direct=[(now, 1)]))
-        worker.outbox.uncork()
+        _direct_batch_ended(rig, worker, batch)
         await rig.until(lambda: sched.stats.execution_count == executions + 1,
                         "the direct batch counted")
         assert sched.stats.success_count == executions + 1
@@ -193,10 +199,7 @@ def test_an_idle_loop_with_a_lease_out_stops_reading_until_an_end_wakes_it(tmp_p
         assert server.done_inbox._watching
         sched = server.manager.by_instance[batch.instance]
         executions, woken = sched.stats.execution_count, server.wakes["quiet inbox wake"]
-        now = rig.clock()
-        worker.outbox.send(done_address(worker.scheduler), BatchDone(
-            0, batch.instance, now, now, now, now, direct=[(now, 1)]))
-        worker.outbox.uncork()
+        _direct_batch_ended(rig, worker, batch)
         await rig.until(lambda: sched.stats.execution_count == executions + 1,
                         "the direct batch counted")
         assert server.wakes["quiet inbox wake"] == woken + 1
