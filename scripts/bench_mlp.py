@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 # one implementation of the process tree and CPU by role, shared with scripts/bench
 from scheduler.bench.procs import cpu_by_role, process_tree  # noqa: E402,F401
+from gpu_report import copies_from_log  # noqa: E402
 
 CONFIG = """
 name: "mlp"
@@ -108,9 +109,9 @@ def run_bench(bench_args: list[str], warmup: float, duration: float, sample):
     return json.loads(out.read_text())["rows"][0], t1 - t0, first, second
 
 
-def served(repo: Path, args) -> tuple[dict, dict[int, int], dict[str, float]]:
-    """(bench row, {batch size: batches}, {role: CPU ms per request}) from one served
-    run; a fresh server each time."""
+def served(repo: Path, args) -> tuple[dict, dict[int, int], dict[str, float], dict]:
+    """(bench row, {batch size: batches}, {role: CPU ms per request}, the bytes the
+    model's workers copied by kind) from one served run; a fresh server each time."""
     log_path = Path(tempfile.mkdtemp(prefix="bench-mlp-")) / "server.log"
     http, grpc, metrics = args.ports
     cmd = [sys.executable, "-m", "scheduler.main", "--model-repository", str(repo),
@@ -146,7 +147,8 @@ def served(repo: Path, args) -> tuple[dict, dict[int, int], dict[str, float]]:
     if m is None:
         raise RuntimeError(f"no batch summary in the server log {log_path}")
     sizes = {int(k): int(v) for k, v in (p.split(":") for p in m.group(3).split(", ") if p)}
-    return row, sizes, cpu_ms
+    copies = copies_from_log(text).get("mlp", {})
+    return row, sizes, cpu_ms, {k: copies.get(k) for k in ("host", "h2d", "d2h", "d2d")}
 
 
 def raw(repo: Path, sizes: dict[int, int], args) -> tuple[float, float]:
@@ -158,6 +160,8 @@ def raw(repo: Path, sizes: dict[int, int], args) -> tuple[float, float]:
     rng = np.random.default_rng(0)
     inputs = {b: rng.standard_normal((b, 512)).astype(np.float32) for b in sizes}
     if args.device == "gpu":
+        # CUDA and cuDNN from the nvidia-* wheels, as the server's backend loads them
+        getattr(ort, "preload_dlls", lambda **_: None)(msvc=False)
         sess = ort.InferenceSession(path, providers=["CUDAExecutionProvider"])
         if "CUDAExecutionProvider" not in sess.get_providers():
             raise RuntimeError("onnxruntime has no CUDA provider here (onnxruntime-gpu?)")
@@ -215,13 +219,13 @@ def main() -> None:
         repo = Path(tmp)
         build(repo, args)
         for r in range(args.rounds):
-            row, sizes, cpu_ms = served(repo, args)
+            row, sizes, cpu_ms, copies = served(repo, args)
             requests = sum(b * n for b, n in sizes.items())
             wall, cpu = raw(repo, sizes, args)
             result = {"sizes": dict(sorted(sizes.items())), "served": row,
                       "raw_infer_per_s": requests / wall,
                       "ratio": row["throughput"] / (requests / wall),
-                      "served_cpu_ms_per_request": cpu_ms,
+                      "served_cpu_ms_per_request": cpu_ms, "copies": copies,
                       "raw_cpu_ms_per_request": 1e3 * cpu / requests}
             results.append(result)
             report(r, result, args)
@@ -241,6 +245,7 @@ def report(r: int, x: dict, args) -> None:
           f"concurrency {args.concurrency}, {args.shm} shm, model on {args.device}")
     print(f"  raw onnxruntime, same batches: {x['raw_infer_per_s']:.1f} infer/s")
     print(f"  served / raw: {x['ratio']:.2f}")
+    print("  bytes the server copied: " + ", ".join(f"{k} {v}" for k, v in x["copies"].items()))
     cpu = x["served_cpu_ms_per_request"]
     parts = ", ".join(f"{role} {ms:.2f}" for role, ms in sorted(cpu.items()))
     server = sum(ms for role, ms in cpu.items() if role != "client")
