@@ -9,7 +9,12 @@ per wake-up, so no counters in the server are needed and any server can be measu
 
     scripts/wake_count.py --start [--model identity_fp32] [--requests 2000] [-c 1,4]
     scripts/wake_count.py --pid SERVER_PID --http 8000 --grpc 8001
+    scripts/wake_count.py --pid SERVER_PID ... --bench "--shm cuda" --duration 4
 
+--bench sends the load with scripts/bench (these flags added to its own) instead of
+this script's clients, and counts inside the bench's measured window: the CUDA-region
+path (`--shm cuda`), the system-shm one, or anything else the bench can send. The
+request count is then the bench's throughput over the counted seconds.
 --start runs shmserve (this checkout) on examples/model_repository on free ports.
 Numbers are per request; the load average is printed with them (a busy machine adds
 involuntary switches, not voluntary ones).
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -27,6 +33,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from scheduler.bench.procs import describe, process_tree  # noqa: E402
 
@@ -118,20 +125,38 @@ def run(make, n: int, concurrency: int) -> None:
         t.join()
 
 
-def measure(root: int, ports: dict, model: str, shape, n: int, levels, protocols) -> None:
+def counted_by_bench(roles, url: str, protocol: str, model: str, shape, c: int,
+                     bench: list[str], duration: float):
+    """(req/s, before, after, requests) of scripts/bench's measured window."""
+    from bench_mlp import run_bench
+    row, seconds, before, after = run_bench(
+        ["--url", url, "--protocol", protocol, "--model", model, "--shape",
+         ",".join(map(str, shape)), "--concurrency", str(c), *bench],
+        1.0, duration, lambda client: sample(roles))
+    return row["throughput"], before, after, row["throughput"] * seconds
+
+
+def measure(root: int, ports: dict, model: str, shape, n: int, levels, protocols,
+            bench: list[str] | None = None, duration: float = 4.0) -> None:
     roles = describe(process_tree(root))
     print(f"load average {os.getloadavg()[0]:.2f}; per request: voluntary / involuntary "
           "switches, CPU us")
     for protocol in protocols:
-        make = client_factory(protocol, f"127.0.0.1:{ports[protocol]}", model, shape)
+        url = f"127.0.0.1:{ports[protocol]}"
+        make = client_factory(protocol, url, model, shape)
         for c in levels:
-            run(make, 40 * c, c)  # warm
-            before = sample(roles)
-            t0 = time.perf_counter()
-            run(make, n, c)
-            wall = time.perf_counter() - t0
-            rows = per_role(roles, before, sample(roles), n - n % c)
-            print(f"{protocol} c={c}: {n / wall:.0f} req/s")
+            if bench is not None:
+                rate, before, after, count = counted_by_bench(
+                    roles, url, protocol, model, shape, c, bench, duration)
+                rows = per_role(roles, before, after, count)
+            else:
+                run(make, 40 * c, c)  # warm
+                before = sample(roles)
+                t0 = time.perf_counter()
+                run(make, n, c)
+                rate = n / (time.perf_counter() - t0)
+                rows = per_role(roles, before, sample(roles), n - n % c)
+            print(f"{protocol} c={c}: {rate:.0f} req/s")
             for role, (v, i, cpu) in sorted(rows.items()):
                 if v >= 0.01 or cpu >= 1:
                     print(f"  {role:40s} {v:6.2f} {i:6.2f} {cpu:8.1f}")
@@ -150,14 +175,19 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("-c", "--concurrency", default="1,4")
     p.add_argument("--protocols", default="http,grpc")
+    p.add_argument("--bench", metavar="FLAGS", default=None,
+                   help="load from scripts/bench with these flags added, e.g. '--shm cuda'")
+    p.add_argument("--duration", type=float, default=4.0,
+                   help="with --bench: its measured seconds per row")
     p.add_argument("server_args", nargs="*", help="more shmserve flags (after --)")
     a = p.parse_args()
     shape = [int(x) for x in a.shape.split(",")]
     levels = [int(x) for x in a.concurrency.split(",")]
     protocols = a.protocols.split(",")
+    bench = None if a.bench is None else shlex.split(a.bench)
     if not a.start:
         measure(a.pid, {"http": a.http, "grpc": a.grpc}, a.model, shape, a.requests,
-                levels, protocols)
+                levels, protocols, bench, a.duration)
         return
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                     "tests", "e2e"))
@@ -166,7 +196,7 @@ def main() -> None:
                            a.model, *a.server_args).start()
     try:
         measure(server.proc.pid, {"http": server.http_port, "grpc": server.grpc_port},
-                a.model, shape, a.requests, levels, protocols)
+                a.model, shape, a.requests, levels, protocols, bench, a.duration)
     finally:
         server.stop()
 
