@@ -138,7 +138,8 @@ class ResponseStream:
     cancelled and one final error instead of what waited."""
 
     __slots__ = ("core", "rid", "view", "request", "blocks", "key", "items", "sizes",
-                 "unread_bytes", "last_read", "waiter", "done", "closed", "direct")
+                 "unread_bytes", "last_read", "waiter", "done", "closed", "direct",
+                 "handing")
 
     def __init__(self, core: "SchedulerDataPlane", rid: int, view: ModelView,
                  request: DecodedRequest, blocks: list, key: bytes | None):
@@ -159,6 +160,9 @@ class ResponseStream:
         self.done = False  # the final response was read
         self.closed = False  # cancelled: responses still coming are released unread
         self.direct = ""  # sent under a lease: the worker's inbox (its cancel goes there)
+        # the lease it was sent under ended before the worker read it: the worker hands
+        # it on to the scheduler (and says so), or stops without reading it
+        self.handing = 0
 
     async def next(self):
         while not self.items:
@@ -204,8 +208,8 @@ class ResponseStream:
         self.sizes.clear()
         self.unread_bytes = 0
         if self.rid in core.pending:
-            core.outbox.send(self.direct or core.scheduler,
-                             CancelRequest(self.rid, core.address))
+            to = self.direct if self.direct and not self.handing else core.scheduler
+            core.outbox.send(to, CancelRequest(self.rid, core.address))
 
     def _deliver(self, msg: InferResponse) -> None:
         if self.closed:
@@ -649,13 +653,19 @@ class SchedulerDataPlane:
 
     def on_lease_ended(self, msg: LeaseEnded) -> None:
         """A lease is over: requests go to the scheduler again. One sent under it that
-        is still running was handed on to the scheduler (so its cancel goes there), or
-        is lost with its instance (`lost`) and fails."""
+        is still running is lost with its instance (`lost`) and fails. Otherwise the
+        worker has not read it yet: it hands it on to the scheduler and then says so
+        (a second LeaseEnded), or it stops first, and the request fails when its
+        PeerGone comes (on_peer_gone)."""
         for key, lease in self.leases.items():
             if lease.id == msg.lease:
                 del self.leases[key]
                 break
         else:
+            for stream in self.pending.values():
+                if stream.handing == msg.lease:  # handed on: the scheduler's now
+                    stream.direct, stream.handing = "", 0
+                    return
             if len(self._ended) >= ENDED_MAX:
                 self._ended.clear()
             self._ended.add(msg.lease)
@@ -667,7 +677,7 @@ class SchedulerDataPlane:
             self.on_response(InferResponse(lease.busy, error=Error(ErrorCode.UNAVAILABLE,
                                                                    msg.reason)))
         else:
-            stream.direct = ""
+            stream.handing = lease.id
 
     def _release_unclaimed(self, msg: InferResponse) -> None:
         blocks = [(r.segment, r.offset) for r in msg.outputs if r.data is None]
@@ -711,7 +721,8 @@ class SchedulerDataPlane:
 
     def on_peer_gone(self, msg: PeerGone) -> None:
         # A worker that stopped (its model unloaded) after a request was sent to it
-        # under a lease, but before it read it: nobody else will answer that one
+        # under a lease, but before it read it (its lease over or not): nobody else
+        # will answer that one
         for key in [k for k, lease in self.leases.items() if lease.address == msg.address]:
             del self.leases[key]
         for rid, stream in list(self.pending.items()):

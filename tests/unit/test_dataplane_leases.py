@@ -140,6 +140,47 @@ def test_a_worker_that_stopped_fails_what_it_never_read(tmp_path):
     run(tmp_path, test)
 
 
+def test_a_request_whose_lease_ended_unread_fails_if_its_worker_stops(tmp_path):
+    """The lease ended before the worker read the request sent under it, and the
+    worker stopped (an unload) before reading it: it fails when the worker is gone,
+    instead of waiting for an answer nobody will send."""
+    async def test(plane):
+        grant(plane, plane.start(request()))
+        unread = plane.start(request())
+        assert last(plane)[0] == WORKER
+        plane.on_lease_ended(LeaseEnded("m_0", 7))
+        plane.on_peer_gone(PeerGone(WORKER, "prefix-"))
+        error = await _error_of(unread)
+        assert error.code == ErrorCode.UNAVAILABLE and "stopped" in error.message
+        assert unread.rid not in plane.pending
+    run(tmp_path, test)
+
+
+def test_a_request_handed_on_is_the_schedulers(tmp_path):
+    """The worker read it after the lease ended: it hands it on to the scheduler and
+    says so (a second LeaseEnded); the worker's stop then does not fail it, its cancel
+    goes to the scheduler, and the scheduler's answer ends it."""
+    async def test(plane):
+        grant(plane, plane.start(request()))
+        handed = plane.start(request())
+        plane.on_lease_ended(LeaseEnded("m_0", 7))
+        plane.on_lease_ended(LeaseEnded("m_0", 7))  # after the hand-on
+        plane.on_peer_gone(PeerGone(WORKER, "prefix-"))
+        assert handed.rid in plane.pending
+        plane.on_response(InferResponse(handed.rid))
+        result, final = await asyncio.wait_for(handed.next(), 5)
+        assert final and not isinstance(result, InferError)
+        assert handed.rid not in plane.pending
+
+        # between the two ends, a cancel goes to the scheduler, which has it or will
+        grant(plane, plane.start(request()), lease=8)
+        pending = plane.start(request())
+        plane.on_lease_ended(LeaseEnded("m_0", 8))
+        pending.cancel()
+        assert last(plane) == ("ipc://sched", CancelRequest(pending.rid, plane.address))
+    run(tmp_path, test)
+
+
 def test_region_names_are_resolved_here_under_a_lease(tmp_path):
     async def test(plane):
         plane.on_region_shared(RegionShared(3, "r", "system", "/key", 64, 128))
