@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import shutil
+import threading
 import uuid
 
 import numpy as np
@@ -112,6 +113,45 @@ def test_an_unload_ends_the_lease(server):
     c.load_model("identity_fp32")
     for i in range(N):
         identity(c, "http", float(i))
+
+
+def test_an_unload_while_a_lone_client_sends_leaves_no_request_hanging(server):
+    """The unload comes while requests flow one at a time under a lease: each of them
+    is answered, with its outputs or with an error naming the model (one the worker
+    never read fails when the worker stops), none waits out the client's deadline."""
+    c = clients.client(server, "grpc")
+    for i in range(N):
+        identity(c, "grpc", float(i))
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def lone_client() -> None:
+        client = clients.client(server, "grpc")
+        while not stop.is_set():
+            try:
+                identity(client, "grpc", 2.0)
+                outcomes.append("ok")
+            except InferenceServerException as exc:
+                outcomes.append(str(exc))
+
+    thread = threading.Thread(target=lone_client)
+    thread.start()
+    try:
+        wait_until(lambda: len(outcomes) >= 20, 10, what="requests under the lease")
+        c.unload_model("identity_fp32")
+        errors_from = len(outcomes)
+        wait_until(lambda: len(outcomes) >= errors_from + 5, 10, what="answers after it")
+    finally:
+        stop.set()
+        thread.join(2 * TIMEOUT)
+    assert not thread.is_alive()
+    errors = [o for o in outcomes if o != "ok"]
+    assert errors, "no request came after the unload"
+    for error in errors:
+        assert "identity_fp32" in error and "Deadline" not in error, error
+    c.load_model("identity_fp32")
+    for i in range(N):
+        identity(c, "grpc", float(i))
 
 
 def _faulty(c, protocol: str, mode: int) -> int:
