@@ -40,6 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = "manifest.json"
+JOINED = ".joined"  # in the site folder: the digest of the archive unpacked there
 CHUNK = 1 << 20
 # what pip matches for the device: CPython 3.12 on x86-64 (its image's python3)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
@@ -160,6 +161,9 @@ def join(store: Path, site: Path) -> Path:
     """Unpack the parts in `store` into `site`; raise if a part is missing or damaged,
     or the whole's digest is not the manifest's (then `site` is removed)."""
     manifest = json.loads((store / MANIFEST).read_text())
+    done = site / JOINED
+    if done.exists() and done.read_text() == manifest["sha256"]:
+        return site  # joined by an earlier call on this machine
     bad = {e["name"]: why for e in manifest["parts"] if (why := check_part(store, e))}
     if bad:
         raise SystemExit(f"device_parts: cannot join {manifest['source']}: " + ", ".join(
@@ -174,6 +178,7 @@ def join(store: Path, site: Path) -> Path:
     if stream.digest.hexdigest() != manifest["sha256"]:
         shutil.rmtree(site)
         raise SystemExit("device_parts: the joined archive's digest is not the manifest's")
+    done.write_text(manifest["sha256"])
     return site
 
 

@@ -56,6 +56,10 @@ def test_parts_carried_over_calls_join_into_the_package(tmp_path):
     assert (site / "pkg" / "__init__.py").read_text() == "VALUE = 42\n"
     assert (site / "pkg" / "blob.bin").read_bytes() == bytes(range(256)) * 4000
     assert (site / "pkg-1.0.dist-info" / "METADATA").exists()
+    # a later call finds it joined and leaves it as it is
+    (site / "pkg" / "mine.txt").write_text("kept")
+    assert device_parts.join(store, store / "site") == site
+    assert (site / "pkg" / "mine.txt").exists()
 
 
 def test_join_names_the_missing_and_the_damaged_part(tmp_path):
