@@ -21,11 +21,13 @@ from tritonclient.utils import InferenceServerException
 
 from shm.arena import remove_segments
 from tests.e2e import clients
-from tests.e2e.harness import DEFAULT_REPOS, ServerProcess, wait_until
+from tests.e2e.harness import DEFAULT_REPOS, EXAMPLES, ServerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
 TIMEOUT = 30  # a bound on every call, never a pace
+# a server that needs one model only starts ~1 s sooner than one with every test model
+ONE_MODEL = ("--model-control-mode", "explicit", "--load-model", "identity_fp32")
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +182,7 @@ def _run_dir(srv) -> str:
 @pytest.mark.parametrize("kill_frontend", [False, True])
 def test_run_dir_is_removed_after_stop(tmp_path, kill_frontend):
     """The socket directory goes with the server, also when a child was killed."""
-    srv = ServerProcess(DEFAULT_REPOS, log_dir=tmp_path).start()
+    srv = ServerProcess(EXAMPLES, *ONE_MODEL, log_dir=tmp_path).start()
     try:
         run_dir = _run_dir(srv)
         assert os.path.isdir(run_dir)
@@ -541,9 +543,9 @@ def test_a_server_killed_whole_is_swept_by_the_next_one(tmp_path):
     (scheduler/processes/leftovers.py) without touching a live server's."""
     for name in ("a", "b", "live"):
         (tmp_path / name).mkdir()
-    srv = ServerProcess(DEFAULT_REPOS, log_dir=tmp_path / "a").start()
+    srv = ServerProcess(EXAMPLES, *ONE_MODEL, log_dir=tmp_path / "a").start()
     prefix = f"shmserve-{srv.proc.pid:x}"
-    live = ServerProcess(DEFAULT_REPOS, log_dir=tmp_path / "live").start()
+    live = ServerProcess(EXAMPLES, *ONE_MODEL, log_dir=tmp_path / "live").start()
     try:
         run_dir = _run_dir(srv)
         live_dir = _run_dir(live)
@@ -561,7 +563,7 @@ def test_a_server_killed_whole_is_swept_by_the_next_one(tmp_path):
         # left for the next server to sweep (a server starting meanwhile on another
         # test worker may already have swept them, and then nothing is left at all)
         assert (left and os.path.exists(run_dir)) or not (left or os.path.exists(run_dir))
-        ServerProcess(DEFAULT_REPOS, log_dir=tmp_path / "b").start().stop()
+        ServerProcess(EXAMPLES, *ONE_MODEL, log_dir=tmp_path / "b").start().stop()
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
         assert not os.path.exists(run_dir)
         assert os.path.exists(live_dir), "a live server's run directory was swept"
