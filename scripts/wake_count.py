@@ -74,18 +74,44 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
-def sample(roles: dict[int, str]) -> dict[int, tuple[int, int, float]]:
-    return {pid: (*switches(pid), cpu_ns(pid) / 1e9) for pid in roles}
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def user_sys(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of every thread of `pid`, in clock ticks' grain: the
+    split of cpu_ns between the process's own code and the kernel's work for it
+    (system calls, wake-ups, page faults)."""
+    user = system = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0, 0.0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            user += int(fields[11])
+            system += int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return user / _TICK, system / _TICK
+
+
+def sample(roles: dict[int, str]) -> dict[int, tuple[int, int, float, float, float]]:
+    return {pid: (*switches(pid), cpu_ns(pid) / 1e9, *user_sys(pid)) for pid in roles}
 
 
 def per_role(roles, before, after, n: int) -> dict[str, list[float]]:
+    """role -> voluntary and involuntary switches, CPU us, and the system share of
+    that CPU (%), per request."""
     out: dict[str, list[float]] = {}
     for pid, role in roles.items():
         if pid in before and pid in after:
-            row = out.setdefault(role, [0.0, 0.0, 0.0])
-            for i in range(3):
+            row = out.setdefault(role, [0.0] * 5)
+            for i in range(5):
                 row[i] += after[pid][i] - before[pid][i]
-    return {role: [v / n, i / n, cpu / n * 1e6] for role, (v, i, cpu) in out.items()}
+    return {role: [v / n, i / n, cpu / n * 1e6, 100 * sy / (us + sy) if us + sy else 0.0]
+            for role, (v, i, cpu, us, sy) in out.items()}
 
 
 def client_factory(protocol: str, url: str, model: str, shape: list[int]):
@@ -140,7 +166,7 @@ def measure(root: int, ports: dict, model: str, shape, n: int, levels, protocols
             bench: list[str] | None = None, duration: float = 4.0) -> None:
     roles = describe(process_tree(root))
     print(f"load average {os.getloadavg()[0]:.2f}; per request: voluntary / involuntary "
-          "switches, CPU us")
+          "switches, CPU us, the kernel's share of that CPU")
     for protocol in protocols:
         url = f"127.0.0.1:{ports[protocol]}"
         make = client_factory(protocol, url, model, shape)
@@ -157,9 +183,9 @@ def measure(root: int, ports: dict, model: str, shape, n: int, levels, protocols
                 rate = n / (time.perf_counter() - t0)
                 rows = per_role(roles, before, sample(roles), n - n % c)
             print(f"{protocol} c={c}: {rate:.0f} req/s")
-            for role, (v, i, cpu) in sorted(rows.items()):
+            for role, (v, i, cpu, system) in sorted(rows.items()):
                 if v >= 0.01 or cpu >= 1:
-                    print(f"  {role:40s} {v:6.2f} {i:6.2f} {cpu:8.1f}")
+                    print(f"  {role:40s} {v:6.2f} {i:6.2f} {cpu:8.1f} {system:5.0f}%")
             print(f"  load average {os.getloadavg()[0]:.2f}")
 
 
