@@ -435,7 +435,26 @@ class Worker:
                           cancelled=taken))
 
     def on_stop(self, msg: StopWorker) -> None:
+        self._hand_on_unread()
         raise _Stop()
+
+    def _hand_on_unread(self) -> None:
+        """Requests that frontends sent under a lease and that wait here unread go on
+        to the scheduler instead of dying with this process: a frontend that had not
+        yet heard its lease end sends them after the end, and the scheduler may stop
+        the worker first (an unload, a reload to a new version)."""
+        if not self.receiving.acquire(blocking=False):
+            return  # a model thread is receiving: it stops with the rest
+        try:
+            unread = list(self.deferred)
+            self.deferred.clear()
+            while (msg := self.inbox.recv(0)) is not None:
+                unread.append(msg)
+        finally:
+            self.receiving.release()
+        for msg in unread:
+            if type(msg) is ExecuteBatch and msg.direct:
+                self._hand_on(msg)
 
     def on_execute(self, msg: ExecuteBatch) -> None:
         if msg.lease:

@@ -16,7 +16,7 @@ from shm.messages.frontend import InferRequest
 from shm.messages.leases import LeaseEnded
 from shm.messages.repository import RepositoryOp, RepositoryRequest
 from shm.messages.settings import TraceSettingRequest
-from shm.messages.worker import BatchDone, ExecuteBatch, done_address
+from shm.messages.worker import BatchDone, ExecuteBatch, StopWorker, done_address
 from shm.tensor import TensorRef
 from tests.loop.rig import DEADLINE_S, run
 
@@ -224,3 +224,23 @@ def test_unloading_a_lent_model_ends_its_lease_everywhere(tmp_path):
         await rig.until(lambda: not rig.server.callbacks.lent_slots, "the lent slot gone")
     run(_repo(tmp_path), test, "--model-control-mode", "explicit", "--load-model", "alone",
         real_workers=True)
+
+
+def test_a_worker_told_to_stop_hands_on_a_request_it_had_not_read(tmp_path):
+    """A request its frontend sent under the lease waits unread when the worker is told
+    to stop (the frontend had not heard the lease end; the scheduler stopped the
+    worker first): the worker hands it on to the scheduler, which answers it, rather
+    than let it die unread with the process."""
+    async def test(rig):
+        replies = await _one_at_a_time(rig, LEASE_AFTER)
+        lease = replies[-1].lease
+        assert lease is not None
+        fe = rig.frontend
+        fe.outbox.send(lease[2], StopWorker())  # one connection: read in this order
+        reply = await asyncio.wait_for(_direct(rig, lease, bytes(range(16))), DEADLINE_S)
+        if reply.error is None:  # run on the instance started again
+            assert reply.outputs[0].data == bytes(range(16))
+        else:  # or failed as lost with the stopped one
+            assert "alone" in reply.error.message, reply.error
+        assert LeaseEnded(lease[1], lease[0]) in fe.leases_ended  # told it was handed on
+    run(_repo(tmp_path), test, real_workers=True)
