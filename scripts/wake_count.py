@@ -38,40 +38,36 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scheduler.bench.procs import describe, process_tree  # noqa: E402
 
 
-def switches(pid: int) -> tuple[int, int]:
-    """(voluntary, involuntary) context switches of every thread of `pid`."""
-    vol = invol = 0
+def _per_thread(pid: int, name: str):
+    """The text of /proc/PID/task/TID/`name` of every thread of `pid` that is still
+    there when read."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0, 0
+        return
     for tid in tasks:
         try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith("voluntary_ctxt_switches"):
-                        vol += int(line.split()[1])
-                    elif line.startswith("nonvoluntary_ctxt_switches"):
-                        invol += int(line.split()[1])
+            with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+                yield f.read()
         except OSError:
             pass
+
+
+def switches(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of every thread of `pid`."""
+    vol = invol = 0
+    for text in _per_thread(pid, "status"):
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches"):
+                vol += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches"):
+                invol += int(line.split()[1])
     return vol, invol
 
 
 def cpu_ns(pid: int) -> int:
     """CPU time of every thread of `pid` in ns (schedstat: finer than clock ticks)."""
-    total = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except OSError:
-            pass
-    return total
+    return sum(int(text.split()[0]) for text in _per_thread(pid, "schedstat"))
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -82,18 +78,10 @@ def user_sys(pid: int) -> tuple[float, float]:
     split of cpu_ns between the process's own code and the kernel's work for it
     (system calls, wake-ups, page faults)."""
     user = system = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0, 0.0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            user += int(fields[11])
-            system += int(fields[12])
-        except (OSError, IndexError, ValueError):
-            pass
+    for text in _per_thread(pid, "stat"):
+        fields = text.rsplit(")", 1)[1].split()
+        user += int(fields[11])
+        system += int(fields[12])
     return user / _TICK, system / _TICK
 
 
