@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,15 +21,35 @@ EXAMPLES = ROOT / "examples" / "model_repository"
 DEFAULT_REPOS = (EXAMPLES, MODELS)
 
 
+# Below the kernel's ephemeral range (32768 and up here): a port the kernel gave a
+# test's outgoing connection, or another test process's bind(0), is never one of
+# these. Two test processes drawing the same one at once is left to start()'s retry.
+PORTS = (20000, 32000)
+
+
+def _port_is_free(port: int) -> bool:
+    """Nothing listens there, and no shmserve holds its lock (an abstract socket named
+    after the port: scheduler/processes/frontend_pool.py)."""
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe = socket.socket()
+    try:
+        lock.bind(f"\0shmserve-port-{port}")
+        probe.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+        lock.close()
+
+
 def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    ports: list[int] = []
+    rng = random.SystemRandom()
+    while len(ports) < n:
+        port = rng.randrange(*PORTS)
+        if port not in ports and _port_is_free(port):
+            ports.append(port)
     return ports
 
 
@@ -85,14 +106,28 @@ class ServerProcess:
         return f"127.0.0.1:{self.grpc_port}"
 
     def start(self, wait_ready: bool = True, timeout: float = 120.0) -> "ServerProcess":
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=self.env)
-        if wait_ready:
+        for attempt in range(3):
+            self._log = open(self.log_path, "wb")
+            self.proc = subprocess.Popen(self.argv, cwd=ROOT, stdout=self._log,
+                                         stderr=subprocess.STDOUT, env=self.env)
+            if not wait_ready:
+                return self
             wait_until(self._ready_or_dead, timeout, 0.1, "server readiness")
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            if self.proc.poll() is None:
+                return self
+            log = self.log()
+            if "is already in use" not in log or attempt == 2:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{log}")
+            # another test's server took a port between our draw and its bind: new ports
+            self._log.close()
+            self._new_ports()
         return self
+
+    def _new_ports(self) -> None:
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+        for flag, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port),
+                           ("--metrics-port", self.metrics_port)):
+            self.argv[self.argv.index(flag) + 1] = str(port)
 
     def _ready_or_dead(self) -> bool:
         if self.proc.poll() is not None:
