@@ -86,7 +86,9 @@ class PythonInstance(Instance):
             if completed is not None:
                 config = completed.as_dict() if hasattr(completed, "as_dict") else completed
         self.config = config
-        self.reshaper = Reshaper(config)  # the config's `reshape`s, as Triton's core
+        # the config's `reshape`s, as Triton's core; None without any, so that the
+        # three looks per request are a plain test, not a call of Reshaper.__bool__
+        self.reshaper = Reshaper(config) or None
         self.output_types = {o["name"]: datatypes.from_config(o["data_type"])
                              for o in config.get("output", [])}
         self.copies = Copies()
