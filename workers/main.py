@@ -454,6 +454,9 @@ class Worker:
             self.receiving.release()
         for msg in unread:
             if type(msg) is ExecuteBatch and msg.direct:
+                held = self.leases.end(msg.instance, msg.lease)
+                if held is not None:  # not yet ended: its end first, as on EndLease
+                    self._lease_over(msg.instance, msg.lease, held[0], self.outbox)
                 self._hand_on(msg)
 
     def on_execute(self, msg: ExecuteBatch) -> None:
