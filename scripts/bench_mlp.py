@@ -160,8 +160,8 @@ def raw(repo: Path, sizes: dict[int, int], args) -> tuple[float, float]:
     rng = np.random.default_rng(0)
     inputs = {b: rng.standard_normal((b, 512)).astype(np.float32) for b in sizes}
     if args.device == "gpu":
-        # CUDA and cuDNN from the nvidia-* wheels, as the server's backend loads them
-        getattr(ort, "preload_dlls", lambda **_: None)(msvc=False)
+        from workers.onnx_backend import preload_cuda_libraries
+        preload_cuda_libraries()  # as the server's onnxruntime backend does
         sess = ort.InferenceSession(path, providers=["CUDAExecutionProvider"])
         if "CUDAExecutionProvider" not in sess.get_providers():
             raise RuntimeError("onnxruntime has no CUDA provider here (onnxruntime-gpu?)")

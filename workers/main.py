@@ -313,9 +313,7 @@ class Worker:
         self.sequences.pop(msg.instance, None)
         if inst is not None:
             inst.finalize()
-        held = self.leases.end(msg.instance)
-        if held is not None:  # what its frontend still sends goes to the scheduler
-            self._lease_over(msg.instance, held[1], held[0], self.outbox)
+        self._end_held(msg.instance)  # what its frontend still sends goes on
 
     def on_end_lease(self, msg: EndLease) -> None:
         """The scheduler takes its lease back: from now on what the frontend sends
@@ -329,6 +327,13 @@ class Worker:
                                                         outbox))
         else:
             self._lease_over(msg.instance, msg.lease, frontend, self.outbox)
+
+    def _end_held(self, instance: str, lease: int = 0) -> None:
+        """End the lease on `instance` (only `lease`, if given) if one is held, and
+        tell its frontend and the scheduler now: no batch of it runs any more."""
+        held = self.leases.end(instance, lease)
+        if held is not None:
+            self._lease_over(instance, held[1], held[0], self.outbox)
 
     def _lease_over(self, instance: str, lease: int, frontend: str | None,
                     outbox: Outbox) -> None:
@@ -454,9 +459,7 @@ class Worker:
             self.receiving.release()
         for msg in unread:
             if type(msg) is ExecuteBatch and msg.direct:
-                held = self.leases.end(msg.instance, msg.lease)
-                if held is not None:  # not yet ended: its end first, as on EndLease
-                    self._lease_over(msg.instance, msg.lease, held[0], self.outbox)
+                self._end_held(msg.instance, msg.lease)  # not yet ended: its end first
                 self._hand_on(msg)
 
     def on_execute(self, msg: ExecuteBatch) -> None:

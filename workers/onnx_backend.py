@@ -164,7 +164,7 @@ def session_options(config: dict, backend_config: dict[str, str],
 
 
 @functools.cache
-def _preload_cuda_libraries() -> None:
+def preload_cuda_libraries() -> None:
     """Load CUDA and cuDNN from the nvidia-* wheels before the CUDA provider needs them.
 
     onnxruntime-gpu links them by soname but pip puts them in site-packages, where the
@@ -191,7 +191,7 @@ def execution_providers(config: dict, kind: str, device_id: int = 0,
         if "CUDAExecutionProvider" not in available:
             raise RuntimeError("onnxruntime has no CUDA execution provider; install the gpu "
                                "extra (onnxruntime-gpu) to run KIND_GPU instances")
-        _preload_cuda_libraries()
+        preload_cuda_libraries()
         cuda = {"device_id": str(device_id), **_legacy_cuda_options(config)}
         for accelerator in accelerators.get("gpu_execution_accelerator") or []:
             name = accelerator.get("name", "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -328,6 +329,28 @@ class Rig:
         """Let every message now in flight be handled (the loop runs dry)."""
         for _ in range(20):
             await asyncio.sleep(0)
+
+
+_IDENTITY_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+"""
+
+
+def identity_repo(root: Path, name: str, count: int = 1, extra: str = "") -> Path:
+    """`root` as a repository of one model `name`: tests/models' nobatch_identity
+    (INPUT0 -> OUTPUT0, no batching) on `count` CPU instances, `extra` added to its
+    config."""
+    model = root / name
+    (model / "1").mkdir(parents=True)
+    shutil.copy(Path(__file__).parents[1] / "models" / "nobatch_identity" / "1" / "model.py",
+                model / "1")
+    (model / "config.pbtxt").write_text(_IDENTITY_CONFIG.format(name=name, count=count)
+                                        + extra)
+    return root
 
 
 def ids(batch: ExecuteBatch) -> list[int]:

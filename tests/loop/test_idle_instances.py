@@ -7,28 +7,13 @@ worker a cold start per request (tests/loop/rig.py: the real scheduler loop, fak
 workers)."""
 
 import asyncio
-import shutil
 from pathlib import Path
 
-from tests.loop.rig import DEADLINE_S, run
-
-MODELS = Path(__file__).parents[1] / "models"
-
-CONFIG = """name: "pair"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
-instance_group [ { count: 2 kind: KIND_CPU } ]
-"""
+from tests.loop.rig import DEADLINE_S, identity_repo, run
 
 
 def _repo(tmp_path) -> Path:
-    model = tmp_path / "pair"
-    (model / "1").mkdir(parents=True)
-    shutil.copy(MODELS / "nobatch_identity" / "1" / "model.py", model / "1")
-    (model / "config.pbtxt").write_text(CONFIG)
-    return tmp_path
+    return identity_repo(tmp_path, "pair", count=2)
 
 
 async def _one(rig, expect_quiet: bool = True) -> str:

@@ -6,7 +6,6 @@ sent under the ended lease is handed on and still answered. With fake workers: a
 worker's death or turning trace on ends a lease."""
 
 import asyncio
-import shutil
 import time
 from pathlib import Path
 
@@ -18,25 +17,11 @@ from shm.messages.repository import RepositoryOp, RepositoryRequest
 from shm.messages.settings import TraceSettingRequest
 from shm.messages.worker import BatchDone, ExecuteBatch, StopWorker, done_address
 from shm.tensor import TensorRef
-from tests.loop.rig import DEADLINE_S, run
-
-MODELS = Path(__file__).parents[1] / "models"
-
-CONFIG = """name: "alone"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
+from tests.loop.rig import DEADLINE_S, identity_repo, run
 
 
 def _repo(tmp_path) -> Path:
-    model = tmp_path / "alone"
-    (model / "1").mkdir(parents=True)
-    shutil.copy(MODELS / "nobatch_identity" / "1" / "model.py", model / "1")
-    (model / "config.pbtxt").write_text(CONFIG)
-    return tmp_path
+    return identity_repo(tmp_path, "alone")
 
 
 async def _one_at_a_time(rig, n: int) -> list:

@@ -8,28 +8,13 @@ CUDA-region request left the instance idle ~100 us of every ~250 (tests/loop/rig
 the real scheduler loop and worker pool, fake workers)."""
 
 import asyncio
-import shutil
 from pathlib import Path
 
-from tests.loop.rig import DEADLINE_S, ids, run
-
-MODELS = Path(__file__).parents[1] / "models"
-
-CONFIG = """name: "alone"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
-instance_group [ { count: 1 kind: KIND_CPU } ]
-"""
+from tests.loop.rig import DEADLINE_S, identity_repo, ids, run
 
 
 def _repo(tmp_path, extra: str = "") -> Path:
-    model = tmp_path / "alone"
-    (model / "1").mkdir(parents=True)
-    shutil.copy(MODELS / "nobatch_identity" / "1" / "model.py", model / "1")
-    (model / "config.pbtxt").write_text(CONFIG + extra)
-    return tmp_path
+    return identity_repo(tmp_path, "alone", extra=extra)
 
 
 def test_the_next_request_reaches_the_worker_while_the_one_before_runs(tmp_path):
