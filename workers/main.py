@@ -30,7 +30,8 @@ from shm import cuda  # noqa: F401 (its fake cupy, with SHMSERVE_FAKE_CUDA, befo
 from shm.arena import Arena
 from shm.channel import Outbox
 from shm.errors import ErrorCode, InferError
-from shm.lifecycle import die_with_parent, exit_orphaned, parent_gone, watch_parent
+from shm.lifecycle import (die_with_parent, exit_orphaned, parent_gone, settle_heap,
+                           watch_parent)
 from shm.log import apply_log_settings, configure_logging
 from shm.messages.frontend import CancelRequest
 from shm.messages.leases import EndLease, LeaseEnded
@@ -664,6 +665,7 @@ def main(argv: list[str] | None = None) -> None:
     watch_parent(args.segment_prefix, args.address)  # a model's call may hold the thread
     worker = Worker(args.name, args.address, args.scheduler, args.segment_prefix,
                     args.arena_bytes, args.device, args.arena_high_water)
+    settle_heap()  # before any model: what a model makes stays collectable at unload
     worker.run()
     sys.exit(0)
 
