@@ -10,7 +10,7 @@ import threading
 import msgspec
 import pytest
 
-from shm.channel import Inbox, Outbox, encode, ipc_address
+from shm.channel import EARLY_FLUSH, Inbox, Outbox, encode, ipc_address
 
 
 class Ping(msgspec.Struct, tag=True):
@@ -157,6 +157,32 @@ def test_loop_sends_more_than_the_socket_holds_without_blocking(address):
     assert received == list(range(64))
     out.close()
     loop.close()
+    inbox.close()
+
+
+def test_a_burst_goes_out_every_early_flush_frames_not_at_the_end_of_the_pass(address):
+    """A loop's frames to a peer wait for the end of its pass, except in a burst: every
+    EARLY_FLUSH frames are written at once, so the peer starts on them while the
+    sender is still making the rest."""
+    inbox = Inbox(address, [Ping])
+
+    async def main():
+        out = Outbox(asyncio.get_running_loop())
+        for i in range(EARLY_FLUSH - 1):
+            assert out.send(address, Ping(i))
+        # (no await: still the same pass) nothing is written yet
+        assert inbox.recv(timeout_ms=20) is None
+        assert out.send(address, Ping(EARLY_FLUSH - 1))
+        # the burst's first EARLY_FLUSH are in the peer's socket before the pass ends
+        assert [inbox.recv(timeout_ms=5_000).n for _ in range(EARLY_FLUSH)] == \
+            list(range(EARLY_FLUSH))
+        out.send(address, Ping(100))  # the next frames wait for the pass's end again
+        assert inbox.recv(timeout_ms=20) is None
+        await asyncio.sleep(0)
+        assert inbox.recv(timeout_ms=5_000) == Ping(100)
+        out.close()
+
+    asyncio.run(main())
     inbox.close()
 
 
