@@ -28,9 +28,11 @@ WAITS = ("method 'poll' of 'select.epoll'", "method 'select' of 'select.epoll'",
          "method 'control' of 'select.kqueue'", "built-in method time.sleep",
          "built-in method posix.waitpid", "method 'acquire' of '_thread.lock'",
          "method 'run_forever'", "asyncio/runners.py", "method 'wait' of")
-# what a process does once, as it starts (imports, classes, its children), not per request
+# what a process does once, as it starts (imports, classes, its children, the full
+# collection shm.lifecycle.settle_heap makes before serving), not per request
 STARTUP = ("<frozen importlib", "marshal.loads", "_imp.", "__build_class__", "fork_exec",
-           "io.open_code", "posix.stat")
+           "io.open_code", "posix.stat", "built-in method gc.collect",
+           "built-in method gc.freeze")
 
 
 def _name(key: tuple[str, int, str]) -> str:
