@@ -45,8 +45,8 @@ def settle_heap(young: int = GC_YOUNG_THRESHOLD) -> int:
     let the collector wait for `young` net allocations instead of 700. Returns how many
     objects were set aside.
 
-    Serving makes next to no cycles (a frontend under wrk, 64 connections: 400 objects
-    freed that way in 27,000 requests), yet the collector ran every 700 net
+    Serving makes next to no cycles (a frontend under wrk, 64 connections: ~2,000
+    objects freed that way in 27,000 requests), yet the collector ran every 700 net
     allocations, which the live requests' own objects (~1,600 at 64 connections) cross
     again and again, and traversed them all each time: 1,000 young collections of
     ~220 us in 6 s. One in ~120 was a full one that walked the 40,000 objects of the
