@@ -13,14 +13,14 @@ and with it what the calls left there), each carrying the manifest and its part:
 
     carry [".ortgpu/manifest.json", ".ortgpu/part-0"]   command: scripts/device_parts.py stash
     ...
-    carry [".ortgpu/manifest.json", ".ortgpu/part-3"]   command: scripts/device_checks ort
+    carry [".ortgpu/manifest.json", ".ortgpu/part-3"]   command: scripts/device_parts.py stash
 
 `stash` checks each part it finds against the manifest and keeps it outside the
 working tree (/tmp/ortgpu), so that the next call's tree can replace this one's. `join`
-(which `scripts/device_checks ort` runs) checks that every part is there and whole,
-unpacks the tar into a folder (/tmp/ortgpu/site) and prints it, for PYTHONPATH. The
-unpacked wheel is a complete install: its `.dist-info` is there, and nothing is
-compiled at install time.
+(which every step of `scripts/device_checks` runs first, when it finds parts) checks
+that every part is there and whole, unpacks the tar into a folder (/tmp/ortgpu/site)
+and prints it, for PYTHONPATH. The unpacked wheel is a complete install: its
+`.dist-info` is there, and nothing is compiled at install time.
 """
 
 from __future__ import annotations

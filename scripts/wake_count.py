@@ -34,7 +34,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from scheduler.bench.procs import describe, process_tree  # noqa: E402
+from scheduler.bench.procs import (describe, process_tree,  # noqa: E402
+                                   user_system_seconds)
 
 
 def _per_thread(pid: int, name: str):
@@ -69,19 +70,10 @@ def cpu_ns(pid: int) -> int:
     return sum(int(text.split()[0]) for text in _per_thread(pid, "schedstat"))
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def user_sys(pid: int) -> tuple[float, float]:
-    """(user, system) CPU seconds of every thread of `pid`, in clock ticks' grain: the
-    split of cpu_ns between the process's own code and the kernel's work for it
-    (system calls, wake-ups, page faults)."""
-    user = system = 0
-    for text in _per_thread(pid, "stat"):
-        fields = text.rsplit(")", 1)[1].split()
-        user += int(fields[11])
-        system += int(fields[12])
-    return user / _TICK, system / _TICK
+    """(user, system) CPU seconds of `pid`, in clock ticks' grain: the split of cpu_ns
+    between the process's own code and the kernel's work for it; (0, 0) once gone."""
+    return user_system_seconds(pid) or (0.0, 0.0)
 
 
 def sample(roles: dict[int, str]) -> dict[int, tuple[int, int, float, float, float]]:

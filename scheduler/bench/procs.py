@@ -53,12 +53,20 @@ def cmdline(pid: int) -> list[str]:
         return []
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of `pid` (all its threads); None once it is gone."""
+def user_system_seconds(pid: int) -> tuple[float, float] | None:
+    """(utime, stime) of `pid`, all its threads: its own code's CPU and the kernel's
+    work for it (system calls, wake-ups, page faults); None once it is gone."""
     fields = _stat(pid)
     if len(fields) < 13:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of `pid` (all its threads); None once it is gone."""
+    both = user_system_seconds(pid)
+    return None if both is None else both[0] + both[1]
 
 
 def module_of(argv: list[str]) -> str:

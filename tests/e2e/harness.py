@@ -27,19 +27,31 @@ DEFAULT_REPOS = (EXAMPLES, MODELS)
 PORTS = (20000, 32000)
 
 
-def _port_is_free(port: int) -> bool:
-    """Nothing listens there, and no shmserve holds its lock (an abstract socket named
-    after the port: scheduler/processes/frontend_pool.py)."""
-    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def port_bindable(port: int) -> bool:
+    """A server could listen on `port` now (bound as servers bind: SO_REUSEADDR, so a
+    closed connection's TIME_WAIT does not count)."""
     probe = socket.socket()
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        lock.bind(f"\0shmserve-port-{port}")
         probe.bind(("127.0.0.1", port))
         return True
     except OSError:
         return False
     finally:
         probe.close()
+
+
+def _port_is_free(port: int) -> bool:
+    """Nothing listens there, and no shmserve holds its lock (an abstract socket named
+    after the port: scheduler/processes/frontend_pool.py)."""
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lock.bind(f"\0shmserve-port-{port}")
+    except OSError:
+        return False
+    try:
+        return port_bindable(port)
+    finally:
         lock.close()
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from tests.e2e.harness import MODELS, ROOT, ServerProcess, wait_until
+from tests.e2e.harness import MODELS, ROOT, ServerProcess, port_bindable, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -41,18 +41,6 @@ def _cmdline(pid: int) -> bytes:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read()
     return b""
-
-
-def _port_free(port: int) -> bool:
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def _stalled_h2_stream(srv) -> socket.socket:
@@ -112,7 +100,7 @@ def test_stop_ends_every_process_within_the_exit_timeout(tmp_path):
 
         wait_until(all_gone, EXIT_TIMEOUT_S + MARGIN_S, 0.05,
                    f"every process to exit (pids {pids}, gone {gone})")
-        assert _port_free(srv.http_port) and _port_free(srv.grpc_port)
+        assert port_bindable(srv.http_port) and port_bindable(srv.grpc_port)
         # no frontend outlived the scheduler (it holds the ports and the arenas)
         assert max(gone[p] for p in frontends) <= gone[scheduler], gone
         assert srv.segments() == []
