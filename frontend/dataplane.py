@@ -487,7 +487,12 @@ class SchedulerDataPlane:
             raise InferError(ErrorCode.UNSUPPORTED, decoupled_refusal)
         if view.state != ModelReadyState.READY:
             raise not_ready_error(view, request.model_version)
-        return view, validate_request(request, view.config)
+        checked = request.checked
+        if checked is not None and checked[0] is view.config:
+            return view, checked[1]
+        batch_size = validate_request(request, view.config)
+        request.checked = (view.config, batch_size)
+        return view, batch_size
 
     # -- tensors ------------------------------------------------------------------------
 

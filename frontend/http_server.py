@@ -230,6 +230,7 @@ class InferEndpoint:
         self.core = core
         self.header_forward = header_forward  # compiled --http-header-forward-pattern
         self.max_input = max_input_size  # --http-max-input-size, bytes
+        self.memo = http_codec.HeaderMemo()  # the JSON headers decoded last
         # the core's arena, for bodies received straight into shared memory, and each
         # connection's share of it (body_quota(); uvicorn's connections have none)
         self.body_buffer = core.body_buffer
@@ -308,12 +309,14 @@ class InferEndpoint:
             if encoding:
                 body = await http_codec.decompress_async(body, encoding, self.max_input)
             length = http_codec.parse_header_length(header_length, len(body))
+            seen = None
             if length == 0:
                 view = self.core.get_model(name, version)
                 request = http_codec.decode_raw_request(body, view.config, name, version)
             else:
-                request = http_codec.decode_infer_request(body, length, name, version)
+                request, seen = self.memo.decode(body, length, name, version)
             if self.header_forward is not None:
+                request.parameters = dict(request.parameters)  # the memo's stay as sent
                 forward_headers(request.parameters, raw_headers, self.header_forward)
             if block is not None:
                 request.arena_blocks.append(block)  # the core frees it from here on
@@ -327,6 +330,7 @@ class InferEndpoint:
                 raise
             finally:
                 watcher.stop()
+                self.memo.remember(seen, request)
             try:
                 batching, labels = False, None
                 if request.outputs and any(o.class_count for o in request.outputs):

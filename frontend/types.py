@@ -50,6 +50,10 @@ class DecodedRequest:
     # Blocks of the core's arena holding this request's data (a body received straight
     # into shared memory); the core frees them once the request is finished.
     arena_blocks: list = dataclasses.field(default_factory=list)
+    # (model config, batch size): validate_request passed it against that config. The
+    # core sets it; a request decoded from a header seen before brings the earlier
+    # one's (http_codec.HeaderMemo), and the core validates again for another config
+    checked: tuple | None = None
 
 
 @dataclasses.dataclass(slots=True)

@@ -440,6 +440,23 @@ def test_bench_scheduler_runs_every_request_through_batches_of_the_burst():
     assert out["requests"] == 640 and out["requests_per_s"] > 0
 
 
+# --- scripts/bench_frontend.py ----------------------------------------------------------
+
+
+def test_bench_frontend_answers_every_request_of_every_wave():
+    import argparse
+    import asyncio
+
+    import bench_frontend
+    args = argparse.Namespace(requests=320, connections=8, segments=2)
+    out = asyncio.run(bench_frontend.run(args, None))
+    # 40 waves of 8, every one answered 200 with the input back (run checks the
+    # first connection's last answer, the Transport counts them all)
+    assert out["requests"] == 320 and out["min_us"] > 0
+    body = bench_frontend.request_bytes(16)
+    assert body.startswith(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\n")
+
+
 # --- placement: scripts/benchkit.py and scripts/compare.py ------------------------------
 
 
