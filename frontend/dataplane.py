@@ -439,21 +439,27 @@ class SchedulerDataPlane:
             wanted = request.outputs if request.outputs is not None else view.cache_outputs
             key = cache_key(view.name, view.version, request.inputs, wanted)
         rid = next(self._ids)
+        if not self.pending:
+            self.idle.clear()
         stream = self.pending[rid] = ResponseStream(self, rid, view, request, blocks, key)
-        self.idle.clear()
-        req = InferRequest(
-            rid, self.address, view.name, view.version, refs, outputs,
-            request_id=request.id,
-            batch_size=batch_size or 1,
-            priority=int(params.get("priority", 0) or 0),
-            timeout_us=int(params.get("timeout", 0) or 0),
-            sequence_id=params.get("sequence_id", 0) or 0,
-            sequence_start=bool(params.get("sequence_start", False)),
-            sequence_end=bool(params.get("sequence_end", False)),
-            parameters=_user_parameters(params),
-            start_ns=time.monotonic_ns(),  # Triton's request start: parsed and valid
-            cache_key=key or b"",
-        )
+        if params:
+            req = InferRequest(
+                rid, self.address, view.name, view.version, refs, outputs,
+                request_id=request.id,
+                batch_size=batch_size or 1,
+                priority=int(params.get("priority", 0) or 0),
+                timeout_us=int(params.get("timeout", 0) or 0),
+                sequence_id=params.get("sequence_id", 0) or 0,
+                sequence_start=bool(params.get("sequence_start", False)),
+                sequence_end=bool(params.get("sequence_end", False)),
+                parameters=_user_parameters(params),
+                start_ns=time.monotonic_ns(),  # Triton's request start: parsed and valid
+                cache_key=key or b"",
+            )
+        else:  # the usual request: no parameters, every field its default
+            req = InferRequest(rid, self.address, view.name, view.version, refs, outputs,
+                               request_id=request.id, batch_size=batch_size or 1,
+                               start_ns=time.monotonic_ns(), cache_key=key or b"")
         lease = self.leases.get((view.name, view.version)) if self.leases else None
         if lease is not None and not lease.busy and goes_direct(req) \
                 and (direct := self._bound(req)) is not None:

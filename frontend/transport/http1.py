@@ -291,17 +291,19 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        self._count_header(len(url))
+        self.header_bytes += len(url)
+        if self.header_bytes > MAX_HEADER_BYTES:
+            self._headers_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
-        self._count_header(len(name) + len(value) + 4)
-
-    def _count_header(self, n: int) -> None:
-        self.header_bytes += n
+        self.header_bytes += len(name) + len(value) + 4
         if self.header_bytes > MAX_HEADER_BYTES:
-            self.error = _closing_error(431, "Request header fields too large.")
-            raise httptools.HttpParserError("headers too large")  # stops the parser
+            self._headers_too_large()
+
+    def _headers_too_large(self) -> None:
+        self.error = _closing_error(431, "Request header fields too large.")
+        raise httptools.HttpParserError("headers too large")  # stops the parser
 
     def on_headers_complete(self) -> None:
         self.in_headers = False
@@ -311,12 +313,16 @@ class HttpProtocol(asyncio.Protocol):
         req.version = parser.get_http_version()
         req.keep_alive = parser.should_keep_alive() and not self.closing
         req.headers = headers = self.headers
-        url = httptools.parse_url(self.url)
-        raw = url.path
+        raw = self.url
+        if raw[:1] == b"/" and b"?" not in raw and b"#" not in raw:
+            req.query = b""  # a path alone, as clients send it: nothing to take apart
+        else:
+            url = httptools.parse_url(raw)
+            raw = url.path
+            req.query = url.query or b""
         req.raw_path = raw
         path = raw.decode("ascii")
         req.path = path = unquote(path) if "%" in path else path
-        req.query = url.query or b""
         req.expect = False
         for key, value in headers:
             if key == b"expect" and value.lower() == b"100-continue":

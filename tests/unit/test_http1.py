@@ -112,6 +112,17 @@ async def boom(request):
     raise RuntimeError("a bug in a handler")
 
 
+class Target:
+    """A raw ASGI endpoint that answers with how the request target was taken apart."""
+
+    async def __call__(self, scope, receive, send):
+        body = json.dumps({"path": scope["path"], "raw_path": scope["raw_path"].decode(),
+                           "query": scope["query_string"].decode()}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"%d" % len(body))]})
+        await send({"type": "http.response.body", "body": body})
+
+
 @pytest.fixture
 def streamer():
     return Streamer()
@@ -142,6 +153,7 @@ def _serve(core, streamer, flood, **options):
     app = make_http_app(core, routes=[Route("/stream", streamer),
                                                 Route("/echo", Echo(), methods=["POST"]),
                                                 Route("/boom", boom),
+                                                Route("/tar get", Target()),
                                                 Route("/flood", flood)],
                         restrictions={"health": ("api-key", "yes")},
                         max_input_size=4 << 20)
@@ -535,3 +547,23 @@ def test_idle_keep_alive_connections_are_closed_and_busy_ones_are_not(idle_port)
         deadline = time.monotonic() + 1.0  # past the timeout, ticks keep coming
         while time.monotonic() < deadline:
             assert busy.recv(4096), "the streaming connection was closed"
+
+
+@pytest.mark.parametrize("sent, path, raw, query", [
+    ("/tar%20get", "/tar get", "/tar%20get", ""),
+    ("/tar%20get?a=1&b=%20", "/tar get", "/tar%20get", "a=1&b=%20"),
+    ("http://x:1/tar%20get?q", "/tar get", "/tar%20get", "q"),  # absolute form
+])
+def test_the_request_target_is_taken_apart_as_uvicorn_does(port, sent, path, raw, query):
+    """A plain path is taken as it is (the infer route's case); a query or an
+    absolute-form target goes through httptools' URL parser."""
+    sock, r = connect(port)
+    with sock:
+        data, infer, headers = infer_body()
+        sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % sent.encode()
+                     # the infer route behind a query string
+                     + infer_request(infer, headers, "/v2/models/identity/infer?x=1"))
+        (status, _, body), answer = r.read(2)
+    assert status == 200
+    assert json.loads(body) == {"path": path, "raw_path": raw, "query": query}
+    check_identity(*answer, data)
