@@ -309,12 +309,14 @@ class HeaderMemo:
     Only headers whose inputs are all binary or in client regions are kept (an input
     sent as JSON `data` is part of the header, different every time), of at most
     `max_bytes`, `entries` of them, the oldest dropped first: a client that never
-    repeats itself costs one lookup and one insertion per request. The parts kept
+    repeats itself costs one lookup and one insertion per request, and what the memo
+    holds stays a process's few megabytes at most whatever the clients send (a header
+    of 2 KiB decodes to a few tens of KiB of objects at worst). The parts kept
     (parameters, shapes, requested outputs) are shared by the requests built from
     them, and nothing downstream changes them; header forwarding copies the
     parameters before adding to them (http_server.InferEndpoint.respond)."""
 
-    def __init__(self, entries: int = 256, max_bytes: int = 4096):
+    def __init__(self, entries: int = 64, max_bytes: int = 2048):
         self.entries = entries
         self.max_bytes = max_bytes
         self.seen: dict[tuple, _Seen] = {}

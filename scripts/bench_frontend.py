@@ -16,6 +16,10 @@ writes of the client sockets (the transports here are fakes that collect the byt
         [--rounds 3] [--profile]
 
 `--profile` prints the Python calls per request (cProfile) instead of timing.
+`--instructions` counts the instructions a request costs, which do not move with a
+noisy machine's neighbours as its CPU time does: two runs under valgrind's callgrind
+(`--requests` and four times as many), and their difference divided by the requests
+between them (a minute or two; valgrind must be installed).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ import cProfile
 import json
 import os
 import pstats
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -202,6 +209,34 @@ def calls_report(profile: cProfile.Profile, requests: int, top: int) -> str:
     return "\n".join(out)
 
 
+def served(requests: int, connections: int) -> int:
+    """Requests one `--rounds 1 --segments 1` run serves, its warm-up included."""
+    waves = max(1, requests // connections)
+    return (waves + max(1, waves // 10)) * connections
+
+
+def instructions(args) -> float:
+    """Instructions per request: two runs under callgrind, their difference."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    counts = []
+    sizes = (args.requests, 4 * args.requests)
+    with tempfile.TemporaryDirectory(prefix="bench-frontend-cg-") as folder:
+        for n in sizes:
+            out = subprocess.run(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/cg.out",
+                 sys.executable, os.path.abspath(__file__), "--requests", str(n),
+                 "--connections", str(args.connections), "--rounds", "1",
+                 "--segments", "1"],
+                capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+            found = re.search(r"Collected : (\d+)", out.stderr)
+            if out.returncode != 0 or found is None:
+                raise SystemExit(f"the run under valgrind failed: {out.stderr[-2000:]}")
+            counts.append(int(found.group(1)))
+    between = served(sizes[1], args.connections) - served(sizes[0], args.connections)
+    return (counts[1] - counts[0]) / between
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -214,7 +249,12 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--json", action="store_true", help="one JSON line per round")
+    p.add_argument("--instructions", action="store_true",
+                   help="count instructions per request under callgrind")
     args = p.parse_args()
+    if args.instructions:
+        print(f"{instructions(args):,.0f} instructions per request")
+        return
     if args.profile:
         profile = cProfile.Profile()
         row = uvloop.run(run(args, profile))

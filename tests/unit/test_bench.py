@@ -455,6 +455,9 @@ def test_bench_frontend_answers_every_request_of_every_wave():
     assert out["requests"] == 320 and out["min_us"] > 0
     body = bench_frontend.request_bytes(16)
     assert body.startswith(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\n")
+    # --instructions divides by the requests between its two runs: warm-up included
+    assert bench_frontend.served(640, 64) == 11 * 64
+    assert bench_frontend.served(2560, 64) == 44 * 64
 
 
 # --- placement: scripts/benchkit.py and scripts/compare.py ------------------------------
