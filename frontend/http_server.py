@@ -305,7 +305,8 @@ class InferEndpoint:
         away meanwhile. `watch()` starts watching for that (a DisconnectWatch-like
         object: `gone`, `stop()`), once the request is on its way to the core."""
         try:
-            version = check_version(version)
+            if version:
+                version = check_version(version)
             if encoding:
                 body = await http_codec.decompress_async(body, encoding, self.max_input)
             length = http_codec.parse_header_length(header_length, len(body))
@@ -333,10 +334,12 @@ class InferEndpoint:
                 self.memo.remember(seen, request)
             try:
                 batching, labels = False, None
-                if request.outputs and any(o.class_count for o in request.outputs):
-                    view = self.core.get_model(name, version)
-                    batching = view.config.max_batch_size > 0
-                    labels = view.labels
+                for o in request.outputs or ():
+                    if o.class_count:  # classification: the model's labels, batching
+                        view = self.core.get_model(name, version)
+                        batching = view.config.max_batch_size > 0
+                        labels = view.labels
+                        break
                 out, out_length = http_codec.encode_infer_response(
                     result, request, batching=batching, labels=labels)
             finally:
