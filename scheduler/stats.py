@@ -179,6 +179,10 @@ class ModelStats:
         histograms = self.histograms
         if histograms:
             self.compute_ms.observe((end_ns - start_ns) / 1e6)
+            # each request's observations, inline: three calls a request fewer
+            request_ms, first_ms, queue_ms = (self.request_ms, self.first_response_ms,
+                                              self.queue_ms)
+            bounds = request_ms.bounds  # the three share theirs (HISTOGRAM_BUCKETS_MS)
         n_ok = 0
         for i, q in enumerate(requests):
             req = q.req
@@ -197,9 +201,15 @@ class ModelStats:
             self.success_ns += total
             self.queue_ns += queue
             if histograms:
-                self.request_ms.observe(total / 1e6)
-                self.first_response_ms.observe(total / 1e6)
-                self.queue_ms.observe(queue / 1e6)
+                ms = total / 1e6
+                k = bisect.bisect_left(bounds, ms)
+                request_ms.counts[k] += 1
+                request_ms.sum += ms
+                first_ms.counts[k] += 1
+                first_ms.sum += ms
+                ms = queue / 1e6
+                queue_ms.counts[bisect.bisect_left(bounds, ms)] += 1
+                queue_ms.sum += ms
         self.success_count += n_ok
         self.compute_input_ns += input_ns * n_ok
         self.compute_infer_ns += infer_ns * n_ok

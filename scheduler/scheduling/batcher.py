@@ -227,6 +227,7 @@ class DynamicBatcher:
         self.preserve_ordering = preserve_ordering
         self.priority_levels = priority_levels
         self.default_priority_level = default_priority_level
+        self._default_index = max(0, default_priority_level - 1)  # its queue's
         self.default_policy = default_policy
         self._hold = SchedulerHold(hold_until)
 
@@ -262,7 +263,7 @@ class DynamicBatcher:
         if self.priority_levels and 1 <= priority <= self.priority_levels:
             index = priority - 1
         else:
-            index = max(0, self.default_priority_level - 1)
+            index = self._default_index
         level = self._levels[index]
         policy = level.policy
         if policy.max_queue_size and level.count >= policy.max_queue_size:

@@ -240,3 +240,4 @@ def test_cache_metrics_carry_tritons_names_for_models_that_cache():
     assert fams["nv_cache_num_hits_per_model"].samples[0].labels == {"model": "m",
                                                                      "version": "1"}
     assert not any(name.startswith("nv_cache") for name in _metrics(False))
+

@@ -112,6 +112,16 @@ def test_input_order_does_not_change_the_shape_key():
     assert h.s.shape_key(a) == h.s.shape_key(b)
 
 
+def test_a_lone_input_keys_as_the_general_rule_does():
+    """One input takes a shorter path to its key: the key must be the one the sorted
+    tuple of every input gives, or requests of the two paths would not batch."""
+    h = Harness(_config(delay_us=0))
+    q = _req(1, cols=4)
+    assert h.s.shape_key(q) == tuple(sorted((t.name, tuple(t.shape[1:]))
+                                            for t in q.req.inputs)) == (("X", (4,)),)
+    assert h.s.shape_key(_req(2, cols=5)) != h.s.shape_key(q)
+
+
 def test_optional_inputs_batch_only_with_the_same_set_of_inputs():
     # RequiredEqualInputs with has_optional_input: same inputs, same count
     cfg = _config(delay_us=0)

@@ -7,7 +7,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler.metrics import Metrics, parse_metrics_config
+from scheduler.scheduling.queued import Queued
 from scheduler.stats import ModelStats
+from shm.messages.frontend import InferRequest
 
 
 class _Scheduler:
@@ -174,3 +176,21 @@ def test_gpu_metrics_from_the_real_nvml():
     total = fams["nv_gpu_memory_total_bytes"].samples
     assert len(total) == len(sampler.devices) and all(s.value > 0 for s in total)
     assert all(s.labels["gpu_uuid"].startswith("GPU-") for s in total)
+
+
+def test_a_batch_observes_each_request_in_the_histograms():
+    """batch_ran files each request's duration under request_ms and
+    first_response_ms, and its queue time under queue_ms (in milliseconds)."""
+    st = ModelStats("m", 1)
+    quick = Queued(InferRequest(1, "r", "m", 1, [], start_ns=0), queue_ns=100_000)
+    slow = Queued(InferRequest(2, "r", "m", 1, [], start_ns=0), queue_ns=0)
+    # the batch ran from 0.3 ms to 2 ms after both started
+    st.batch_ran([quick, slow], [], [1, 1], 2, 300_000, 400_000, 500_000, 2_000_000)
+    bounds = st.request_ms.bounds
+    for hist in (st.request_ms, st.first_response_ms):
+        assert hist.sum == pytest.approx(4.0)
+        assert hist.counts[bounds.index(2.5)] == 2 and sum(hist.counts) == 2
+    assert st.queue_ms.sum == pytest.approx(0.2 + 0.3)
+    assert st.queue_ms.counts[bounds.index(0.25)] == 1  # 0.2 ms
+    assert st.queue_ms.counts[bounds.index(0.5)] == 1  # 0.3 ms
+    assert st.compute_ms.sum == pytest.approx(1.7)
