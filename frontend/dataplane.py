@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import time
+from typing import Any, Callable
 
 import msgspec
 
@@ -139,7 +140,7 @@ class ResponseStream:
 
     __slots__ = ("core", "rid", "view", "request", "blocks", "key", "items", "sizes",
                  "unread_bytes", "last_read", "waiter", "done", "closed", "direct",
-                 "handing")
+                 "handing", "on_done")
 
     def __init__(self, core: "SchedulerDataPlane", rid: int, view: ModelView,
                  request: DecodedRequest, blocks: list, key: bytes | None):
@@ -163,6 +164,8 @@ class ResponseStream:
         # the lease it was sent under ended before the worker read it: the worker hands
         # it on to the scheduler (and says so), or stops without reading it
         self.handing = 0
+        # start_unary's: called with the answer instead of waking a reader
+        self.on_done: Callable[[Any], None] | None = None
 
     async def next(self):
         while not self.items:
@@ -178,6 +181,10 @@ class ResponseStream:
                 raise
             finally:
                 self.waiter = None
+        return self.take()
+
+    def take(self):
+        """The next response, which is here: (result, final) as next() gives it."""
         msg: InferResponse = self.items.popleft()
         self.unread_bytes -= self.sizes.popleft()
         if self.items:  # behind: when it last took one counts (else nothing waits)
@@ -200,6 +207,7 @@ class ResponseStream:
 
     def _close(self) -> None:
         self.closed = True
+        self.on_done = None  # never called now: what it holds may go
         core = self.core
         if self.items:
             core.waiting -= len(self.items) - 1
@@ -243,6 +251,9 @@ class ResponseStream:
         self._wake()
 
     def _wake(self) -> None:
+        if self.on_done is not None:
+            self.core._unary_step(self)
+            return
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -407,11 +418,39 @@ class SchedulerDataPlane:
             if isinstance(result, InferResult):
                 result.release()
             result, final = await stream.next()
+        answer = self._unary_answer(stream, result)
+        if isinstance(answer, InferError):
+            raise answer
+        return answer
+
+    def start_unary(self, request: DecodedRequest, on_done: Callable[[Any], None],
+                    decoupled_refusal: str = "") -> ResponseStream:
+        """infer() without a coroutine (frontend/types.py): the final response is
+        handed to `on_done` from the callback that reads it, where infer() costs a
+        task, a future, and four coroutine frames resumed in turn (HTTP's fast path)."""
+        stream = self.start(request, decoupled_refusal)
+        stream.on_done = on_done
+        return stream
+
+    def _unary_step(self, stream: ResponseStream) -> None:
+        """A response of a start_unary request is here: on to on_done if final."""
+        while stream.items:
+            result, final = stream.take()
+            if final:
+                on_done, stream.on_done = stream.on_done, None
+                on_done(self._unary_answer(stream, result))
+                return
+            if isinstance(result, InferResult):  # as infer(): only the final counts
+                result.release()
+
+    def _unary_answer(self, stream: ResponseStream, result):
+        """What a unary call answers for its final response: the InferResult (handed
+        to the cache if it missed there), or an InferError."""
         if isinstance(result, InferError):
-            raise result
+            return result
         if result is None:
-            raise InferError(ErrorCode.INTERNAL,
-                             f"model '{stream.view.name}' sent no response")
+            return InferError(ErrorCode.INTERNAL,
+                              f"model '{stream.view.name}' sent no response")
         if stream.key and not result.cache_hit:
             self._cache_insert(stream.key, stream.view, result)
         return result

@@ -303,25 +303,17 @@ class InferEndpoint:
         """(status, headers with content-length, body) of the infer request `body`
         (`block`: the arena block it lies in, or None); None when the client went
         away meanwhile. `watch()` starts watching for that (a DisconnectWatch-like
-        object: `gone`, `stop()`), once the request is on its way to the core."""
+        object: `gone`, `stop()`), once the request is on its way to the core.
+        transport/http1.py runs the same steps without a coroutine where the body
+        needs no inflating: prepare, the core's start_unary, answer or error_answer."""
         try:
-            if version:
-                version = check_version(version)
             if encoding:
+                if version:
+                    check_version(version)  # refused before any inflating
                 body = await http_codec.decompress_async(body, encoding, self.max_input)
-            length = http_codec.parse_header_length(header_length, len(body))
-            seen = None
-            if length == 0:
-                view = self.core.get_model(name, version)
-                request = http_codec.decode_raw_request(body, view.config, name, version)
-            else:
-                request, seen = self.memo.decode(body, length, name, version)
-            if self.header_forward is not None:
-                request.parameters = dict(request.parameters)  # the memo's stay as sent
-                forward_headers(request.parameters, raw_headers, self.header_forward)
-            if block is not None:
-                request.arena_blocks.append(block)  # the core frees it from here on
-                block = None
+            request, seen = self.prepare(name, version, raw_headers, body, block,
+                                         header_length)
+            block = None  # the core frees it from here on
             watcher = watch()
             try:
                 result = await self.core.infer(request, _DECOUPLED_REFUSAL)
@@ -332,42 +324,80 @@ class InferEndpoint:
             finally:
                 watcher.stop()
                 self.memo.remember(seen, request)
-            try:
-                batching, labels = False, None
-                for o in request.outputs or ():
-                    if o.class_count:  # classification: the model's labels, batching
-                        view = self.core.get_model(name, version)
-                        batching = view.config.max_batch_size > 0
-                        labels = view.labels
-                        break
-                out, out_length = http_codec.encode_infer_response(
-                    result, request, batching=batching, labels=labels)
-            finally:
-                result.release()
-            status = 200
-            if out_length is None:
-                headers = [(b"content-type", _JSON)]
-            else:
-                headers = [(b"content-type", _OCTET),
-                           (b"inference-header-content-length", b"%d" % out_length)]
-            if accept:
-                chosen = http_codec.accepted_encoding(accept)
-                if chosen:
-                    out = http_codec.compress(out, chosen)
-                    headers.append((b"content-encoding", chosen.encode()))
-        except InferError as e:
-            status = HTTP_STATUS.get(e.code, 500)
-            out = http_codec.encode_error(e.message)
+            return self.answer(name, version, request, result, accept)
+        except Exception as e:  # noqa: BLE001 - every failure is answered
+            if block is not None:  # the request failed before the core took the body
+                self.core.free_blocks([block])
+            return self.error_answer(e, name, encoding)
+
+    def prepare(self, name: str, version: str, raw_headers, body, block, header_length):
+        """(request, its HeaderMemo entry or None) of the infer request `body`, its
+        arena `block` (or None) handed to it as the last step. Raises InferError for a
+        body that cannot be decoded; the block is then still the caller's."""
+        if version:
+            version = check_version(version)
+        length = http_codec.parse_header_length(header_length, len(body))
+        seen = None
+        if length == 0:
+            view = self.core.get_model(name, version)
+            request = http_codec.decode_raw_request(body, view.config, name, version)
+        else:
+            request, seen = self.memo.decode(body, length, name, version)
+        if self.header_forward is not None:
+            request.parameters = dict(request.parameters)  # the memo's stay as sent
+            forward_headers(request.parameters, raw_headers, self.header_forward)
+        if block is not None:
+            request.arena_blocks.append(block)
+        return request, seen
+
+    def start(self, request, on_done):
+        """The core's start_unary for a prepared request, with HTTP's refusal of a
+        decoupled model: its handle (`cancel()`), and `on_done(answer)` later."""
+        return self.core.start_unary(request, on_done, _DECOUPLED_REFUSAL)
+
+    def answer(self, name: str, version: str, request, result, accept):
+        """(status, headers with content-length, body) of `result`, which is released
+        here. Raises InferError where the outputs cannot be encoded."""
+        try:
+            batching, labels = False, None
+            for o in request.outputs or ():
+                if o.class_count:  # classification: the model's labels, batching
+                    view = self.core.get_model(name, version)
+                    batching = view.config.max_batch_size > 0
+                    labels = view.labels
+                    break
+            out, out_length = http_codec.encode_infer_response(
+                result, request, batching=batching, labels=labels)
+        finally:
+            result.release()
+        if out_length is None:
             headers = [(b"content-type", _JSON)]
-            if e.code == ErrorCode.UNSUPPORTED and encoding:
+        else:
+            headers = [(b"content-type", _OCTET),
+                       (b"inference-header-content-length", b"%d" % out_length)]
+        if accept:
+            chosen = http_codec.accepted_encoding(accept)
+            if chosen:
+                out = http_codec.compress(out, chosen)
+                headers.append((b"content-encoding", chosen.encode()))
+        headers.append((b"content-length", b"%d" % len(out)))
+        return 200, headers, out
+
+    def error_answer(self, error: Exception, name: str, encoding):
+        """(status, headers with content-length, body) of a request that failed:
+        an InferError in its status and words, anything else (a bug, a dead peer) a
+        500 that names it, logged."""
+        if isinstance(error, InferError):
+            status = HTTP_STATUS.get(error.code, 500)
+            out = http_codec.encode_error(error.message)
+            headers = [(b"content-type", _JSON)]
+            if error.code == ErrorCode.UNSUPPORTED and encoding:
                 headers.append((b"accept-encoding", b"gzip, deflate"))
-        except Exception as e:  # a bug or a dead peer: answer, don't drop the client
-            logger.exception("inference on model '%s' failed", name)
+        else:
+            logger.error("inference on model '%s' failed", name, exc_info=error)
             status = 500
-            out = http_codec.encode_error(f"{type(e).__name__}: {e}")
+            out = http_codec.encode_error(f"{type(error).__name__}: {error}")
             headers = [(b"content-type", _JSON)]
-        if block is not None:  # the request failed before the core took the body
-            self.core.free_blocks([block])
         headers.append((b"content-length", b"%d" % len(out)))
         return status, headers, out
 

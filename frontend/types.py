@@ -155,6 +155,14 @@ class DataPlane(Protocol):
         `stream.cancel()` cancels it. Raises InferError for a request refused before
         it ran."""
 
+    def start_unary(self, request: DecodedRequest, on_done: Callable[[Any], None],
+                    decoupled_refusal: str = ""):
+        """`infer` without a coroutine: validate and issue one request, and call
+        `on_done(answer)` once, from the loop, with what `infer` would return or raise
+        (an InferResult, or the exception). Raises InferError for a request refused
+        before it ran. Returns a handle whose `cancel()` drops the request (the client
+        went away): on_done is not called then."""
+
     def body_quota(self):
         """A new connection's share of the arena for its request bodies
         (frontend.body_budget.BodyQuota), held by the transport for the connection's

@@ -36,6 +36,7 @@ from urllib.parse import unquote
 import httptools
 
 from .. import http_codec
+from ..types import InferResult
 from ..http_server import InferEndpoint, infer_headers, infer_target
 from ..restricted import input_size_message, path_refusal
 from .http1_limits import (BODY_TIMEOUT, HEADER_TIMEOUT, IDLE, IDLE_TIMEOUT, LINGER,
@@ -494,19 +495,75 @@ class HttpProtocol(asyncio.Protocol):
         self._finish(req)
 
     def _run_infer(self, req: _Request) -> None:
+        """Send `req` on its way: decoded and started here, and answered from the
+        callback that reads its response (`_answered`), with no task or coroutine
+        for it (InferEndpoint's prepare and answer; the data plane's start_unary). A
+        body to inflate goes a step at a time in a task (InferEndpoint.respond)."""
         req.started = True
-        req.task = self.loop.create_task(self._infer(req))
+        header_length, encoding, _, _ = req.info
+        if encoding:
+            req.task = self.loop.create_task(self._infer(req))
+            return
+        body, block = self._take_body(req)
+        endpoint = self.infer
+        name, version = req.target
+        try:
+            request, seen = endpoint.prepare(name, version, req.headers, body, block,
+                                             header_length)
+            block = None  # the core frees it from here on
+            req.task = endpoint.start(
+                request, lambda answer: self._answered(req, request, seen, answer))
+        except Exception as exc:  # noqa: BLE001 - every failure is answered
+            if block is not None:
+                endpoint.core.free_blocks([block])
+            self._write(req, *endpoint.error_answer(exc, name, None))
+            self._finish(req)
+            return
+        req.watching = True  # the client gone: connection_lost cancels the request
 
-    async def _infer(self, req: _Request) -> None:
-        header_length, encoding, accept, _ = req.info
+    def _answered(self, req: _Request, request, seen, answer) -> None:
+        """The core's answer to `req` (an InferResult or the exception), from the
+        data plane's read of the response: written, and on to the next request."""
+        req.watching = False
+        req.task = None
+        endpoint = self.infer
+        try:
+            endpoint.memo.remember(seen, request)
+            if req.gone:  # the connection went meanwhile: nobody to answer
+                if isinstance(answer, InferResult):
+                    answer.release()
+                return
+            name, version = req.target
+            if isinstance(answer, BaseException):
+                status, headers, out = endpoint.error_answer(answer, name, None)
+            else:
+                try:
+                    status, headers, out = endpoint.answer(name, version, request, answer,
+                                                           req.info[2])
+                except Exception as exc:  # noqa: BLE001 - an output it cannot encode
+                    status, headers, out = endpoint.error_answer(exc, name, None)
+            self._write(req, status, headers, out)
+            self._finish(req)
+        except Exception:  # a bug here must not stop the reading of responses
+            log.exception("answering an infer request failed; closing the connection")
+            if self.transport is not None:
+                self.transport.abort()
+
+    def _take_body(self, req: _Request):
+        """(body, arena block or None) of `req`, which no longer holds them."""
         block = req.block
         if block is not None:
             arena = req.arena
             body = arena if req.body_size == len(arena) else arena[:req.body_size]
-            req.block = req.arena = None  # respond frees or hands it on from here
+            req.block = req.arena = None  # the taker frees or hands it on from here
         else:
             body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
             req.body = []
+        return body, block
+
+    async def _infer(self, req: _Request) -> None:
+        header_length, encoding, accept, _ = req.info
+        body, block = self._take_body(req)
         name, version = req.target
         try:
             answer = await self.infer.respond(name, version, req.headers, body, block,

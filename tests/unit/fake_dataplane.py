@@ -4,6 +4,8 @@ test sees which); there is no arena, so bodies are received in process memory.""
 
 from __future__ import annotations
 
+import asyncio
+
 from shm.errors import ErrorCode, InferError
 
 
@@ -31,6 +33,18 @@ class FakeDataPlane:
 
     def start(self, request, decoupled_refusal: str = ""):
         raise _unserved("start")
+
+    def start_unary(self, request, on_done, decoupled_refusal: str = ""):
+        """`infer`, awaited by a task, its answer handed to on_done."""
+        async def run():
+            try:
+                answer = await self.infer(request, decoupled_refusal)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - what infer raises is the answer
+                answer = exc
+            on_done(answer)
+        return asyncio.get_running_loop().create_task(run())  # cancel(): dropped
 
     def body_quota(self):
         return None
