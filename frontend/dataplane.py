@@ -340,7 +340,7 @@ class SchedulerDataPlane:
 
     def attach(self, loop) -> None:
         self.outbox.loop = loop  # sends never block the loop
-        self.inbox.attach(loop, lambda msg: self.handlers[type(msg)](msg))
+        self.inbox.attach(loop, self.handlers)
 
     # -- DataPlane ----------------------------------------------------------------------
 

@@ -200,19 +200,30 @@ class Inbox:
                 return None
         return ready.popleft()
 
-    def attach(self, loop: asyncio.AbstractEventLoop, handle: Callable[[Any], None],
+    def attach(self, loop: asyncio.AbstractEventLoop,
+               handle: Callable[[Any], None] | dict[type, Callable[[Any], None]],
                after_burst: Callable[[], None] | None = None, *,
                pausable: bool = False) -> None:
         """Deliver every message to `handle` from the event loop, without a task per
-        message; `after_burst` runs once after each connection's burst is handled
+        message (a dict: to its handler for the message's type, with no call of ours
+        between); `after_burst` runs once after each connection's burst is handled
         (pausable: once after each wake, and watch() may pause it)."""
         self._loop = loop
 
-        def deliver(msg):
-            try:
-                handle(msg)
-            except Exception:
-                log.exception("handler failed for %s", type(msg).__name__)
+        if isinstance(handle, dict):
+            table = handle
+
+            def deliver(msg):
+                try:
+                    table[type(msg)](msg)
+                except Exception:
+                    log.exception("handler failed for %s", type(msg).__name__)
+        else:
+            def deliver(msg):
+                try:
+                    handle(msg)
+                except Exception:
+                    log.exception("handler failed for %s", type(msg).__name__)
 
         def on_readable(conn: _Connection):
             if not self._read(conn, deliver):

@@ -311,7 +311,6 @@ class HttpProtocol(asyncio.Protocol):
         parser = self.parser
         req = _Request()
         req.method = parser.get_method()
-        req.version = parser.get_http_version()
         req.keep_alive = parser.should_keep_alive() and not self.closing
         req.headers = headers = self.headers
         raw = self.url
@@ -329,6 +328,8 @@ class HttpProtocol(asyncio.Protocol):
             if key == b"expect" and value.lower() == b"100-continue":
                 req.expect = True
         req.target = target = infer_target(path) if req.method == b"POST" else None
+        # for the ASGI scope alone (the infer fast path has none)
+        req.version = parser.get_http_version() if target is None else "1.1"
         if target is not None:
             self._infer_headers(req)
         self.current = req

@@ -302,3 +302,35 @@ def test_unwatched_inbox_holds_messages_until_drained_or_watched(tmp_path):
 
     asyncio.run(main())
     assert sorted(got) == [1, 2, 3, 4]
+
+
+def test_a_handler_table_gets_each_message_by_its_type(address):
+    """attach() with {type: handler}: each message goes to its type's handler, and one
+    that raises loses its own message only."""
+    got: list = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        inbox = Inbox(address, [Ping, Pong])
+        done = loop.create_future()
+
+        def on_ping(msg):
+            if msg.n == 1:
+                raise RuntimeError("a bug in a handler")
+            got.append(("ping", msg.n))
+
+        def on_pong(msg):
+            got.append(("pong", msg.n))
+            if msg.n == 3:
+                done.set_result(None)
+
+        inbox.attach(loop, {Ping: on_ping, Pong: on_pong})
+        out = Outbox(loop)
+        for msg in (Ping(0), Ping(1), Pong(2), Ping(2), Pong(3)):
+            out.send(address, msg)
+        await asyncio.wait_for(done, 10)
+        out.close()
+        inbox.close()
+
+    asyncio.run(main())
+    assert got == [("ping", 0), ("pong", 2), ("ping", 2), ("pong", 3)]
