@@ -2,9 +2,12 @@
 native`).
 
 POST /v2/models/<m>[/versions/<v>]/infer is served here: the body is gathered from the
-parser's callbacks (straight into the shared-memory arena when large), then one Task
-awaits http_server.InferEndpoint.respond and writes the answer in one go, with no ASGI
-scope or messages. Every other request goes to the starlette app (http_server's
+parser's callbacks (straight into the shared-memory arena when large), decoded and
+started from the callback that completes it, and answered in one write from the
+callback that reads its response (InferEndpoint.prepare/start/answer over the data
+plane's start_unary: no task, future or coroutine per request; a body to inflate goes
+through InferEndpoint.respond in a task), with no ASGI scope or messages. Every other
+request goes to the starlette app (http_server's
 _HttpApp) through a minimal ASGI adapter: streamed bodies both ways, `http.disconnect`
 when the client goes away or the response is complete, as uvicorn gives them.
 
@@ -36,9 +39,9 @@ from urllib.parse import unquote
 import httptools
 
 from .. import http_codec
-from ..types import InferResult
 from ..http_server import InferEndpoint, infer_headers, infer_target
 from ..restricted import input_size_message, path_refusal
+from ..types import InferResult
 from .http1_limits import (BODY_TIMEOUT, HEADER_TIMEOUT, IDLE, IDLE_TIMEOUT, LINGER,
                            MAX_CONNECTIONS, TIMED_OUT, default_max_connections, sweep)
 
