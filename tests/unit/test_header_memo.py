@@ -102,10 +102,10 @@ def test_the_oldest_header_goes_first_when_the_memo_is_full():
     assert all(h in memo.seen.values() for h in heads[1:])
 
 
-def config(datatype=model_config_pb2.TYPE_FP32) -> model_config_pb2.ModelConfig:
+def config(datatype=model_config_pb2.TYPE_FP32, dims=4) -> model_config_pb2.ModelConfig:
     c = model_config_pb2.ModelConfig(name="m", max_batch_size=8)
-    c.input.add(name="INPUT0", data_type=datatype, dims=[4])
-    c.output.add(name="OUTPUT0", data_type=datatype, dims=[4])
+    c.input.add(name="INPUT0", data_type=datatype, dims=[dims])
+    c.output.add(name="OUTPUT0", data_type=datatype, dims=[dims])
     return c
 
 
@@ -235,3 +235,22 @@ def test_forwarded_headers_do_not_stay_with_the_remembered_header():
     assert first.parameters["x-tag"] == "first"
     assert second.parameters["x-tag"] == "second"
     assert all("x-tag" not in seen.parameters for seen in endpoint.memo.seen.values())
+
+
+def test_a_request_the_reloaded_model_no_longer_takes_is_refused(tmp_path):
+    """The verdict kept is for one config object: a reload whose config refuses the
+    same header is heard, though the header was accepted many times before."""
+    async def test(plane):
+        memo = HeaderMemo()
+        raw, length = body([[1, 2, 3, 4]])
+        for _ in range(3):
+            request, seen = memo.decode(raw, length, "m")
+            plane.start(request)
+            memo.remember(seen, request)
+        plane.on_model_state(ModelStateUpdate("m", 1, ModelReadyState.READY,
+                                              config=config(dims=5).SerializeToString()))
+        request, seen = memo.decode(raw, length, "m")
+        assert seen.checked is not None  # the old verdict is still there...
+        with pytest.raises(InferError, match="unexpected shape for input 'INPUT0'"):
+            plane.start(request)  # ...and not taken for the new config
+    with_plane(tmp_path, test)
