@@ -63,7 +63,8 @@ def handler_table(core: DataPlane, *, server_name: str = "shmserve",
              grpc_health.SERVICE: grpc_health.HealthServicer(core).method_handlers()}
     infer = f"/{SERVICE}/ModelInfer"
     return GrpcService(table, arena_paths=(infer,), message_checks={
-        path: grpc_codec.malformed_prefix for path in (infer, f"/{SERVICE}/ModelStreamInfer")})
+        path: grpc_codec.malformed_prefix for path in (infer, f"/{SERVICE}/ModelStreamInfer")},
+        starters={infer: servicer.start_model_infer})
 
 
 class InferenceServicer:
@@ -198,6 +199,51 @@ class InferenceServicer:
             finally:
                 result.release()
         await _abort(context, error)
+
+    def start_model_infer(self, data: bytes, context, done):
+        """model_infer without a task or coroutine: the native transport's starter
+        for ModelInfer (NativeGrpcServer.starters). Decoded and started here; `done`
+        gets the reply, or None and (grpc status, details), once, from the read of the
+        response (or now, for a request refused before it ran: None is returned
+        then, else the request's handle, whose cancel() drops it)."""
+        try:
+            request = grpc_codec.decode_infer_request(data)
+            if self.header_forward is not None:
+                forward_headers(request.parameters, context.invocation_metadata() or (),
+                                self.header_forward)
+            block = context.take_body_block()
+            if block is not None:  # the tensors are views of it: the core frees it
+                request.arena_blocks.append(block)
+            return self.core.start_unary(
+                request, lambda answer: done(*self._infer_reply(request, answer)),
+                _DECOUPLED_REFUSAL)
+        except InferError as e:
+            error = e
+        except Exception as e:  # a bug, not the client's fault: say so, keep serving
+            error = _internal("ModelInfer", e)
+        done(None, (grpc_codec.grpc_status(error.code), error.message))
+        return None
+
+    def _infer_reply(self, request, answer) -> tuple[bytes | None, tuple | None]:
+        """(reply, None) for the core's answer to a ModelInfer, or (None, (grpc
+        status, details)) for an error; the result is released here."""
+        if isinstance(answer, InferError):
+            error = answer
+        elif isinstance(answer, BaseException):
+            log.error("ModelInfer failed", exc_info=answer)
+            error = InferError(ErrorCode.INTERNAL, f"internal error: {answer}")
+        else:
+            try:
+                if classification.wanted(request.outputs):
+                    self._classify(answer, request)
+                return grpc_codec.encode_infer_response(answer, request.id), None
+            except InferError as e:
+                error = e
+            except Exception as e:
+                error = _internal("ModelInfer", e)
+            finally:
+                answer.release()
+        return None, (grpc_codec.grpc_status(error.code), error.message)
 
     async def model_stream_infer(self, request_iterator, context) -> None:
         """Bidirectional stream, for every model: each request runs as its own task

@@ -24,6 +24,10 @@ class GrpcService(NamedTuple):
     # "/service/Method" -> check(prefix): whether a message beginning so is malformed
     # whatever follows (a compressed one stops inflating then)
     message_checks: dict[str, Callable] = {}
+    # "/service/Method" -> start(message, context, done): unary methods the native
+    # engine serves without a task (NativeGrpcServer.starters); grpcio's awaits the
+    # handler in the table as before
+    starters: dict[str, Callable] = {}
 
 
 def grpc_engine(kind: str, service: GrpcService, address: str, core: DataPlane, *,
@@ -50,6 +54,7 @@ def grpc_engine(kind: str, service: GrpcService, address: str, core: DataPlane, 
             arena_body_max=core.body_block_max - 5,
             free_blocks=core.free_blocks, body_quota=core.body_quota,
             arena_paths=service.arena_paths, message_checks=service.message_checks,
+            starters=service.starters,
             keepalive=keepalive, ssl_context=server_context(tls) if tls else None,
             tls_handshake_timeout=tls_handshake_timeout)
     if kind == "grpcio":

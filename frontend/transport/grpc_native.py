@@ -185,8 +185,8 @@ class Call:
     """One RPC: its stream, handler, metadata and the Context handlers get."""
 
     __slots__ = ("conn", "stream", "handler", "path", "raw_metadata", "metadata",
-                 "encoding", "body", "requests", "task", "timer", "deadline", "finished",
-                 "deadline_hit", "reset", "block", "block_view", "filled")
+                 "encoding", "body", "requests", "task", "pending", "timer", "deadline",
+                 "finished", "deadline_hit", "reset", "block", "block_view", "filled")
 
     def __init__(self, conn, stream, handler, path, raw_metadata, encoding):
         self.conn = conn
@@ -199,6 +199,9 @@ class Call:
         self.body = bytearray()
         self.requests: RequestStream | None = None
         self.task: asyncio.Task | None = None
+        # a call started without a task (NativeGrpcServer.starters): what it is
+        # waiting on, whose cancel() drops it (the client reset it, its deadline passed)
+        self.pending = None
         self.timer = None
         self.deadline: float | None = None
         self.finished = False
@@ -449,6 +452,10 @@ class GrpcConnection(h2.H2Connection):
         if call.requests is not None:
             call.requests.end()
             call.requests.release_all()
+        pending = call.pending
+        if pending is not None:  # dropped at once: nothing runs on to count (below)
+            call.pending = None
+            pending.cancel()
         task = call.task
         if task is not None and not task.done():
             task.cancel()
@@ -500,6 +507,11 @@ class GrpcConnection(h2.H2Connection):
 
     def _start(self, call: Call, request) -> None:
         h = call.handler
+        if not (h.response_streaming or h.request_streaming) \
+                and type(request) is not Inflating:
+            starter = self.server.starters.get(call.path)
+            if starter is not None:
+                return self._start_untasked(call, starter, request)
         if h.response_streaming:
             behavior = h.stream_stream if h.request_streaming else h.unary_stream
             coro = self._run_streaming(call, behavior, request)
@@ -507,6 +519,31 @@ class GrpcConnection(h2.H2Connection):
             behavior = h.stream_unary if h.request_streaming else h.unary_unary
             coro = self._run_unary(call, behavior, request)
         call.task = self.loop.create_task(coro)
+
+    def _start_untasked(self, call: Call, starter, request) -> None:
+        """A unary call whose method has a starter: no task, the reply from a
+        callback (`_replied`), as _run_unary would have sent it."""
+        try:
+            pending = starter(request, call,
+                              lambda reply, status=None: self._replied(call, reply, status))
+        except Exception as e:  # noqa: BLE001 - a bug in the starter: answered
+            return self._failed(call, e)
+        if not call.finished:
+            call.pending = pending
+
+    def _replied(self, call: Call, reply, status=None) -> None:
+        """A starter's answer: the reply message, or status (grpc.StatusCode, details)."""
+        call.pending = None
+        if call.finished:
+            return  # reset, or past its deadline: answered already
+        if status is not None:
+            code, details = status
+            return self.finish(call, _STATUS_CODE.get(code, 2), details)
+        try:
+            self.send_message(call, reply)
+        except Abort as e:
+            return self.finish(call, e.code, e.details)
+        self.finish(call, 0)
 
     async def _run_unary(self, call: Call, behavior, request) -> None:
         try:
@@ -559,7 +596,11 @@ class GrpcConnection(h2.H2Connection):
         if call.finished:
             return
         call.deadline_hit = True
-        if call.task is not None and not call.task.done():
+        if call.pending is not None:
+            pending, call.pending = call.pending, None
+            pending.cancel()
+            self.finish(call, 4, "Deadline Exceeded")
+        elif call.task is not None and not call.task.done():
             call.task.cancel()  # _cancelled answers DEADLINE_EXCEEDED
         else:
             self.finish(call, 4, "Deadline Exceeded")
@@ -617,11 +658,14 @@ class NativeGrpcServer:
     # path -> check(prefix): whether a message beginning so is malformed whatever
     # follows (a compressed one stops inflating then)
     message_checks: dict = {}
+    # path -> start(message, call, done): unary methods answered without a task
+    starters: dict = {}
 
     def __init__(self, handlers: dict, sock, restrictions: Restrictions | None = None,
                  body_buffer=None, free_blocks=None, arena_paths=(),
                  arena_body_max: int = ARENA_BODY_MAX, body_quota=None,
                  max_message: int = MAX_MESSAGE_BYTES, message_checks: dict | None = None,
+                 starters: dict | None = None,
                  keepalive: KeepaliveSettings | None = KeepaliveSettings(),
                  ssl_context=None, tls_handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  limits: Limits | None = None, budget: HeldBudget | None = None):
@@ -644,6 +688,11 @@ class NativeGrpcServer:
         self.arena_body_max = arena_body_max
         self.max_message = max_message
         self.message_checks = message_checks or {}
+        # "/service/Method" -> start(message, call, done) for unary methods served
+        # without a task: it starts the call and returns what it waits on (cancel()
+        # drops it), or None once answered; done(reply) or done(None, (grpc status,
+        # details)) answers, once, from the loop (ModelInfer: grpc_server's)
+        self.starters = starters or {}
         self.sock = sock
         self.bound_port = sock.getsockname()[1]
         self.connections: set[GrpcConnection] = set()

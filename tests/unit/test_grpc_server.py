@@ -10,6 +10,7 @@ import json
 import queue
 import socket
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -765,3 +766,37 @@ def test_a_connections_streams_run_at_most_its_cap_of_requests_and_read_on_as_th
         assert not servicer.stream_slots.by_peer  # nothing kept past the connections
 
     asyncio.run(main())
+
+
+def _wait_idle(core, seconds=T):
+    """Poll until no infer runs in the fake core; whether it got there in time."""
+    end = time.monotonic() + seconds
+    while core.in_flight and time.monotonic() < end:
+        time.sleep(0.01)
+    return core.in_flight == 0
+
+
+def test_infer_past_its_deadline_is_answered_and_dropped(client, core):
+    """ModelInfer runs without a task on the native transport (its starter): a
+    deadline that passes answers DEADLINE_EXCEEDED and drops the request in the core."""
+    a = fp32_input(np.ones((1, 16), np.float32))
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("slow", [a], parameters={"delay": 30}, client_timeout=0.3)
+    assert status_of(e) == "StatusCode.DEADLINE_EXCEEDED"
+    assert time.monotonic() - started < 5
+    assert _wait_idle(core)  # the fake's infer was cancelled, not left to sleep 30 s
+
+
+def test_infer_its_client_cancels_is_dropped(stub, core):
+    msg = typed_request(INPUT0=("FP32", [1, 16], "fp32_contents", [1.0] * 16))
+    msg.model_name = "slow"
+    msg.parameters["delay"].double_param = 30
+    call = stub.ModelInfer.future(msg, timeout=T)
+    end = time.monotonic() + T
+    while not core.in_flight and time.monotonic() < end:
+        time.sleep(0.01)
+    assert core.in_flight == 1
+    call.cancel()  # RST_STREAM: the transport cancels what the call waits on
+    assert _wait_idle(core)
+    assert call.cancelled()
