@@ -13,8 +13,10 @@ a non-POST request is reset (INTERNAL_ERROR), any content-type is served, and an
 unknown grpc-encoding is INTERNAL "Error parsing 'grpc-encoding' metadata".
 
 A unary call costs one asyncio Task (the handler is a coroutine that awaits the
-scheduler); its reply (HEADERS, DATA, trailers) is queued in one go and written
-with whatever else finished in the same loop turn.
+scheduler), except where its method has a starter (`starters`: ModelInfer), which
+starts it from the read of its message and answers it from a callback, with no task;
+a reply (HEADERS, DATA, trailers) is queued in one go and written with whatever else
+finished in the same loop turn.
 """
 
 from __future__ import annotations
