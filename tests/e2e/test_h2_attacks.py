@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+import urllib.request
 
 import pytest
 
@@ -89,6 +90,45 @@ def _rapid_reset(port: int):
 
 def test_rapid_reset_gets_goaway_enhance_your_calm(server):
     _attack(server, _rapid_reset)
+
+
+def _started_then_reset(port: int):
+    """Whole ModelInfer calls, each reset right after its message: every one starts
+    a request (ModelInfer starts from the read of its message, no task), which the
+    reset must drop at once."""
+    attacker = RawH2(port).read()
+    message = grpc_message(infer_message(16))
+    sid = 1
+    while not attacker.ended.is_set() and sid < 40_000:
+        burst = b""
+        for _ in range(50):
+            burst += (h2.frame(h2.HEADERS, h2.END_HEADERS, sid,
+                               request_block(attacker.encoder))
+                      + h2.frame(h2.DATA, h2.END_STREAM, sid, message)
+                      + h2.frame(h2.RST_STREAM, 0, sid, U32.pack(h2.CANCEL)))
+            sid += 2
+        if not attacker.send(burst):
+            break
+    _until(attacker.ended.is_set, "the server to close the attacking connection")
+    attacker.close()
+    return attacker.goaway_code()
+
+
+def test_calls_reset_once_started_are_dropped_and_the_resets_bounded(server):
+    """The rapid reset of started calls: each connection is sent away at the reset
+    budget (ENHANCE_YOUR_CALM), the other client is served throughout, and what the
+    resets started is gone after: nothing left pending, the frontend's memory as it
+    was within a bound."""
+    rss = frontend_rss_kib(server)
+    _attack(server, _started_then_reset)
+
+    def pending() -> float:
+        text = urllib.request.urlopen(
+            f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=DEADLINE).read()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.decode().splitlines()
+                   if line.startswith("nv_inference_pending_request_count{"))
+    _until(lambda: pending() == 0, "the started requests to end")
+    assert frontend_rss_kib(server) - rss < 64 * 1024
 
 
 def _hpack_amplification(port: int):

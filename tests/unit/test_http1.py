@@ -530,6 +530,48 @@ def test_a_client_that_does_not_read_holds_the_sender_back(port, flood):
     assert flood.ended.wait(5)
 
 
+def test_an_infer_client_that_does_not_read_is_no_longer_read(port, core):
+    """Infer requests pipelined by a client that never reads its answers (each answer
+    ~200 KiB): once the answers fill the socket and the transport's buffer, reading
+    stops, so the requests the core is given stop at a bound, whatever the client
+    still sends."""
+    started = []
+    infer = core.infer
+
+    async def counting(request, refusal=""):
+        started.append(request.id)
+        return await infer(request, refusal)
+    core.infer = counting
+    a = httpclient.InferInput("INPUT0", [1, 16], "FP32")
+    a.set_data_from_numpy(np.zeros((1, 16), np.float32))
+    b = httpclient.InferInput("INPUT1", [1, 1], "BYTES")
+    b.set_data_from_numpy(np.array([[b"x" * (200 << 10)]], dtype=object))
+    body, length = httpclient.InferenceServerClient.generate_request_body([a, b])
+    request = infer_request(body, [("Inference-Header-Content-Length", length)])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.settimeout(1.0)
+    sent = 0
+    with sock:
+        try:
+            while sent < 500:  # 100 MB, unheld
+                sock.sendall(request)
+                sent += 1
+        except socket.timeout:
+            pass
+        # the count holds still once reading has stopped (polled, bounded)
+        deadline, last = time.monotonic() + 10, -1
+        while len(started) != last and time.monotonic() < deadline:
+            last = len(started)
+            time.sleep(0.3)
+        assert sent < 500, "the server kept reading"
+        # the pipeline's requests, and the answers the kernel's send buffer took
+        # before the transport's own filled (its largest: tcp_wmem's third figure)
+        with open("/proc/sys/net/ipv4/tcp_wmem") as f:
+            kernel = int(f.read().split()[2]) // (200 << 10)
+        assert len(started) <= http1.MAX_PIPELINE + 2 + kernel, (len(started), kernel)
+
+
 def test_idle_keep_alive_connections_are_closed_and_busy_ones_are_not(idle_port):
     """A keep-alive connection that waits for a request past the idle timeout is
     closed by the server (as uvicorn's timeout_keep_alive did); one in the middle of a
