@@ -174,31 +174,16 @@ class InferenceServicer:
 
     async def model_infer(self, data: bytes, context) -> bytes:
         try:
-            request = grpc_codec.decode_infer_request(data)
-            if self.header_forward is not None:
-                forward_headers(request.parameters, context.invocation_metadata() or (),
-                                self.header_forward)
-            take = getattr(context, "take_body_block", None)  # the native transport's
-            block = take() if take is not None else None
-            if block is not None:  # the tensors are views of it: the core frees it
-                request.arena_blocks.append(block)
-            result = await self.core.infer(request, _DECOUPLED_REFUSAL)
+            request = self._infer_request(data, context)
+            answer = await self.core.infer(request, _DECOUPLED_REFUSAL)
         except InferError as e:
-            error = e
+            request, answer = None, e
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
-            error = _internal("ModelInfer", e)
-        else:
-            try:
-                if classification.wanted(request.outputs):
-                    self._classify(result, request)
-                return grpc_codec.encode_infer_response(result, request.id)
-            except InferError as e:
-                error = e
-            except Exception as e:
-                error = _internal("ModelInfer", e)
-            finally:
-                result.release()
-        await _abort(context, error)
+            request, answer = None, _internal("ModelInfer", e)
+        reply, status = self._infer_reply(request, answer)
+        if status is None:
+            return reply
+        await context.abort(*status)
 
     def start_model_infer(self, data: bytes, context, done):
         """model_infer without a task or coroutine: the native transport's starter
@@ -207,13 +192,7 @@ class InferenceServicer:
         response (or now, for a request refused before it ran: None is returned
         then, else the request's handle, whose cancel() drops it)."""
         try:
-            request = grpc_codec.decode_infer_request(data)
-            if self.header_forward is not None:
-                forward_headers(request.parameters, context.invocation_metadata() or (),
-                                self.header_forward)
-            block = context.take_body_block()
-            if block is not None:  # the tensors are views of it: the core frees it
-                request.arena_blocks.append(block)
+            request = self._infer_request(data, context)
             return self.core.start_unary(
                 request, lambda answer: done(*self._infer_reply(request, answer)),
                 _DECOUPLED_REFUSAL)
@@ -221,17 +200,29 @@ class InferenceServicer:
             error = e
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
             error = _internal("ModelInfer", e)
-        done(None, (grpc_codec.grpc_status(error.code), error.message))
+        done(*self._infer_reply(None, error))
         return None
 
+    def _infer_request(self, data: bytes, context):
+        """The DecodedRequest of a ModelInfer message, its metadata forwarded and the
+        arena block it was received into (the native transport's) handed to it."""
+        request = grpc_codec.decode_infer_request(data)
+        if self.header_forward is not None:
+            forward_headers(request.parameters, context.invocation_metadata() or (),
+                            self.header_forward)
+        take = getattr(context, "take_body_block", None)  # the native transport's
+        block = take() if take is not None else None
+        if block is not None:  # the tensors are views of it: the core frees it
+            request.arena_blocks.append(block)
+        return request
+
     def _infer_reply(self, request, answer) -> tuple[bytes | None, tuple | None]:
-        """(reply, None) for the core's answer to a ModelInfer, or (None, (grpc
-        status, details)) for an error; the result is released here."""
+        """(reply, None) for the core's answer to a ModelInfer (an InferResult,
+        released here), or (None, (grpc status, details)) for an error or exception."""
         if isinstance(answer, InferError):
             error = answer
         elif isinstance(answer, BaseException):
-            log.error("ModelInfer failed", exc_info=answer)
-            error = InferError(ErrorCode.INTERNAL, f"internal error: {answer}")
+            error = _internal("ModelInfer", answer)
         else:
             try:
                 if classification.wanted(request.outputs):
@@ -418,8 +409,8 @@ def _serialize(message) -> bytes:
     return message.SerializeToString()
 
 
-def _internal(rpc: str, exc: Exception) -> InferError:
-    log.exception("%s failed", rpc)
+def _internal(rpc: str, exc: BaseException) -> InferError:
+    log.error("%s failed", rpc, exc_info=exc)  # inside an except block or not
     return InferError(ErrorCode.INTERNAL, f"internal error: {exc}")
 
 

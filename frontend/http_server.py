@@ -350,10 +350,14 @@ class InferEndpoint:
             request.arena_blocks.append(block)
         return request, seen
 
-    def start(self, request, on_done):
-        """The core's start_unary for a prepared request, with HTTP's refusal of a
-        decoupled model: its handle (`cancel()`), and `on_done(answer)` later."""
-        return self.core.start_unary(request, on_done, _DECOUPLED_REFUSAL)
+    def start(self, request, seen, on_done):
+        """The core's start_unary for a prepared request (`seen`: its HeaderMemo
+        entry), with HTTP's refusal of a decoupled model: its handle (`cancel()`), and
+        `on_done(answer)` later. The core's verdict on it, given as it starts, is
+        kept for the next body with its header."""
+        handle = self.core.start_unary(request, on_done, _DECOUPLED_REFUSAL)
+        self.memo.remember(seen, request)
+        return handle
 
     def answer(self, name: str, version: str, request, result, accept):
         """(status, headers with content-length, body) of `result`, which is released

@@ -30,13 +30,13 @@ import asyncio
 import cProfile
 import json
 import os
-import pstats
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import uvloop  # noqa: E402
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
+import cprofile_report  # noqa: E402
 from bench_cclient import MODEL, http_body  # noqa: E402
 from frontend.dataplane import SchedulerDataPlane  # noqa: E402
 from frontend.http_server import make_http_app  # noqa: E402
@@ -196,18 +197,10 @@ async def run(args, profile: cProfile.Profile | None) -> dict:
 
 
 def calls_report(profile: cProfile.Profile, requests: int, top: int) -> str:
-    stats = pstats.Stats(profile)
-    rows = []
-    total = 0
-    for (path, line, func), (_, calls, own, _, _) in stats.stats.items():
-        total += calls
-        rows.append((own, calls, f"{os.path.relpath(path) if path != '~' else ''}"
-                                 f":{line} {func}"))
-    rows.sort(reverse=True)
-    out = [f"{total / requests:.1f} calls per request; by own time (profiled):"]
-    out += [f"  {calls / requests:7.2f} calls {1e6 * own / requests:7.2f} us  {name}"
-            for own, calls, name in rows[:top]]
-    return "\n".join(out)
+    """scripts/cprofile_report.py's table of the run (waits and start-up left out)."""
+    with tempfile.TemporaryDirectory(prefix="bench-frontend-prof-") as folder:
+        profile.dump_stats(os.path.join(folder, f"frontend-{os.getpid()}.prof"))
+        return cprofile_report.report(Path(folder), requests, top, None)
 
 
 def served(requests: int, connections: int) -> int:

@@ -210,20 +210,13 @@ class Inbox:
         (pausable: once after each wake, and watch() may pause it)."""
         self._loop = loop
 
-        if isinstance(handle, dict):
-            table = handle
+        table = handle if isinstance(handle, dict) else None
 
-            def deliver(msg):
-                try:
-                    table[type(msg)](msg)
-                except Exception:
-                    log.exception("handler failed for %s", type(msg).__name__)
-        else:
-            def deliver(msg):
-                try:
-                    handle(msg)
-                except Exception:
-                    log.exception("handler failed for %s", type(msg).__name__)
+        def deliver(msg):
+            try:
+                (handle if table is None else table[type(msg)])(msg)
+            except Exception:
+                log.exception("handler failed for %s", type(msg).__name__)
 
         def on_readable(conn: _Connection):
             if not self._read(conn, deliver):

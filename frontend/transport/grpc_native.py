@@ -598,11 +598,10 @@ class GrpcConnection(h2.H2Connection):
         if call.finished:
             return
         call.deadline_hit = True
-        if call.pending is not None:
-            pending, call.pending = call.pending, None
+        pending, call.pending = call.pending, None
+        if pending is not None:  # a call started without a task: dropped, answered below
             pending.cancel()
-            self.finish(call, 4, "Deadline Exceeded")
-        elif call.task is not None and not call.task.done():
+        if call.task is not None and not call.task.done():
             call.task.cancel()  # _cancelled answers DEADLINE_EXCEEDED
         else:
             self.finish(call, 4, "Deadline Exceeded")

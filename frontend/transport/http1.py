@@ -515,8 +515,8 @@ class HttpProtocol(asyncio.Protocol):
             request, seen = endpoint.prepare(name, version, req.headers, body, block,
                                              header_length)
             block = None  # the core frees it from here on
-            req.task = endpoint.start(
-                request, lambda answer: self._answered(req, request, seen, answer))
+            req.task = endpoint.start(request, seen,
+                                      lambda answer: self._answered(req, request, answer))
         except Exception as exc:  # noqa: BLE001 - every failure is answered
             if block is not None:
                 endpoint.core.free_blocks([block])
@@ -525,14 +525,13 @@ class HttpProtocol(asyncio.Protocol):
             return
         req.watching = True  # the client gone: connection_lost cancels the request
 
-    def _answered(self, req: _Request, request, seen, answer) -> None:
+    def _answered(self, req: _Request, request, answer) -> None:
         """The core's answer to `req` (an InferResult or the exception), from the
         data plane's read of the response: written, and on to the next request."""
         req.watching = False
         req.task = None
         endpoint = self.infer
         try:
-            endpoint.memo.remember(seen, request)
             if req.gone:  # the connection went meanwhile: nobody to answer
                 if isinstance(answer, InferResult):
                     answer.release()

@@ -3,13 +3,11 @@ sends where, and how it ends a request sent under a lease. The data plane is the
 one; its outbox records instead of sending."""
 
 import asyncio
-import os
 
 import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from frontend.dataplane import SchedulerDataPlane
 from frontend.types import DecodedInput, DecodedRequest
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CancelRequest, InferRequest, ModelStateUpdate
@@ -18,6 +16,7 @@ from shm.messages.regions import RegionShared, RegionUnshared
 from shm.messages.repository import ModelReadyState
 from shm.messages.results import InferResponse, PeerGone
 from shm.messages.worker import ExecuteBatch
+from tests.unit.recording_plane import run_with_plane
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -32,18 +31,7 @@ def config() -> bytes:
 
 
 def run(tmp_path, test):
-    async def main():
-        plane = SchedulerDataPlane(f"ipc://{tmp_path}/fe", "ipc://sched",
-                                   f"shmserve-unittest-lease-{os.getpid()}", 1 << 20)
-        plane.sent = []
-        plane.outbox.send = lambda to, msg: plane.sent.append((to, msg))
-        plane.on_model_state(ModelStateUpdate("m", 1, ModelReadyState.READY,
-                                              config=config()))
-        try:
-            await test(plane)
-        finally:
-            plane.close()
-    asyncio.run(main())
+    run_with_plane(tmp_path, test, config())
 
 
 def request(region: str = "") -> DecodedRequest:

@@ -4,20 +4,19 @@ real one for the validation it keeps (its outbox records instead of sending)."""
 
 import asyncio
 import dataclasses
-import os
 
 import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
 from frontend import dataplane, http_codec
-from frontend.dataplane import SchedulerDataPlane
 from frontend.http_codec import HeaderMemo, decode_infer_request
 from frontend.http_server import InferEndpoint
 from shm.datatypes import serialize_bytes
 from shm.errors import InferError
 from shm.messages.frontend import InferRequest, ModelStateUpdate
 from shm.messages.repository import ModelReadyState
+from tests.unit.recording_plane import run_with_plane
 from tests.unit.test_http_codec import client_body
 
 pytestmark = pytest.mark.timeout(30)
@@ -110,18 +109,7 @@ def config(datatype=model_config_pb2.TYPE_FP32, dims=4) -> model_config_pb2.Mode
 
 
 def with_plane(tmp_path, test):
-    async def main():
-        plane = SchedulerDataPlane(f"ipc://{tmp_path}/fe", "ipc://sched",
-                                   f"shmserve-unittest-memo-{os.getpid()}", 1 << 20)
-        plane.sent = []
-        plane.outbox.send = lambda to, msg: plane.sent.append((to, msg))
-        plane.on_model_state(ModelStateUpdate("m", 1, ModelReadyState.READY,
-                                              config=config().SerializeToString()))
-        try:
-            await test(plane)
-        finally:
-            plane.close()
-    asyncio.run(main())
+    run_with_plane(tmp_path, test, config().SerializeToString())
 
 
 def test_validation_is_kept_for_the_same_config_and_done_again_for_another(

@@ -3,20 +3,16 @@ uses it. The answer reaches on_done from the read of the final response, once; a
 request cancelled meanwhile gets no answer and leaves nothing behind. The data plane is
 the real one; its outbox records instead of sending."""
 
-import asyncio
-import os
-
 import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from frontend.dataplane import SchedulerDataPlane
 from frontend.types import DecodedInput, DecodedRequest, InferResult
 from shm.errors import ErrorCode, InferError
-from shm.messages.frontend import CancelRequest, InferRequest, ModelStateUpdate
-from shm.messages.repository import ModelReadyState
+from shm.messages.frontend import CancelRequest, InferRequest
 from shm.messages.results import Error, InferResponse
 from shm.tensor import TensorRef
+from tests.unit.recording_plane import run_with_plane
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -35,18 +31,7 @@ def request() -> DecodedRequest:
 
 
 def run(tmp_path, test, decoupled: bool = False):
-    async def main():
-        plane = SchedulerDataPlane(f"ipc://{tmp_path}/fe", "ipc://sched",
-                                   f"shmserve-unittest-unary-{os.getpid()}", 1 << 20)
-        plane.sent = []
-        plane.outbox.send = lambda to, msg: plane.sent.append((to, msg))
-        plane.on_model_state(ModelStateUpdate("m", 1, ModelReadyState.READY,
-                                              config=config(decoupled)))
-        try:
-            await test(plane)
-        finally:
-            plane.close()
-    asyncio.run(main())
+    run_with_plane(tmp_path, test, config(decoupled))
 
 
 def output(k: int) -> TensorRef:
