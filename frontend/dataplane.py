@@ -481,13 +481,25 @@ class SchedulerDataPlane:
         if not self.pending:
             self.idle.clear()
         stream = self.pending[rid] = ResponseStream(self, rid, view, request, blocks, key)
-        req = InferRequest(
-            rid, self.address, view.name, view.version, refs, outputs,
-            request_id=request.id, batch_size=batch_size or 1,
-            start_ns=time.monotonic_ns(),  # Triton's request start: parsed and valid
-            cache_key=key or b"",
-            # the usual request has no parameters: every field below its default
-            **(_parameter_fields(params) if params else _NO_FIELDS))
+        if params:
+            req = InferRequest(
+                rid, self.address, view.name, view.version, refs, outputs,
+                request_id=request.id,
+                batch_size=batch_size or 1,
+                priority=int(params.get("priority", 0) or 0),
+                timeout_us=int(params.get("timeout", 0) or 0),
+                sequence_id=params.get("sequence_id", 0) or 0,
+                sequence_start=bool(params.get("sequence_start", False)),
+                sequence_end=bool(params.get("sequence_end", False)),
+                parameters=_user_parameters(params),
+                start_ns=time.monotonic_ns(),  # Triton's request start: parsed and valid
+                cache_key=key or b"",
+            )
+        else:  # the usual request: no parameters, every field its default (a call of
+            # its own: one with **fields, made empty here, costs ~0.9 us more in msgspec)
+            req = InferRequest(rid, self.address, view.name, view.version, refs, outputs,
+                               request_id=request.id, batch_size=batch_size or 1,
+                               start_ns=time.monotonic_ns(), cache_key=key or b"")
         lease = self.leases.get((view.name, view.version)) if self.leases else None
         if lease is not None and not lease.busy and goes_direct(req) \
                 and (direct := self._bound(req)) is not None:
@@ -859,19 +871,6 @@ _CONTROL_PARAMETERS = {"priority", "timeout", "sequence_id", "sequence_start", "
                        "binary_data_output", "headers",
                        # Triton's own: read by the stream handlers, not the model's
                        "triton_enable_empty_final_response"}
-
-
-_NO_FIELDS: dict = {}
-
-
-def _parameter_fields(params: dict) -> dict:
-    """The InferRequest fields a request's parameters set."""
-    return {"priority": int(params.get("priority", 0) or 0),
-            "timeout_us": int(params.get("timeout", 0) or 0),
-            "sequence_id": params.get("sequence_id", 0) or 0,
-            "sequence_start": bool(params.get("sequence_start", False)),
-            "sequence_end": bool(params.get("sequence_end", False)),
-            "parameters": _user_parameters(params)}
 
 
 def _user_parameters(params: dict) -> dict:
