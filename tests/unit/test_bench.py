@@ -5,6 +5,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 
 import pytest
@@ -443,21 +444,54 @@ def test_bench_scheduler_runs_every_request_through_batches_of_the_burst():
 # --- scripts/bench_frontend.py ----------------------------------------------------------
 
 
-def test_bench_frontend_answers_every_request_of_every_wave():
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bench_frontend_answers_every_request_of_every_wave(protocol):
     import argparse
     import asyncio
 
     import bench_frontend
-    args = argparse.Namespace(requests=320, connections=8, segments=2)
+    args = argparse.Namespace(protocol=protocol, requests=320, connections=4, streams=4,
+                              segments=2)
     out = asyncio.run(bench_frontend.run(args, None))
-    # 40 waves of 8, every one answered 200 with the input back (run checks the
-    # first connection's last answer, the Transport counts them all)
+    # every wave answered (HTTP: 80 waves of 4; gRPC: 20 waves of 4 x 4 streams), and
+    # the last one checked: each answer a 200 or a DATA frame with the input back, and
+    # the trailers that end its stream (gRPC)
     assert out["requests"] == 320 and out["min_us"] > 0
     body = bench_frontend.request_bytes(16)
     assert body.startswith(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\n")
     # --instructions divides by the requests between its two runs: warm-up included
-    assert bench_frontend.served(640, 64) == 11 * 64
-    assert bench_frontend.served(2560, 64) == 44 * 64
+    args.connections = 64 if protocol == "http" else 16
+    assert bench_frontend.served(640, args) == 11 * 64
+    assert bench_frontend.served(2560, args) == 44 * 64
+
+
+def test_bench_frontend_check_refuses_a_wrong_answer():
+    """The checks see the answers: a stand-in that sends other bytes back fails them."""
+    import argparse
+    import asyncio
+
+    import bench_frontend
+    from shm.messages.results import InferResponse
+    from shm.tensor import TensorRef
+
+    class Wrong(bench_frontend.GrpcBench):
+        def answer(self, msg):  # zeros of the input's length, not the input
+            out = [TensorRef("OUTPUT0", ref.datatype, ref.shape, data=bytes(len(ref.data)))
+                   for ref in msg.inputs]
+            self.answers.send(msg.reply_to, InferResponse(msg.id, outputs=out))
+
+    async def main():
+        with tempfile.TemporaryDirectory() as folder:
+            bench = Wrong(folder, 2, 16, 2)
+            bench.attach(asyncio.get_running_loop())
+            try:
+                await bench.wave()
+                with pytest.raises(SystemExit, match="the frontend answered"):
+                    bench.check()
+            finally:
+                bench.close()
+
+    asyncio.run(main())
 
 
 # --- placement: scripts/benchkit.py and scripts/compare.py ------------------------------
