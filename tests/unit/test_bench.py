@@ -467,7 +467,6 @@ def test_bench_frontend_answers_every_request_of_every_wave(protocol):
 
 def test_bench_frontend_check_refuses_a_wrong_answer():
     """The checks see the answers: a stand-in that sends other bytes back fails them."""
-    import argparse
     import asyncio
 
     import bench_frontend
