@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # Triton's limit, both ways
 _PREFIX = struct.Struct(">BI")
+# a reply up to this size is copied once behind its prefix and sent in one piece with
+# its headers and trailers (GrpcConnection.answer); a larger one goes out as views
+_WHOLE_MAX = 65536
 # An uncompressed unary message of at least BODY_IN_ARENA_MIN bytes, to a method that
 # takes it so (ModelInfer), is received straight into the core's shared-memory arena
 # if it is at most this large: a bigger one would need a segment of its own, made (and
@@ -542,10 +545,9 @@ class GrpcConnection(h2.H2Connection):
             code, details = status
             return self.finish(call, _STATUS_CODE.get(code, 2), details)
         try:
-            self.send_message(call, reply)
+            self.answer(call, reply)
         except Abort as e:
-            return self.finish(call, e.code, e.details)
-        self.finish(call, 0)
+            self.finish(call, e.code, e.details)
 
     async def _run_unary(self, call: Call, behavior, request) -> None:
         try:
@@ -559,8 +561,10 @@ class GrpcConnection(h2.H2Connection):
             self._failed(call, e)
         else:
             if not call.finished:
-                self.send_message(call, response)
-                self.finish(call, 0)
+                try:
+                    self.answer(call, response)
+                except Abort as e:
+                    self.finish(call, e.code, e.details)
 
     async def _run_streaming(self, call: Call, behavior, request) -> None:
         try:
@@ -616,16 +620,40 @@ class GrpcConnection(h2.H2Connection):
         if n > MAX_MESSAGE_BYTES:
             raise Abort(8, "Sent message larger than max (%d vs. %d)"
                         % (n, MAX_MESSAGE_BYTES))
-        if n <= 65536:
+        if n <= _WHOLE_MAX:
             self.send_data(stream, _PREFIX.pack(0, n) + message)
         else:  # no copy of a large reply into a new buffer
             self.send_data(stream, _PREFIX.pack(0, n))
             self.send_data(stream, message)
 
+    def answer(self, call: Call, message) -> None:
+        """A unary call's reply and OK status. A reply that fits the windows and one
+        frame goes out with its headers and trailers as one piece (send_whole);
+        Abort for one past the size limit."""
+        n = len(message)
+        if n <= _WHOLE_MAX and self.send_whole(call.stream, RESPONSE_HEADERS,
+                                               _PREFIX.pack(0, n) + message, OK_TRAILERS):
+            self._ended(call)
+            return
+        self.send_message(call, message)
+        self.finish(call, 0)
+
     def finish(self, call: Call, code: int, message: str = "") -> None:
         """End the call with this status (trailers, or trailers-only before any reply)."""
         if call.finished:
             return
+        self._ended(call)
+        stream = call.stream
+        if code == 0 and stream.headers_sent:
+            self.send_trailers(stream, OK_TRAILERS)
+        elif stream.headers_sent:
+            self.send_trailers(stream, status_block(code, message))
+        else:
+            self.send_trailers(stream, STATUS_HEADERS + status_block(code, message))
+
+    def _ended(self, call: Call) -> None:
+        """What a call holds, let go: its arena block, its deadline, its request
+        stream."""
         call.finished = True
         self._free_block(call)
         if call.timer is not None:
@@ -634,13 +662,6 @@ class GrpcConnection(h2.H2Connection):
         if call.requests is not None:
             call.requests.end()
             call.requests.release_all()
-        stream = call.stream
-        if code == 0 and stream.headers_sent:
-            self.send_trailers(stream, OK_TRAILERS)
-        elif stream.headers_sent:
-            self.send_trailers(stream, status_block(code, message))
-        else:
-            self.send_trailers(stream, STATUS_HEADERS + status_block(code, message))
 
 
 class NativeGrpcServer:

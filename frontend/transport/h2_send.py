@@ -78,6 +78,33 @@ class H2Output(asyncio.Protocol):
             self._pump(st)
         self._schedule_flush()
 
+    def send_whole(self, st: Stream, headers: bytes, data: bytes,
+                   trailers: bytes) -> bool:
+        """A whole response at once, in three frames appended as one piece: what
+        send_headers, send_data and send_trailers would queue, for a stream that has
+        sent nothing yet and a body the windows take now in one frame. False, with
+        nothing sent, when that is not so: the caller goes the long way."""
+        n = len(data)
+        limit = self.peer_max_frame
+        if (st.headers_sent or st.pending or st.local_closed or not st.remote_closed
+                or not n or n > self.send_window or n > st.send_window or n > limit
+                or len(headers) > limit or len(trailers) > limit):
+            return False
+        self.send_window -= n
+        st.send_window -= n
+        sid = st.id
+        self.out.append(b"".join((
+            _HEAD.pack((len(headers) << 8) | HEADERS, END_HEADERS, sid), headers,
+            _HEAD.pack((n << 8) | DATA, 0, sid), data,
+            _HEAD.pack((len(trailers) << 8) | HEADERS, END_HEADERS | END_STREAM, sid),
+            trailers)))
+        self.data_sent = True  # keepalive hook
+        st.headers_sent = st.local_closed = True
+        self.completed += 1  # a response completed: a reset token back (h2o)
+        self._maybe_forget(st)
+        self._schedule_flush()
+        return True
+
     def send_trailers(self, st: Stream, block: bytes) -> None:
         """End the stream with this header block, after whatever data is queued."""
         if st.local_closed:

@@ -231,6 +231,38 @@ async def test_a_continuation_flood_closes_the_connection():
 
 
 @run
+async def test_a_unary_reply_the_windows_take_goes_out_whole_else_in_steps():
+    """A reply that fits the windows and a frame is queued as one piece (send_whole):
+    HEADERS, DATA, then trailers ending the stream, the windows charged, the stream
+    forgotten; one the stream's window cannot take goes the long way, its trailers
+    held back behind the data until the window opens."""
+    p = Peer(_echo_handlers(), struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 8))
+    conn = p.conn
+    queued = []
+    whole = conn.send_whole
+    conn.send_whole = lambda *a: queued.append(whole(*a)) or queued[-1]
+    p.request(1, "/s/Echo", b"hi")  # 7 bytes with its prefix: fits
+    await p.settle()
+    kinds = [(f[0], f[1] & h2.END_STREAM) for f in p.of(1)]
+    assert kinds == [(h2.HEADERS, 0), (h2.DATA, 0), (h2.HEADERS, h2.END_STREAM)]
+    assert p.of(1, h2.HEADERS)[0][3][":status"] == "200"
+    assert p.of(1, h2.HEADERS)[-1][3]["grpc-status"] == "0"
+    assert p.body(1) == b"\x00\x00\x00\x00\x02hi"
+    assert queued == [True] and 1 not in conn.streams
+    assert conn.send_window == h2.DEFAULT_WINDOW - 7
+    p.request(3, "/s/Echo", b"hello")  # 10 bytes: the stream's window takes 8
+    await p.settle()
+    assert queued == [True, False]
+    assert p.body(3) == b"\x00\x00\x00\x00\x05hel"
+    assert [f[1] & h2.END_STREAM for f in p.of(3, h2.HEADERS)] == [0]
+    p.send(h2.frame(h2.WINDOW_UPDATE, 0, 3, struct.pack(">I", 2)))
+    await p.settle()
+    assert p.body(3) == b"\x00\x00\x00\x00\x05hello"
+    assert p.of(3, h2.HEADERS)[-1][1] & h2.END_STREAM and 3 not in conn.streams
+    assert conn.send_window == h2.DEFAULT_WINDOW - 17
+
+
+@run
 async def test_send_flow_control_tiny_window():
     # the peer grants 100 bytes per stream and 16 KiB frames: the reply comes in pieces
     p = Peer(_echo_handlers(), struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 100))
