@@ -84,11 +84,18 @@ def decode_infer_request(data) -> DecodedRequest:
     transport's buffer of a unary call: taking it as it is spares a copy of the whole
     message, 3 ms for 16 MiB here). Raw input buffers are slices of `data` (no copy)
     for large messages; the slices keep it alive as long as the request."""
+    return decode_remembered(data)[0]
+
+
+def decode_remembered(data) -> tuple[DecodedRequest, "_Template | None"]:
+    """(request, its template or None), as decode_infer_request decodes it: the
+    template keeps the core's verdict on the request (keep_verdict) for the next one
+    that repeats its fields."""
     if type(data) is not bytes and type(data) is not memoryview:
         data = bytes(data)
-    request, key = _from_template(data)
+    request, template, key = _from_template(data)
     if request is not None:
-        return request
+        return request, template
     if len(data) < SPLIT_THRESHOLD:
         try:
             msg = ModelInferRequest.FromString(data)
@@ -98,9 +105,17 @@ def decode_infer_request(data) -> DecodedRequest:
     else:
         msg, raws = parse_infer_request(data)
         request = request_from_message(msg, raws)
-    if key is not None:
-        _remember(key, msg, request)
-    return request
+    return request, (None if key is None else _remember(key, msg, request))
+
+
+def keep_verdict(template: "_Template | None", request: DecodedRequest) -> None:
+    """Keep the core's verdict on `request` (DecodedRequest.checked, set as it was
+    admitted) in its template, for the next request with the same fields and raw
+    input sizes."""
+    if template is not None and template.reusable and request.checked is not None:
+        template.checked = request.checked
+        template.sizes = tuple(None if i.data is None else len(i.data)
+                               for i in request.inputs)
 
 
 # A client sends the same fields but the id and the tensor bytes with every request
@@ -121,8 +136,10 @@ _TEMPLATE_KEY_MAX = 16 * 1024
 
 
 def _from_template(data: bytes):
-    """(DecodedRequest, None) when `data` repeats a remembered request's fields;
-    (None, key) when it could be remembered once decoded; (None, None) otherwise."""
+    """(DecodedRequest, its template, None) when `data` repeats a remembered
+    request's fields; (None, None, key) when it could be remembered once decoded;
+    (None, None, None) otherwise. The template's verdict (keep_verdict) comes with
+    the request where its raw inputs have the sizes it was given for."""
     pos, end = 0, len(data)
     head = None
     fields = 0
@@ -134,7 +151,7 @@ def _from_template(data: bytes):
                 break
             fields += 1
             if key not in _FIELD_KEYS or fields > WALK_FIELDS_MAX:
-                return None, None
+                return None, None, None
             size, start = _varint(data, pos + 1)
             nxt = start + size
             if key == _ID_KEY:
@@ -143,7 +160,7 @@ def _from_template(data: bytes):
                 id_end = nxt
             pos = nxt
         if pos > end or pos > _TEMPLATE_KEY_MAX:
-            return None, None
+            return None, None, None
         if head is None:
             key, rid = bytes(data[:pos]), ""
         else:
@@ -151,61 +168,84 @@ def _from_template(data: bytes):
             rid = str(data[rid_span[0]:rid_span[1]], "utf-8")
         template = _REQUESTS.get(key)
         if template is None:
-            return None, key
-        model, version, inputs, outputs = template
+            return None, None, key
         view = memoryview(data)
         decoded = []
-        for name, datatype, shape, params in inputs:
+        checked = template.checked
+        sizes = template.sizes
+        for i, (name, datatype, shape, params) in enumerate(template.inputs):
             if params is not None:  # in a client's region: no raw_input_contents
                 decoded.append(DecodedInput(name, datatype, list(shape), None,
                                             dict(params)))
                 continue
             if pos >= end or data[pos] != _RAW_INPUT_KEY:
-                return None, None
+                return None, None, None
             size, start = _varint(data, pos + 1)
             pos = start + size
             if pos > end:
-                return None, None
+                return None, None, None
+            if checked is not None and sizes[i] != size:
+                checked = None  # other sizes: checked again
             decoded.append(DecodedInput(name, datatype, list(shape), view[start:pos], {}))
         if pos != end:
-            return None, None
+            return None, None, None
     except (IndexError, UnicodeDecodeError):
-        return None, None
-    return DecodedRequest(model, version, rid, decoded,
+        return None, None, None
+    outputs = template.outputs
+    return DecodedRequest(template.model, template.version, rid, decoded,
                           None if outputs is None else
                           [RequestedOutput(name, None, 0, dict(params) if params else {})
-                           for name, params in outputs], {}), None
+                           for name, params in outputs], {}, checked=checked), template, None
 
 
 # the parameters a remembered request's tensors may have: a client region's
 _SHM_KEYS = frozenset(k for k, _ in _SHM_PARAM_TYPES)
 
 
-def _remember(key: bytes, msg, request: DecodedRequest) -> None:
+class _Template:
+    """What a request's fields (all but its id and raw inputs) decode to, and the
+    core's verdict on the last request decoded from them: (config, batch size) as
+    DecodedRequest.checked, with the raw input sizes it was given for. A raw BYTES
+    input's verdict is never kept (`reusable`): its length prefixes are in its
+    bytes."""
+
+    __slots__ = ("model", "version", "inputs", "outputs", "reusable", "checked", "sizes")
+
+    def __init__(self, request: DecodedRequest, outputs):
+        self.model = request.model_name
+        self.version = request.model_version
+        self.inputs = tuple((i.name, i.datatype, tuple(i.shape),
+                             dict(i.parameters) if i.data is None else None)
+                            for i in request.inputs)
+        self.outputs = outputs
+        self.reusable = not any(i.data is not None and element_size(i.datatype) is None
+                                for i in request.inputs)
+        self.checked = None
+        self.sizes = ()
+
+
+def _remember(key: bytes, msg, request: DecodedRequest) -> "_Template | None":
     if msg.parameters or request.parameters:
-        return
+        return None
     for inp in request.inputs:
         # raw bytes, or a region (whose parameters request_from_message checked)
         if (inp.parameters.keys() - _SHM_KEYS
                 or (inp.data is None) != (_SHM_PARAMS in inp.parameters)):
-            return
+            return None
     for io in msg.inputs:
         if io.HasField("contents"):
-            return
+            return None
     outputs = None
     if request.outputs is not None:
         if any(out.parameters.keys() - _SHM_KEYS for out in request.outputs):
-            return
+            return None
         # copies: the template outlives this request, whose dicts are its own
         outputs = tuple((out.name, dict(out.parameters) or None)
                         for out in request.outputs)
     if len(_REQUESTS) >= 4096:  # clients with ever new shapes: start over
         _REQUESTS.clear()
-    _REQUESTS[key] = (request.model_name, request.model_version,
-                      tuple((i.name, i.datatype, tuple(i.shape),
-                             dict(i.parameters) if i.data is None else None)
-                            for i in request.inputs),
-                      outputs)
+    template = _REQUESTS[key] = _Template(request, outputs)
+    return template
 
 
 def request_id_of(data) -> str:

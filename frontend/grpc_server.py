@@ -174,8 +174,11 @@ class InferenceServicer:
 
     async def model_infer(self, data: bytes, context) -> bytes:
         try:
-            request = self._infer_request(data, context)
-            answer = await self.core.infer(request, _DECOUPLED_REFUSAL)
+            request, template = self._infer_request(data, context)
+            try:
+                answer = await self.core.infer(request, _DECOUPLED_REFUSAL)
+            finally:
+                grpc_codec.keep_verdict(template, request)
         except InferError as e:
             request, answer = None, e
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
@@ -192,10 +195,12 @@ class InferenceServicer:
         response (or now, for a request refused before it ran: None is returned
         then, else the request's handle, whose cancel() drops it)."""
         try:
-            request = self._infer_request(data, context)
-            return self.core.start_unary(
+            request, template = self._infer_request(data, context)
+            handle = self.core.start_unary(
                 request, lambda answer: done(*self._infer_reply(request, answer)),
                 _DECOUPLED_REFUSAL)
+            grpc_codec.keep_verdict(template, request)
+            return handle
         except InferError as e:
             error = e
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
@@ -204,17 +209,20 @@ class InferenceServicer:
         return None
 
     def _infer_request(self, data: bytes, context):
-        """The DecodedRequest of a ModelInfer message, its metadata forwarded and the
-        arena block it was received into (the native transport's) handed to it."""
-        request = grpc_codec.decode_infer_request(data)
+        """(the DecodedRequest of a ModelInfer message, its grpc_codec template or
+        None), its metadata forwarded and the arena block it was received into (the
+        native transport's) handed to it."""
+        request, template = grpc_codec.decode_remembered(data)
         if self.header_forward is not None:
             forward_headers(request.parameters, context.invocation_metadata() or (),
                             self.header_forward)
+            if request.parameters:  # the template's verdict was for none
+                request.checked = template = None
         take = getattr(context, "take_body_block", None)  # the native transport's
         block = take() if take is not None else None
         if block is not None:  # the tensors are views of it: the core frees it
             request.arena_blocks.append(block)
-        return request
+        return request, template
 
     def _infer_reply(self, request, answer) -> tuple[bytes | None, tuple | None]:
         """(reply, None) for the core's answer to a ModelInfer (an InferResult,

@@ -344,8 +344,12 @@ class InferEndpoint:
         else:
             request, seen = self.memo.decode(body, length, name, version)
         if self.header_forward is not None:
-            request.parameters = dict(request.parameters)  # the memo's stay as sent
-            forward_headers(request.parameters, raw_headers, self.header_forward)
+            params = dict(request.parameters)  # the memo's stay as sent
+            forward_headers(params, raw_headers, self.header_forward)
+            if len(params) != len(request.parameters):
+                # the memo's verdict was for the header's parameters alone
+                request.checked = seen = None
+            request.parameters = params
         if block is not None:
             request.arena_blocks.append(block)
         return request, seen

@@ -645,8 +645,8 @@ def test_shared_memory_requests_decode_from_a_template():
     first = decode_infer_request(wire)
     assert len(grpc_codec._REQUESTS) == 1
     again = _shm_request("two", raw=np.array([3, 4], np.int32).tobytes())
-    fast, key = grpc_codec._from_template(again)
-    assert fast is not None and key is None
+    fast, template, key = grpc_codec._from_template(again)
+    assert fast is not None and template is not None and key is None
     msg = service_pb2.ModelInferRequest.FromString(again)
     assert fast == grpc_codec.request_from_message(msg, msg.raw_input_contents)
     assert fast.id == "two" and bytes(fast.inputs[1].data) == np.array([3, 4], np.int32).tobytes()

@@ -225,6 +225,34 @@ def test_forwarded_headers_do_not_stay_with_the_remembered_header():
     assert all("x-tag" not in seen.parameters for seen in endpoint.memo.seen.values())
 
 
+@pytest.mark.parametrize("pattern", ["", "x-.*"])
+def test_forwarded_headers_are_validated_with_their_request(tmp_path, monkeypatch,
+                                                            pattern):
+    """Headers forwarded as parameters are not in the remembered header, and its
+    verdict does not cover them: such requests are checked each time."""
+    from shm.header_pattern import compile_forward_pattern
+    calls = []
+    original = dataplane.validate_request
+    monkeypatch.setattr(dataplane, "validate_request",
+                        lambda request, cfg: calls.append(cfg) or original(request, cfg))
+    raw, length = body([[1, 2, 3, 4]])
+
+    async def test(plane):
+        endpoint = InferEndpoint(plane, compile_forward_pattern(pattern))
+        for tag in (b"a", b"b", b"c"):
+            request, seen = endpoint.prepare("m", "", [(b"x-tag", tag)], raw, None,
+                                             str(length))
+            endpoint.start(request, seen, lambda answer: None)
+        sent = [m for _, m in plane.sent if isinstance(m, InferRequest)]
+        assert len(sent) == 3
+        if pattern:
+            assert len(calls) == 3
+            assert [m.parameters["x-tag"] for m in sent] == ["a", "b", "c"]
+        else:
+            assert len(calls) == 1
+    with_plane(tmp_path, test)
+
+
 def test_a_request_the_reloaded_model_no_longer_takes_is_refused(tmp_path):
     """The verdict kept is for one config object: a reload whose config refuses the
     same header is heard, though the header was accepted many times before."""
