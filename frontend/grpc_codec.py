@@ -112,7 +112,8 @@ def keep_verdict(template: "_Template | None", request: DecodedRequest) -> None:
     """Keep the core's verdict on `request` (DecodedRequest.checked, set as it was
     admitted) in its template, for the next request with the same fields and raw
     input sizes."""
-    if template is not None and template.reusable and request.checked is not None:
+    if (template is not None and template.reusable and request.checked is not None
+            and request.checked is not template.checked):
         template.checked = request.checked
         template.sizes = tuple(None if i.data is None else len(i.data)
                                for i in request.inputs)
@@ -140,7 +141,16 @@ def _from_template(data: bytes):
     request's fields; (None, None, key) when it could be remembered once decoded;
     (None, None, None) otherwise. The template's verdict (keep_verdict) comes with
     the request where its raw inputs have the sizes it was given for."""
-    pos, end = 0, len(data)
+    end = len(data)
+    # the last key without an id that was found: a message that begins with its
+    # bytes, followed by a raw input or nothing, walks to the same key
+    key = _last_key[0]
+    n = len(key)
+    if n and (n == end or n < end and data[n] == _RAW_INPUT_KEY) and data[:n] == key:
+        template = _REQUESTS.get(key)
+        if template is not None:
+            return _built(template, data, n, end, "")
+    pos = 0
     head = None
     fields = 0
     try:
@@ -166,13 +176,27 @@ def _from_template(data: bytes):
         else:
             key = bytes(head) + bytes(data[id_end:pos])
             rid = str(data[rid_span[0]:rid_span[1]], "utf-8")
-        template = _REQUESTS.get(key)
-        if template is None:
-            return None, None, key
-        view = memoryview(data)
-        decoded = []
-        checked = template.checked
-        sizes = template.sizes
+    except (IndexError, UnicodeDecodeError):
+        return None, None, None
+    template = _REQUESTS.get(key)
+    if template is None:
+        return None, None, key
+    if head is None:
+        _last_key[0] = key
+    return _built(template, data, pos, end, rid)
+
+
+_last_key = [b""]
+
+
+def _built(template: "_Template", data, pos: int, end: int, rid: str):
+    """_from_template's answer for `data`, whose fields are `template`'s up to `pos`
+    (its raw inputs follow)."""
+    view = memoryview(data)
+    decoded = []
+    checked = template.checked
+    sizes = template.sizes
+    try:
         for i, (name, datatype, shape, params) in enumerate(template.inputs):
             if params is not None:  # in a client's region: no raw_input_contents
                 decoded.append(DecodedInput(name, datatype, list(shape), None,
@@ -187,9 +211,9 @@ def _from_template(data: bytes):
             if checked is not None and sizes[i] != size:
                 checked = None  # other sizes: checked again
             decoded.append(DecodedInput(name, datatype, list(shape), view[start:pos], {}))
-        if pos != end:
-            return None, None, None
-    except (IndexError, UnicodeDecodeError):
+    except IndexError:
+        return None, None, None
+    if pos != end:
         return None, None, None
     outputs = template.outputs
     return DecodedRequest(template.model, template.version, rid, decoded,

@@ -281,11 +281,15 @@ class Call:
 class GrpcConnection(h2.H2Connection):
     """One client connection of the native gRPC server."""
 
-    __slots__ = ("server", "handlers", "restrictions", "arena_paths", "quota")
+    __slots__ = ("server", "handlers", "restrictions", "arena_paths", "quota",
+                 "seen_headers", "seen_call")
 
     def __init__(self, server: "NativeGrpcServer"):
         super().__init__(server.limits, server.budget)
         self.server = server
+        # the last request headers read, and what stream_opened made of them: the
+        # decoder gives the same tuple for the same block, as a client's calls send
+        self.seen_headers = self.seen_call = None
         self.handlers = server.handlers
         self.restrictions = server.restrictions
         self.arena_paths = server.arena_paths if server.body_buffer is not None else ()
@@ -313,27 +317,14 @@ class GrpcConnection(h2.H2Connection):
     # -- requests in ------------------------------------------------------------------
 
     def stream_opened(self, stream, headers, end_stream) -> None:
-        path = method = ctype = encoding = timeout = None
-        metadata = []
-        for name, value in headers:
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value
-                elif name == b":method":
-                    method = value
-            elif name == b"content-type":
-                ctype = value
-            elif name == b"grpc-encoding":
-                encoding = value
-            elif name == b"grpc-timeout":
-                timeout = value
-            elif name != b"te" and not name.startswith(b"grpc-"):
-                metadata.append((name, value))
+        if headers is self.seen_headers:
+            method, path_s, handler, encoding, timeout, metadata = self.seen_call
+        else:
+            method, path_s, handler, encoding, timeout, metadata = self.seen_call = \
+                self._call_headers(headers)
+            self.seen_headers = headers
         if method != b"POST":  # as grpcio: the stream is reset (INTERNAL_ERROR)
             return self._reset(stream, h2.INTERNAL_ERROR)
-        # content-type is not checked: grpcio serves any (the spec's 415 is a SHOULD)
-        path_s = path.decode("latin-1") if path else ""
-        handler = self.handlers.get(path_s)
         call = Call(self, stream, handler, path_s, metadata, encoding)
         stream.app = call
         if handler is None:
@@ -353,6 +344,28 @@ class GrpcConnection(h2.H2Connection):
         if handler.request_streaming:
             call.requests = RequestStream(self.loop, self, stream)
             self._start(call, call.requests)
+
+    def _call_headers(self, headers) -> tuple:
+        """(method, path, its handler or None, grpc-encoding, grpc-timeout, the
+        metadata) of a request's headers."""
+        path = method = encoding = timeout = None
+        metadata = []
+        for name, value in headers:
+            if name[:1] == b":":
+                if name == b":path":
+                    path = value
+                elif name == b":method":
+                    method = value
+            # content-type is not checked: grpcio serves any (the spec's 415 is a SHOULD)
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name == b"grpc-timeout":
+                timeout = value
+            elif (name != b"te" and name != b"content-type"
+                  and not name.startswith(b"grpc-")):
+                metadata.append((name, value))
+        path_s = path.decode("latin-1") if path else ""
+        return method, path_s, self.handlers.get(path_s), encoding, timeout, tuple(metadata)
 
     def stream_data(self, stream, data) -> None:
         call = stream.app

@@ -695,3 +695,43 @@ def test_a_client_that_varies_its_regions_holds_a_bounded_template_cache():
     decode_infer_request(_shm_request("x", region="r" * 20_000, raw=raw))
     assert not grpc_codec._REQUESTS
     grpc_codec._REQUESTS.clear()
+
+
+def test_a_message_that_begins_with_the_last_key_is_decoded_as_its_walk_would():
+    """The last key without an id is tried first by comparing bytes: a message that
+    begins with it and goes on with a raw input is that template's; one whose bytes
+    go on with another field, or with a field after its raw inputs (protobuf takes
+    any order), decodes to what protobuf says."""
+    grpc_codec._REQUESTS.clear()
+
+    def message(raw: bytes, outputs=("OUTPUT0",)):
+        msg = service_pb2.ModelInferRequest(model_name="m")
+        msg.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 2])
+        for name in outputs:
+            msg.outputs.add(name=name)
+        msg.raw_input_contents.append(raw)
+        return msg.SerializeToString()
+
+    def afresh(data):
+        msg = service_pb2.ModelInferRequest.FromString(data)
+        return grpc_codec.request_from_message(msg, msg.raw_input_contents)
+
+    raw = np.array([1, 2], np.int32).tobytes()
+    for _ in range(2):  # remembered, then found: its key is the last one
+        decode_infer_request(message(raw))
+    key = grpc_codec._last_key[0]
+    assert message(raw).startswith(key) and key in grpc_codec._REQUESTS
+    other = np.array([3, 4], np.int32).tobytes()
+    fast, template, _ = grpc_codec._from_template(message(other))
+    assert template is grpc_codec._REQUESTS[key] and fast == afresh(message(other))
+    # the same bytes, then one more output: another key
+    more = message(raw, ("OUTPUT0", "OUTPUT1"))
+    assert more.startswith(key) and more[len(key)] != 0x3A
+    got = decode_infer_request(more)
+    assert got == afresh(more) and [o.name for o in got.outputs] == ["OUTPUT0", "OUTPUT1"]
+    # the same bytes and raw input, then an id: protobuf's answer, not the template's
+    late = message(other) + service_pb2.ModelInferRequest(id="late").SerializeToString()
+    assert grpc_codec._from_template(late)[0] is None
+    got = decode_infer_request(late)
+    assert got.id == "late" and got == afresh(late)
+    grpc_codec._REQUESTS.clear()
