@@ -192,11 +192,16 @@ class ResponseStream:
             self.core.waiting -= 1
         if msg.final:
             self.done = True
+        return self.outcome(msg), msg.final
+
+    def outcome(self, msg: InferResponse):
+        """What a response says to the reader: an InferResult, an InferError, or None
+        for an empty final one."""
         if msg.error is not None:
-            return InferError(msg.error.code, msg.error.message), msg.final
+            return InferError(msg.error.code, msg.error.message)
         if msg.empty:
-            return None, msg.final
-        return self.core._result(self.view, self.request, msg), msg.final
+            return None
+        return self.core._result(self.view, self.request, msg)
 
     def cancel(self) -> None:
         """Stop reading: the scheduler drops the request if it has not run, and the
@@ -653,6 +658,13 @@ class SchedulerDataPlane:
             self.free_blocks(stream.blocks)
             if not self.pending:
                 self.idle.set()
+            on_done = stream.on_done
+            if on_done is not None and not stream.items and not stream.closed:
+                # a task-less unary call's one response: its answer, at once
+                stream.done = True
+                stream.on_done = None
+                on_done(self._unary_answer(stream, stream.outcome(msg)))
+                return
         elif msg.empty:
             return  # a placeholder the scheduler relayed for preserve_ordering
         stream._deliver(msg)
