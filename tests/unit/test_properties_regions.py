@@ -135,7 +135,7 @@ def test_registration_checks_every_key_offset_and_size():
             assert done and not reg.by_name
 
         prop()
-    assert not open_fds() - fds, "a file descriptor was left open"
+    assert not open_fds() - fds, f"left open: {sorted(open_fds() - fds)}"
     assert outcomes >= {None, "INVALID_ARG", "ALREADY_EXISTS", "INTERNAL"}, outcomes
 
 
@@ -184,7 +184,7 @@ def test_requests_resolve_inside_their_region_and_workers_see_those_bytes():
             assert done
 
         prop()
-    assert not open_fds() - fds, "a file descriptor was left open"
+    assert not open_fds() - fds, f"left open: {sorted(open_fds() - fds)}"
     assert hits["inside"] and hits["outside"], hits
 
 
@@ -210,7 +210,7 @@ def test_a_worker_never_reads_or_writes_past_the_object(offset, nbytes):
                 assert inside
         assert objects.paths["odd"].stat().st_size == SIZES["odd"]
         maps.close()
-    assert not open_fds() - fds, "a file descriptor was left open"
+    assert not open_fds() - fds, f"left open: {sorted(open_fds() - fds)}"
 
 
 json_values = st.recursive(
