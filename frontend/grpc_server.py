@@ -213,16 +213,26 @@ class InferenceServicer:
         None), its metadata forwarded and the arena block it was received into (the
         native transport's) handed to it."""
         request, template = grpc_codec.decode_remembered(data)
-        if self.header_forward is not None:
-            forward_headers(request.parameters, context.invocation_metadata() or (),
-                            self.header_forward)
-            if request.parameters:  # the template's verdict was for none
-                request.checked = template = None
+        if self.header_forward is not None and self._forward(
+                request, context.invocation_metadata() or ()):
+            template = None
         take = getattr(context, "take_body_block", None)  # the native transport's
         block = take() if take is not None else None
         if block is not None:  # the tensors are views of it: the core frees it
             request.arena_blocks.append(block)
         return request, template
+
+    def _forward(self, request, metadata) -> bool:
+        """Add the metadata --grpc-header-forward-pattern names to the request's
+        parameters; True if it added any. A template's verdict came with the request
+        (grpc_codec) for one without parameters: it is dropped then, and the request
+        checked with them."""
+        had = len(request.parameters)
+        forward_headers(request.parameters, metadata, self.header_forward)
+        if len(request.parameters) == had:
+            return False
+        request.checked = None
+        return True
 
     def _infer_reply(self, request, answer) -> tuple[bytes | None, tuple | None]:
         """(reply, None) for the core's answer to a ModelInfer (an InferResult,
@@ -332,7 +342,7 @@ class InferenceServicer:
             request = grpc_codec.decode_infer_request(data)
             request_id = request.id
             if metadata is not None:
-                forward_headers(request.parameters, metadata, self.header_forward)
+                self._forward(request, metadata)
             empty_final = request.parameters.get("triton_enable_empty_final_response")
             if empty_final is not None and not isinstance(empty_final, bool):
                 raise InferError(

@@ -148,3 +148,31 @@ def test_forwarded_metadata_is_validated_with_its_request(tmp_path, validations,
         else:
             assert len(validations) == 1
     with_plane(tmp_path, test)
+
+
+def test_forwarded_metadata_of_a_streamed_request_is_validated_with_it(tmp_path,
+                                                                       validations):
+    """ModelStreamInfer's requests decode from the same templates: one whose
+    forwarded metadata added parameters is checked with them."""
+    import asyncio
+    good = np.arange(8, dtype=np.float32).tobytes()
+
+    async def write(reply):
+        pass
+
+    async def test(plane):
+        servicer = InferenceServicer(plane, "shmserve", "0", [],
+                                     compile_forward_pattern("x-.*"))
+        start(plane, message(good))  # a unary call with no metadata leaves a verdict
+        start(plane, message(good))
+        assert len(validations) == 1
+        for tag in ("a", "b", "c"):
+            run = asyncio.ensure_future(servicer._stream_one(
+                message(good), write, [("x-tag", tag)]))
+            for _ in range(3):  # started, now waiting for its responses
+                await asyncio.sleep(0)
+            run.cancel()
+        sent = [m for _, m in plane.sent if isinstance(m, InferRequest)][2:]
+        assert [m.parameters["x-tag"] for m in sent] == ["a", "b", "c"]
+        assert len(validations) == 4
+    with_plane(tmp_path, test)
