@@ -38,9 +38,6 @@ import cProfile
 import json
 import struct
 import os
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +50,7 @@ import hpack  # noqa: E402
 import uvloop  # noqa: E402
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
+import callgrind_count  # noqa: E402
 import cprofile_report  # noqa: E402
 from bench_cclient import GRPC_PATH, MODEL, grpc_message, http_body  # noqa: E402
 from frontend.dataplane import SchedulerDataPlane  # noqa: E402
@@ -345,25 +343,12 @@ def served(requests: int, args) -> int:
 
 def instructions(args) -> float:
     """Instructions per request: two runs under callgrind, their difference."""
-    if shutil.which("valgrind") is None:
-        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
-    counts = []
-    sizes = (args.requests, 4 * args.requests)
-    with tempfile.TemporaryDirectory(prefix="bench-frontend-cg-") as folder:
-        for n in sizes:
-            out = subprocess.run(
-                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/cg.out",
-                 sys.executable, os.path.abspath(__file__), "--requests", str(n),
-                 "--protocol", args.protocol, "--connections", str(args.connections),
-                 "--streams", str(args.streams), "--rounds", "1",
-                 "--segments", "1"],
-                capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
-            found = re.search(r"Collected : (\d+)", out.stderr)
-            if out.returncode != 0 or found is None:
-                raise SystemExit(f"the run under valgrind failed: {out.stderr[-2000:]}")
-            counts.append(int(found.group(1)))
-    between = served(sizes[1], args) - served(sizes[0], args)
-    return (counts[1] - counts[0]) / between
+    def argv(n: int) -> list[str]:
+        return [os.path.abspath(__file__), "--requests", str(n), "--protocol",
+                args.protocol, "--connections", str(args.connections), "--streams",
+                str(args.streams), "--rounds", "1", "--segments", "1"]
+    return callgrind_count.per_unit(argv, args.requests, 4 * args.requests,
+                                    lambda n: served(n, args))
 
 
 def main() -> None:
@@ -391,9 +376,8 @@ def main() -> None:
         args.connections = 64 if args.protocol == "http" else 16
     if args.instructions:  # which passes of the loop carry how many frames moves a
         # little with timing even under valgrind (+-5% here): the median of the rounds
-        counts = sorted(instructions(args) for _ in range(args.rounds))
-        print(f"{counts[len(counts) // 2]:,.0f} instructions per request (median; "
-              f"rounds: {', '.join(f'{c:,.0f}' for c in counts)})")
+        print(callgrind_count.median_line(
+            [instructions(args) for _ in range(args.rounds)], "request"))
         return
     if args.profile:
         profile = cProfile.Profile()

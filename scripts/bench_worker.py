@@ -12,6 +12,10 @@ per-process CPU figures include.
 
     .venv/bin/python scripts/bench_worker.py [--batch 8] [--batches 20000] [--rounds 3]
         [--model examples/model_repository/identity_fp32] [--shape 1,16]
+
+`--instructions` counts the instructions a request costs instead of timing it (two
+runs under valgrind's callgrind, `--batches` and four times as many, and their
+difference; the median of `--rounds`), which a noisy machine's neighbours do not move.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from shm.messages.results import InferResponse  # noqa: E402
 from shm.messages.worker import WORKER_INBOX, ExecuteBatch, LoadInstance  # noqa: E402
 from shm.tensor import TensorRef  # noqa: E402
 from workers.main import Worker  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import callgrind_count  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -136,7 +143,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--check", action="store_true",
                    help="check the last batch's responses against the input")
-    for row in run(p.parse_args()):
+    p.add_argument("--instructions", action="store_true",
+                   help="count instructions per request under callgrind")
+    args = p.parse_args()
+    if args.instructions:
+        def argv(n: int) -> list[str]:
+            return [os.path.abspath(__file__), "--model", args.model, "--shape", args.shape,
+                    "--batch", str(args.batch), "--batches", str(n), "--rounds", "1"]
+        print(callgrind_count.median_line(
+            [callgrind_count.per_unit(argv, args.batches, 4 * args.batches,
+                                      lambda n: n * args.batch)
+             for _ in range(args.rounds)], "request"))
+        return
+    for row in run(args):
         print(json.dumps(row), flush=True)
 
 

@@ -925,3 +925,30 @@ def test_listening_port_leads_to_this_process():
         port = s.getsockname()[1]
         assert os.getpid() in bench_procs.listening_pids(port)
         assert bench_procs.find_server(port) == os.getpid()
+
+
+def test_callgrind_count_divides_the_difference_of_two_runs(monkeypatch):
+    """--instructions: (instructions of the large run - the small run's) over the
+    units of work between them, the start-up both share left out."""
+    import subprocess
+
+    import callgrind_count
+
+    runs = []
+
+    def fake_run(cmd, **kwargs):
+        n = int(cmd[-1])
+        runs.append(cmd)
+        # a start-up of 10M instructions, then 1,000 a unit of 2 requests each
+        collected = 10_000_000 + 1_000 * n
+        return subprocess.CompletedProcess(cmd, 0, "", f"==1== Collected : {collected}\n")
+
+    monkeypatch.setattr(callgrind_count.shutil, "which", lambda name: "/usr/bin/valgrind")
+    monkeypatch.setattr(callgrind_count.subprocess, "run", fake_run)
+    got = callgrind_count.per_unit(lambda n: ["bench.py", "--n", str(n)], 100, 400,
+                                   lambda n: 2 * n)
+    assert got == 500.0
+    assert [r[0] for r in runs] == ["valgrind", "valgrind"]
+    assert runs[0][-1] == "100" and runs[1][-1] == "400"
+    line = callgrind_count.median_line([3.0e5, 1.0e5, 2.0e5], "request")
+    assert line == "200,000 instructions per request (median; rounds: 100,000, 200,000, 300,000)"
