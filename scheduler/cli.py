@@ -125,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "batch (SCHED_BATCH, the default: a process another one wakes "
                         "waits for the running one to block instead of preempting it, "
                         "so each runs its burst to the end) or inherit (as started)")
+    # shm.cuda.CUDA_SYNC's names (that module is the workers': not imported here)
+    p.add_argument("--cuda-sync", choices=("auto", "spin", "yield", "block"),
+                   default="auto",
+                   help="how a worker's thread waits for its GPU (the primary context's "
+                        "scheduling flag, for the copies into clients' CUDA regions and "
+                        "the models' own synchronizations): auto (CUDA's choice, which "
+                        "spins on a machine with more cores than contexts), spin, yield, "
+                        "or block (the thread sleeps until the GPU is done: no CPU spent "
+                        "waiting on a long copy, a wake-up's latency added)")
     p.add_argument("--arena-mib", type=int, default=64,
                    help="size of each shared-memory arena chunk, MiB")
     p.add_argument("--arena-high-water-mib", type=int, default=None,

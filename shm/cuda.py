@@ -40,6 +40,34 @@ def device_count() -> int:
     return count.value
 
 
+# --cuda-sync: the primary context's scheduling flag (CUctx_flags' CU_CTX_SCHED_*)
+CUDA_SYNC = {"auto": 0, "spin": 1, "yield": 2, "block": 4}
+
+
+def set_sync(mode: str) -> list[int]:
+    """How this process's threads wait for its GPUs, set on every visible device's
+    primary context before a framework or cupy makes it current (what torch and cupy
+    use); the devices it was set on. "auto" leaves CUDA's choice. A device whose
+    context was made already keeps its flag (logged by the caller)."""
+    flag = CUDA_SYNC[mode]
+    if mode == "auto" or device_count() == 0:
+        return []
+    if FAKE_DEVICES:
+        return cuda_fake.set_primary_flags(flag, FAKE_DEVICES)
+    lib = ctypes.CDLL("libcuda.so.1")
+    set_flags = (getattr(lib, "cuDevicePrimaryCtxSetFlags_v2", None)
+                 or getattr(lib, "cuDevicePrimaryCtxSetFlags", None))
+    if set_flags is None:  # a driver without it: CUDA's choice stays
+        return []
+    done = []
+    for ordinal in range(device_count()):
+        dev = ctypes.c_int(0)
+        if lib.cuDeviceGet(ctypes.byref(dev), ordinal) == 0 and \
+                set_flags(dev, ctypes.c_uint(flag)) == 0:
+            done.append(ordinal)
+    return done
+
+
 def cupy():
     """The cupy module, or an error that says how to get it."""
     try:

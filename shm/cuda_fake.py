@@ -136,6 +136,17 @@ class _Runtime:
         CALLS["hostUnregister"] += 1
 
 
+PRIMARY_FLAGS: dict[int, int] = {}  # device -> the flag set_primary_flags gave it
+
+
+def set_primary_flags(flag: int, devices: int) -> list[int]:
+    """cuDevicePrimaryCtxSetFlags on each of `devices`: recorded, as CALLS counts."""
+    for device in range(devices):
+        CALLS["primary_ctx_set_flags"] += 1
+        PRIMARY_FLAGS[device] = flag
+    return list(range(devices))
+
+
 class Stream:
     def __init__(self, non_blocking: bool = False, null: bool = False, ptr: int = 0):
         if not null:

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from shm import cuda  # noqa: F401 (its fake cupy, with SHMSERVE_FAKE_CUDA, before any model)
+from shm import cuda  # its fake cupy (SHMSERVE_FAKE_CUDA) goes in before any model
 from shm.arena import Arena
 from shm.channel import Outbox
 from shm.errors import ErrorCode, InferError
@@ -663,6 +663,9 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the scheduler coordinates shutdown
     die_with_parent(signal.SIGTERM)
     watch_parent(args.segment_prefix, args.address)  # a model's call may hold the thread
+    if args.cuda_sync != "auto":  # before any model or region makes a context current
+        set_on = cuda.set_sync(args.cuda_sync)
+        log.info("--cuda-sync %s on GPU(s) %s", args.cuda_sync, set_on)
     worker = Worker(args.name, args.address, args.scheduler, args.segment_prefix,
                     args.arena_bytes, args.device, args.arena_high_water)
     settle_heap()  # before any model: what a model makes stays collectable at unload

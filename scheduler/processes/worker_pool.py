@@ -265,7 +265,9 @@ class WorkerPool:
         CUDA_VISIBLE_DEVICES)."""
         return WorkerSpec(name=worker.name, address=worker.address,
                           scheduler=self.scheduler_address, segment_prefix=worker.prefix,
-                          device=worker.device or "cpu", **child_fields(self.args))
+                          device=worker.device or "cpu",
+                          cuda_sync=getattr(self.args, "cuda_sync", "auto"),
+                          **child_fields(self.args))
 
     async def _stop(self, worker: WorkerHandle, timeout: float = 10.0) -> None:
         if worker.child is None or worker.child.returncode is not None:

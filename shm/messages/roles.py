@@ -82,3 +82,5 @@ class WorkerSpec(ChildSpec, frozen=True, kw_only=True):
     name: str  # what it hosts, e.g. "cpu worker" or "add_sub/1/add_sub_0_0#3"
     # "cpu", or "gpu:N" for a device worker pinned to GPU N (see shm/devices.py)
     device: str = "cpu"
+    # how its threads wait for a GPU (--cuda-sync; shm.cuda.set_sync)
+    cuda_sync: str = "auto"

@@ -64,7 +64,8 @@ def server(tmp_path_factory):
     (repo / "fake_gpu" / "config.pbtxt").write_text(CONFIG)
     (repo / "fake_gpu" / "1" / "model.py").write_text(textwrap.dedent(MODEL))
     logs = tmp_path_factory.mktemp("fake-gpu-logs")
-    srv = ServerProcess([repo], "--allow-client-shm=true", log_dir=logs,
+    srv = ServerProcess([repo], "--allow-client-shm=true", "--cuda-sync=block",
+                        log_dir=logs,
                         env={"SHMSERVE_FAKE_CUDA": "1",
                              "SHMSERVE_WAKE_COUNTS": str(logs / "wakes.json")})
     srv.counts = logs / "wakes.json"
@@ -128,3 +129,10 @@ def test_nothing_crossed_to_the_host(server):
     # back), less a few where an answer outran its batch's end to the scheduler (the
     # count starts again)
     assert wakes.get("BatchDone under a lease", 0) >= ROUNDS, wakes
+
+
+def test_workers_wait_for_the_gpu_as_cuda_sync_says(server):
+    """--cuda-sync reaches the workers, which set it on each device's primary context
+    before any model makes it current (with the fake: the one device, 0)."""
+    wait = "--cuda-sync block on GPU(s) [0]"
+    assert wait in server.log(), server.log()[-3000:]
