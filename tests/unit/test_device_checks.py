@@ -23,3 +23,19 @@ def test_every_step_in_the_usage_line_has_a_branch():
     usage = re.search(r"usage: scripts/device_checks ([a-z|]+)", text).group(1).split("|")
     for step in usage:
         assert re.search(rf"^\s+{step}\)|\"\$step\" = {step}", text, re.M), step
+
+
+def test_all_skips_a_step_that_would_not_end_in_time(tmp_path):
+    """`all` runs sync, wakes and mlp only while each still ends within ALL_S of the
+    start: a device call that runs past its limit loses everything it had."""
+    fits = re.search(r"^fits\(\) \{.*?^\}", SCRIPT.read_text(), re.M | re.S).group(0)
+
+    def run(gone: int, step_s: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", "-c", f"{fits}\nSECONDS={gone}; out={tmp_path}; fits {step_s} sync"],
+            capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert run(300, 100).returncode == 0
+    late = run(500, 100)
+    assert late.returncode == 1 and "sync skipped" in late.stdout
+    assert "sync skipped" in (tmp_path / "skipped.txt").read_text()
+    assert "\n    fits 100 sync && sync_modes" in SCRIPT.read_text()
