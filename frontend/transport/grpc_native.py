@@ -318,9 +318,9 @@ class GrpcConnection(h2.H2Connection):
 
     def stream_opened(self, stream, headers, end_stream) -> None:
         if headers is self.seen_headers:
-            method, path_s, handler, encoding, timeout, metadata = self.seen_call
+            method, path_s, handler, encoding, seconds, metadata = self.seen_call
         else:
-            method, path_s, handler, encoding, timeout, metadata = self.seen_call = \
+            method, path_s, handler, encoding, seconds, metadata = self.seen_call = \
                 self._call_headers(headers)
             self.seen_headers = headers
         if method != b"POST":  # as grpcio: the stream is reset (INTERNAL_ERROR)
@@ -336,18 +336,16 @@ class GrpcConnection(h2.H2Connection):
             refusal = grpc_refusal(path_s, call.invocation_metadata(), self.restrictions)
             if refusal is not None:
                 return self.finish(call, 14, refusal)
-        if timeout is not None:
-            seconds = parse_timeout(timeout)
-            if seconds is not None:
-                call.deadline = self.loop.time() + seconds
-                call.timer = self.loop.call_at(call.deadline, self._deadline, call)
+        if seconds is not None:
+            call.deadline = self.loop.time() + seconds
+            call.timer = self.loop.call_at(call.deadline, self._deadline, call)
         if handler.request_streaming:
             call.requests = RequestStream(self.loop, self, stream)
             self._start(call, call.requests)
 
     def _call_headers(self, headers) -> tuple:
-        """(method, path, its handler or None, grpc-encoding, grpc-timeout, the
-        metadata) of a request's headers."""
+        """(method, path, its handler or None, grpc-encoding, grpc-timeout in seconds
+        (None: none, or malformed), the metadata) of a request's headers."""
         path = method = encoding = timeout = None
         metadata = []
         for name, value in headers:
@@ -365,7 +363,8 @@ class GrpcConnection(h2.H2Connection):
                   and not name.startswith(b"grpc-")):
                 metadata.append((name, value))
         path_s = path.decode("latin-1") if path else ""
-        return method, path_s, self.handlers.get(path_s), encoding, timeout, tuple(metadata)
+        return (method, path_s, self.handlers.get(path_s), encoding,
+                None if timeout is None else parse_timeout(timeout), tuple(metadata))
 
     def stream_data(self, stream, data) -> None:
         call = stream.app

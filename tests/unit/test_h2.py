@@ -160,7 +160,8 @@ def _echo_handlers(started=None):
         return b"x" * int(request)
 
     async def slow(request, context):
-        started.set_result(context)
+        if not started.done():
+            started.set_result(context)
         await asyncio.sleep(3600)
 
     async def fail(request, context):
@@ -395,6 +396,19 @@ async def test_streaming_and_deadline():
             break
         await asyncio.sleep(0.01)
     assert p.of(3, h2.HEADERS)[-1][3]["grpc-status"] == "4"
+    # the same header block again (HPACK's indexed form, the decoder's cached tuple):
+    # each call still gets a deadline of its own, from when it came
+    blocks = []
+    block = p.headers_block
+    p.headers_block = lambda *a: blocks.append(block(*a)) or blocks[-1]
+    for sid in (5, 7):
+        p.request(sid, "/s/Slow", b"", extra=[("grpc-timeout", "20m")])
+        for _ in range(500):
+            if p.of(sid, h2.HEADERS):
+                break
+            await asyncio.sleep(0.01)
+        assert p.of(sid, h2.HEADERS)[-1][3]["grpc-status"] == "4"
+    assert blocks[0] == blocks[1]
 
 
 class FakeArena:
