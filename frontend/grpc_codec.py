@@ -216,10 +216,11 @@ def _built(template: "_Template", data, pos: int, end: int, rid: str):
     if pos != end:
         return None, None, None
     outputs = template.outputs
-    return DecodedRequest(template.model, template.version, rid, decoded,
-                          None if outputs is None else
-                          [RequestedOutput(name, None, 0, dict(params) if params else {})
-                           for name, params in outputs], {}, checked=checked), template, None
+    request = DecodedRequest(template.model, template.version, rid, decoded,
+                             None if outputs is None else
+                             [RequestedOutput(name, None, 0, dict(params) if params else {})
+                              for name, params in outputs], {}, checked=checked)
+    return request, template, None
 
 
 # the parameters a remembered request's tensors may have: a client region's

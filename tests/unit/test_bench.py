@@ -951,4 +951,5 @@ def test_callgrind_count_divides_the_difference_of_two_runs(monkeypatch):
     assert [r[0] for r in runs] == ["valgrind", "valgrind"]
     assert runs[0][-1] == "100" and runs[1][-1] == "400"
     line = callgrind_count.median_line([3.0e5, 1.0e5, 2.0e5], "request")
-    assert line == "200,000 instructions per request (median; rounds: 100,000, 200,000, 300,000)"
+    assert line == ("200,000 instructions per request (median; rounds: 100,000, 200,000, "
+                    "300,000)")

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from frontend import dataplane, grpc_codec
+from frontend import grpc_codec
 from frontend.grpc_server import InferenceServicer
 from shm.datatypes import serialize_bytes
 from shm.errors import InferError
 from shm.header_pattern import compile_forward_pattern
 from shm.messages.frontend import InferRequest, ModelStateUpdate
 from shm.messages.repository import ModelReadyState
-from tests.unit.recording_plane import run_with_plane
+from tests.unit.recording_plane import check_forwarded, count_validations, run_with_plane
 from tests.unit.test_header_memo import config
 
 pytestmark = pytest.mark.timeout(30)
@@ -33,14 +33,7 @@ def message(raw: bytes, datatype="FP32", shape=(2, 4), request_id="") -> bytes:
 def validations(monkeypatch):
     """The configs validate_request was called with, one entry a call."""
     grpc_codec._REQUESTS.clear()
-    calls = []
-    original = dataplane.validate_request
-
-    def counting(request, cfg):
-        calls.append(cfg)
-        return original(request, cfg)
-    monkeypatch.setattr(dataplane, "validate_request", counting)
-    yield calls
+    yield count_validations(monkeypatch)
     grpc_codec._REQUESTS.clear()
 
 
@@ -140,13 +133,7 @@ def test_forwarded_metadata_is_validated_with_its_request(tmp_path, validations,
                 message(good), Context([("x-tag", tag)]),
                 lambda *answer: answers.append(answer))
             assert handle is not None and not answers
-        sent = [m for _, m in plane.sent if isinstance(m, InferRequest)]
-        assert len(sent) == 3
-        if pattern:
-            assert len(validations) == 3
-            assert [m.parameters["x-tag"] for m in sent] == ["a", "b", "c"]
-        else:
-            assert len(validations) == 1
+        check_forwarded(plane, validations, bool(pattern), ["a", "b", "c"])
     with_plane(tmp_path, test)
 
 

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2
 
-from frontend import dataplane, http_codec
+from frontend import http_codec
 from frontend.http_codec import HeaderMemo, decode_infer_request
 from frontend.http_server import InferEndpoint
 from shm.datatypes import serialize_bytes
 from shm.errors import InferError
 from shm.messages.frontend import InferRequest, ModelStateUpdate
 from shm.messages.repository import ModelReadyState
-from tests.unit.recording_plane import run_with_plane
+from tests.unit.recording_plane import check_forwarded, count_validations, run_with_plane
 from tests.unit.test_http_codec import client_body
 
 pytestmark = pytest.mark.timeout(30)
@@ -114,13 +114,7 @@ def with_plane(tmp_path, test):
 
 def test_validation_is_kept_for_the_same_config_and_done_again_for_another(
         tmp_path, monkeypatch):
-    calls = []
-    original = dataplane.validate_request
-
-    def counting(request, cfg):
-        calls.append(cfg)
-        return original(request, cfg)
-    monkeypatch.setattr(dataplane, "validate_request", counting)
+    calls = count_validations(monkeypatch)
 
     async def test(plane):
         memo = HeaderMemo()
@@ -231,10 +225,7 @@ def test_forwarded_headers_are_validated_with_their_request(tmp_path, monkeypatc
     """Headers forwarded as parameters are not in the remembered header, and its
     verdict does not cover them: such requests are checked each time."""
     from shm.header_pattern import compile_forward_pattern
-    calls = []
-    original = dataplane.validate_request
-    monkeypatch.setattr(dataplane, "validate_request",
-                        lambda request, cfg: calls.append(cfg) or original(request, cfg))
+    calls = count_validations(monkeypatch)
     raw, length = body([[1, 2, 3, 4]])
 
     async def test(plane):
@@ -243,13 +234,7 @@ def test_forwarded_headers_are_validated_with_their_request(tmp_path, monkeypatc
             request, seen = endpoint.prepare("m", "", [(b"x-tag", tag)], raw, None,
                                              str(length))
             endpoint.start(request, seen, lambda answer: None)
-        sent = [m for _, m in plane.sent if isinstance(m, InferRequest)]
-        assert len(sent) == 3
-        if pattern:
-            assert len(calls) == 3
-            assert [m.parameters["x-tag"] for m in sent] == ["a", "b", "c"]
-        else:
-            assert len(calls) == 1
+        check_forwarded(plane, calls, bool(pattern), ["a", "b", "c"])
     with_plane(tmp_path, test)
 
 
