@@ -83,19 +83,14 @@ def decode_infer_request(data) -> DecodedRequest:
     `data`: bytes, or a memoryview its caller never writes to again (the native gRPC
     transport's buffer of a unary call: taking it as it is spares a copy of the whole
     message, 3 ms for 16 MiB here). Raw input buffers are slices of `data` (no copy)
-    for large messages; the slices keep it alive as long as the request."""
-    return decode_remembered(data)[0]
-
-
-def decode_remembered(data) -> tuple[DecodedRequest, "_Template | None"]:
-    """(request, its template or None), as decode_infer_request decodes it: the
-    template keeps the core's verdict on the request (keep_verdict) for the next one
-    that repeats its fields."""
+    for large messages; the slices keep it alive as long as the request. A request
+    that repeats a remembered one's fields has its template as `memo`, where the core
+    keeps its verdict for the next."""
     if type(data) is not bytes and type(data) is not memoryview:
         data = bytes(data)
-    request, template, key = _from_template(data)
+    request, key = _from_template(data)
     if request is not None:
-        return request, template
+        return request
     if len(data) < SPLIT_THRESHOLD:
         try:
             msg = ModelInferRequest.FromString(data)
@@ -105,18 +100,9 @@ def decode_remembered(data) -> tuple[DecodedRequest, "_Template | None"]:
     else:
         msg, raws = parse_infer_request(data)
         request = request_from_message(msg, raws)
-    return request, (None if key is None else _remember(key, msg, request))
-
-
-def keep_verdict(template: "_Template | None", request: DecodedRequest) -> None:
-    """Keep the core's verdict on `request` (DecodedRequest.checked, set as it was
-    admitted) in its template, for the next request with the same fields and raw
-    input sizes."""
-    if (template is not None and template.reusable and request.checked is not None
-            and request.checked is not template.checked):
-        template.checked = request.checked
-        template.sizes = tuple(None if i.data is None else len(i.data)
-                               for i in request.inputs)
+    if key is not None:
+        request.memo = _remember(key, msg, request)
+    return request
 
 
 # A client sends the same fields but the id and the tensor bytes with every request
@@ -137,10 +123,10 @@ _TEMPLATE_KEY_MAX = 16 * 1024
 
 
 def _from_template(data: bytes):
-    """(DecodedRequest, its template, None) when `data` repeats a remembered
-    request's fields; (None, None, key) when it could be remembered once decoded;
-    (None, None, None) otherwise. The template's verdict (keep_verdict) comes with
-    the request where its raw inputs have the sizes it was given for."""
+    """(DecodedRequest, None) when `data` repeats a remembered request's fields (its
+    template the request's `memo`); (None, key) when it could be remembered once
+    decoded; (None, None) otherwise. The template's verdict comes with the request
+    where its raw inputs have the sizes it was given for."""
     end = len(data)
     # the last key without an id that was found: a message that begins with its
     # bytes, followed by a raw input or nothing, walks to the same key
@@ -161,7 +147,7 @@ def _from_template(data: bytes):
                 break
             fields += 1
             if key not in _FIELD_KEYS or fields > WALK_FIELDS_MAX:
-                return None, None, None
+                return None, None
             size, start = _varint(data, pos + 1)
             nxt = start + size
             if key == _ID_KEY:
@@ -170,17 +156,17 @@ def _from_template(data: bytes):
                 id_end = nxt
             pos = nxt
         if pos > end or pos > _TEMPLATE_KEY_MAX:
-            return None, None, None
+            return None, None
         if head is None:
             key, rid = bytes(data[:pos]), ""
         else:
             key = bytes(head) + bytes(data[id_end:pos])
             rid = str(data[rid_span[0]:rid_span[1]], "utf-8")
     except (IndexError, UnicodeDecodeError):
-        return None, None, None
+        return None, None
     template = _REQUESTS.get(key)
     if template is None:
-        return None, None, key
+        return None, key
     if head is None:
         _last_key[0] = key
     return _built(template, data, pos, end, rid)
@@ -203,24 +189,25 @@ def _built(template: "_Template", data, pos: int, end: int, rid: str):
                                             dict(params)))
                 continue
             if pos >= end or data[pos] != _RAW_INPUT_KEY:
-                return None, None, None
+                return None, None
             size, start = _varint(data, pos + 1)
             pos = start + size
             if pos > end:
-                return None, None, None
+                return None, None
             if checked is not None and sizes[i] != size:
                 checked = None  # other sizes: checked again
             decoded.append(DecodedInput(name, datatype, list(shape), view[start:pos], {}))
     except IndexError:
-        return None, None, None
+        return None, None
     if pos != end:
-        return None, None, None
+        return None, None
     outputs = template.outputs
     request = DecodedRequest(template.model, template.version, rid, decoded,
                              None if outputs is None else
                              [RequestedOutput(name, None, 0, dict(params) if params else {})
-                              for name, params in outputs], {}, checked=checked)
-    return request, template, None
+                              for name, params in outputs], {}, checked=checked,
+                             memo=template)
+    return request, None
 
 
 # the parameters a remembered request's tensors may have: a client region's
@@ -247,6 +234,14 @@ class _Template:
                                 for i in request.inputs)
         self.checked = None
         self.sizes = ()
+
+    def keep(self, request: DecodedRequest) -> None:
+        """The core's verdict on `request`, for the next request with these fields and
+        its raw input sizes."""
+        if self.reusable:
+            self.checked = request.checked
+            self.sizes = tuple(None if i.data is None else len(i.data)
+                               for i in request.inputs)
 
 
 def _remember(key: bytes, msg, request: DecodedRequest) -> "_Template | None":

@@ -174,11 +174,8 @@ class InferenceServicer:
 
     async def model_infer(self, data: bytes, context) -> bytes:
         try:
-            request, template = self._infer_request(data, context)
-            try:
-                answer = await self.core.infer(request, _DECOUPLED_REFUSAL)
-            finally:
-                grpc_codec.keep_verdict(template, request)
+            request = self._infer_request(data, context)
+            answer = await self.core.infer(request, _DECOUPLED_REFUSAL)
         except InferError as e:
             request, answer = None, e
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
@@ -195,12 +192,10 @@ class InferenceServicer:
         response (or now, for a request refused before it ran: None is returned
         then, else the request's handle, whose cancel() drops it)."""
         try:
-            request, template = self._infer_request(data, context)
-            handle = self.core.start_unary(
+            request = self._infer_request(data, context)
+            return self.core.start_unary(
                 request, lambda answer: done(*self._infer_reply(request, answer)),
                 _DECOUPLED_REFUSAL)
-            grpc_codec.keep_verdict(template, request)
-            return handle
         except InferError as e:
             error = e
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
@@ -209,30 +204,26 @@ class InferenceServicer:
         return None
 
     def _infer_request(self, data: bytes, context):
-        """(the DecodedRequest of a ModelInfer message, its grpc_codec template or
-        None), its metadata forwarded and the arena block it was received into (the
-        native transport's) handed to it."""
-        request, template = grpc_codec.decode_remembered(data)
-        if self.header_forward is not None and self._forward(
-                request, context.invocation_metadata() or ()):
-            template = None
+        """The DecodedRequest of a ModelInfer message, its metadata forwarded and the
+        arena block it was received into (the native transport's) handed to it."""
+        request = grpc_codec.decode_infer_request(data)
+        if self.header_forward is not None:
+            self._forward(request, context.invocation_metadata() or ())
         take = getattr(context, "take_body_block", None)  # the native transport's
         block = take() if take is not None else None
         if block is not None:  # the tensors are views of it: the core frees it
             request.arena_blocks.append(block)
-        return request, template
+        return request
 
-    def _forward(self, request, metadata) -> bool:
+    def _forward(self, request, metadata) -> None:
         """Add the metadata --grpc-header-forward-pattern names to the request's
-        parameters; True if it added any. A template's verdict came with the request
-        (grpc_codec) for one without parameters: it is dropped then, and the request
-        checked with them."""
+        parameters. A template's verdict came with the request (grpc_codec) for one
+        without parameters: where any were added, the request is checked with them
+        and its verdict kept nowhere."""
         had = len(request.parameters)
         forward_headers(request.parameters, metadata, self.header_forward)
-        if len(request.parameters) == had:
-            return False
-        request.checked = None
-        return True
+        if len(request.parameters) != had:
+            request.checked = request.memo = None
 
     def _infer_reply(self, request, answer) -> tuple[bytes | None, tuple | None]:
         """(reply, None) for the core's answer to a ModelInfer (an InferResult,

@@ -294,6 +294,11 @@ class _Seen:
         self.reusable = not any(inp.data is not None and element_size(inp.datatype) is None
                                 for inp in request.inputs)
 
+    def keep(self, request: DecodedRequest) -> None:
+        """The core's verdict on `request`, for the next body with this header."""
+        if self.reusable:
+            self.checked = request.checked
+
 
 class HeaderMemo:
     """decode_infer_request, remembering the headers it decoded last.
@@ -304,7 +309,7 @@ class HeaderMemo:
     A body whose header (with the model, version and body length) was decoded before
     is decoded from what that one gave: its inputs are the new body's slices at the
     same places, and its validation against the same model config stands
-    (`DecodedRequest.checked`, which `remember` keeps after the core set it).
+    (`DecodedRequest.checked`, which the core keeps in the entry: `memo`).
 
     Only headers whose inputs are all binary or in client regions are kept (an input
     sent as JSON `data` is part of the header, different every time), of at most
@@ -338,20 +343,14 @@ class HeaderMemo:
                     return request, None  # JSON data: not a header worth keeping
             if len(self.seen) >= self.entries:
                 del self.seen[next(iter(self.seen))]
-            seen = self.seen[key] = _Seen(request, end)
+            seen = request.memo = self.seen[key] = _Seen(request, end)
             return request, seen
         view = memoryview(body)
         inputs = [DecodedInput(name, datatype, shape,
                                None if where is None else view[where[0]:where[1]], params)
                   for name, datatype, shape, where, params in seen.inputs]
         return DecodedRequest(model_name, model_version, seen.id, inputs, seen.outputs,
-                              seen.parameters, checked=seen.checked), seen
-
-    @staticmethod
-    def remember(seen: _Seen | None, request: DecodedRequest) -> None:
-        """Keep the core's verdict on `request` for the next body with its header."""
-        if seen is not None and seen.reusable and request.checked is not seen.checked:
-            seen.checked = request.checked
+                              seen.parameters, checked=seen.checked, memo=seen), seen
 
 
 def _content_type_error(has_data: bool, has_binary: bool, has_shm: bool) -> str:

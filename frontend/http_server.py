@@ -311,8 +311,8 @@ class InferEndpoint:
                 if version:
                     check_version(version)  # refused before any inflating
                 body = await http_codec.decompress_async(body, encoding, self.max_input)
-            request, seen = self.prepare(name, version, raw_headers, body, block,
-                                         header_length)
+            request = self.prepare(name, version, raw_headers, body, block,
+                                   header_length)
             block = None  # the core frees it from here on
             watcher = watch()
             try:
@@ -323,7 +323,6 @@ class InferEndpoint:
                 raise
             finally:
                 watcher.stop()
-                self.memo.remember(seen, request)
             return self.answer(name, version, request, result, accept)
         except Exception as e:  # noqa: BLE001 - every failure is answered
             if block is not None:  # the request failed before the core took the body
@@ -331,37 +330,32 @@ class InferEndpoint:
             return self.error_answer(e, name, encoding)
 
     def prepare(self, name: str, version: str, raw_headers, body, block, header_length):
-        """(request, its HeaderMemo entry or None) of the infer request `body`, its
-        arena `block` (or None) handed to it as the last step. Raises InferError for a
-        body that cannot be decoded; the block is then still the caller's."""
+        """The DecodedRequest of the infer request `body`, its arena `block` (or
+        None) handed to it as the last step. Raises InferError for a body that cannot
+        be decoded; the block is then still the caller's."""
         if version:
             version = check_version(version)
         length = http_codec.parse_header_length(header_length, len(body))
-        seen = None
         if length == 0:
             view = self.core.get_model(name, version)
             request = http_codec.decode_raw_request(body, view.config, name, version)
         else:
-            request, seen = self.memo.decode(body, length, name, version)
+            request = self.memo.decode(body, length, name, version)[0]
         if self.header_forward is not None:
             params = dict(request.parameters)  # the memo's stay as sent
             forward_headers(params, raw_headers, self.header_forward)
             if len(params) != len(request.parameters):
                 # the memo's verdict was for the header's parameters alone
-                request.checked = seen = None
+                request.checked = request.memo = None
             request.parameters = params
         if block is not None:
             request.arena_blocks.append(block)
-        return request, seen
+        return request
 
-    def start(self, request, seen, on_done):
-        """The core's start_unary for a prepared request (`seen`: its HeaderMemo
-        entry), with HTTP's refusal of a decoupled model: its handle (`cancel()`), and
-        `on_done(answer)` later. The core's verdict on it, given as it starts, is
-        kept for the next body with its header."""
-        handle = self.core.start_unary(request, on_done, _DECOUPLED_REFUSAL)
-        self.memo.remember(seen, request)
-        return handle
+    def start(self, request, on_done):
+        """The core's start_unary for a prepared request, with HTTP's refusal of a
+        decoupled model: its handle (`cancel()`), and `on_done(answer)` later."""
+        return self.core.start_unary(request, on_done, _DECOUPLED_REFUSAL)
 
     def answer(self, name: str, version: str, request, result, accept):
         """(status, headers with content-length, body) of `result`, which is released

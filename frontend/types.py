@@ -52,8 +52,12 @@ class DecodedRequest:
     arena_blocks: list = dataclasses.field(default_factory=list)
     # (model config, batch size): validate_request passed it against that config. The
     # core sets it; a request decoded from a header seen before brings the earlier
-    # one's (http_codec.HeaderMemo), and the core validates again for another config
+    # one's (http_codec.HeaderMemo, grpc_codec's templates), and the core validates
+    # again for another config
     checked: tuple | None = None
+    # what it was decoded from, where the core keeps its verdict for the next request
+    # decoded alike (`memo.keep(request)`); None: nowhere. Not part of its value.
+    memo: Any = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclasses.dataclass(slots=True)

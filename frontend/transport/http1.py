@@ -512,10 +512,10 @@ class HttpProtocol(asyncio.Protocol):
         endpoint = self.infer
         name, version = req.target
         try:
-            request, seen = endpoint.prepare(name, version, req.headers, body, block,
-                                             header_length)
+            request = endpoint.prepare(name, version, req.headers, body, block,
+                                       header_length)
             block = None  # the core frees it from here on
-            req.task = endpoint.start(request, seen,
+            req.task = endpoint.start(request,
                                       lambda answer: self._answered(req, request, answer))
         except Exception as exc:  # noqa: BLE001 - every failure is answered
             if block is not None:

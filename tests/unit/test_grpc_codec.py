@@ -645,8 +645,8 @@ def test_shared_memory_requests_decode_from_a_template():
     first = decode_infer_request(wire)
     assert len(grpc_codec._REQUESTS) == 1
     again = _shm_request("two", raw=np.array([3, 4], np.int32).tobytes())
-    fast, template, key = grpc_codec._from_template(again)
-    assert fast is not None and template is not None and key is None
+    fast, key = grpc_codec._from_template(again)
+    assert fast is not None and fast.memo is not None and key is None
     msg = service_pb2.ModelInferRequest.FromString(again)
     assert fast == grpc_codec.request_from_message(msg, msg.raw_input_contents)
     assert fast.id == "two" and bytes(fast.inputs[1].data) == np.array([3, 4], np.int32).tobytes()
@@ -722,8 +722,8 @@ def test_a_message_that_begins_with_the_last_key_is_decoded_as_its_walk_would():
     key = grpc_codec._last_key[0]
     assert message(raw).startswith(key) and key in grpc_codec._REQUESTS
     other = np.array([3, 4], np.int32).tobytes()
-    fast, template, _ = grpc_codec._from_template(message(other))
-    assert template is grpc_codec._REQUESTS[key] and fast == afresh(message(other))
+    fast, _ = grpc_codec._from_template(message(other))
+    assert fast.memo is grpc_codec._REQUESTS[key] and fast == afresh(message(other))
     # the same bytes, then one more output: another key
     more = message(raw, ("OUTPUT0", "OUTPUT1"))
     assert more.startswith(key) and more[len(key)] != 0x3A

@@ -38,10 +38,9 @@ def validations(monkeypatch):
 
 
 def start(plane, data: bytes):
-    """What the servicer does with a ModelInfer message: decode, start, keep."""
-    request, template = grpc_codec.decode_remembered(data)
+    """What the servicer does with a ModelInfer message: decode, start."""
+    request = grpc_codec.decode_infer_request(data)
     plane.start(request)
-    grpc_codec.keep_verdict(template, request)
     return request
 
 
@@ -83,7 +82,7 @@ def test_a_request_the_reloaded_model_no_longer_takes_is_refused(tmp_path, valid
             start(plane, message(good))
         plane.on_model_state(ModelStateUpdate("m", 1, ModelReadyState.READY,
                                               config=config(dims=5).SerializeToString()))
-        request, template = grpc_codec.decode_remembered(message(good))
+        request = grpc_codec.decode_infer_request(message(good))
         assert request.checked is not None  # the old verdict comes with it...
         with pytest.raises(InferError, match="unexpected shape for input 'INPUT0'"):
             plane.start(request)  # ...and is not taken for the new config
@@ -98,8 +97,8 @@ def test_a_bytes_input_is_checked_every_time(tmp_path, validations):
 
     async def test(plane):
         start(plane, message(good, "BYTES", (1, 4)))
-        request, template = grpc_codec.decode_remembered(message(bad, "BYTES", (1, 4)))
-        assert template is not None and request.checked is None
+        request = grpc_codec.decode_infer_request(message(bad, "BYTES", (1, 4)))
+        assert request.memo is not None and request.checked is None
         with pytest.raises(InferError, match="INPUT0"):
             plane.start(request)
         assert len(validations) == 2
