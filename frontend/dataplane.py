@@ -229,6 +229,11 @@ class ResponseStream:
             self.core._release_unclaimed(msg)
             return
         items = self.items
+        if self.on_done is not None and msg.final and not items:
+            # a task-less unary call's one response: its answer, not queued
+            self.done = True
+            self._answer(self.outcome(msg))
+            return
         if items:  # the reader is behind: what it has not read counts
             size = sum(len(r.data) if r.data is not None else r.nbytes
                        for r in msg.outputs if not r.region)
@@ -257,11 +262,26 @@ class ResponseStream:
 
     def _wake(self) -> None:
         if self.on_done is not None:
-            self.core._unary_step(self)
+            self._unary_step()
             return
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _unary_step(self) -> None:
+        """Responses of a start_unary request are here: the final one is its answer,
+        the others are dropped (as infer() counts only the final one)."""
+        while self.items:
+            result, final = self.take()
+            if final:
+                self._answer(result)
+                return
+            if isinstance(result, InferResult):
+                result.release()
+
+    def _answer(self, result) -> None:
+        on_done, self.on_done = self.on_done, None
+        on_done(self.core._unary_answer(self, result))
 
     def _give_up(self, msg: InferResponse | None, why: str) -> None:
         """Cancel the request, and leave the reader one final error in place of all it
@@ -437,17 +457,6 @@ class SchedulerDataPlane:
         stream.on_done = on_done
         return stream
 
-    def _unary_step(self, stream: ResponseStream) -> None:
-        """A response of a start_unary request is here: on to on_done if final."""
-        while stream.items:
-            result, final = stream.take()
-            if final:
-                on_done, stream.on_done = stream.on_done, None
-                on_done(self._unary_answer(stream, result))
-                return
-            if isinstance(result, InferResult):  # as infer(): only the final counts
-                result.release()
-
     def _unary_answer(self, stream: ResponseStream, result):
         """What a unary call answers for its final response: the InferResult (handed
         to the cache if it missed there), or an InferError."""
@@ -543,6 +552,8 @@ class SchedulerDataPlane:
             return view, checked[1]
         batch_size = validate_request(request, view.config)
         request.checked = (view.config, batch_size)
+        if request.memo is not None:  # for the next request decoded alike
+            request.memo.keep(request)
         return view, batch_size
 
     # -- tensors ------------------------------------------------------------------------
@@ -658,13 +669,6 @@ class SchedulerDataPlane:
             self.free_blocks(stream.blocks)
             if not self.pending:
                 self.idle.set()
-            on_done = stream.on_done
-            if on_done is not None and not stream.items and not stream.closed:
-                # a task-less unary call's one response: its answer, at once
-                stream.done = True
-                stream.on_done = None
-                on_done(self._unary_answer(stream, stream.outcome(msg)))
-                return
         elif msg.empty:
             return  # a placeholder the scheduler relayed for preserve_ordering
         stream._deliver(msg)
