@@ -71,14 +71,16 @@ def _attack(server, one_connection) -> int:
     return len(codes)
 
 
-def _rapid_reset(port: int):
+def _reset_calls(port: int, frames, per_burst: int):
+    """Calls reset as soon as they are sent, in bursts of `per_burst` on one
+    connection until the server ends it: `frames(attacker, sid)` are each call's
+    frames before its RST_STREAM. The GOAWAY code."""
     attacker = RawH2(port).read()
     sid = 1
     while not attacker.ended.is_set() and sid < 40_000:
         burst = b""
-        for _ in range(100):  # the request's block is a few indexed bytes after the first
-            burst += (h2.frame(h2.HEADERS, h2.END_HEADERS, sid,
-                               request_block(attacker.encoder))
+        for _ in range(per_burst):
+            burst += (frames(attacker, sid)
                       + h2.frame(h2.RST_STREAM, 0, sid, U32.pack(h2.CANCEL)))
             sid += 2
         if not attacker.send(burst):
@@ -86,6 +88,12 @@ def _rapid_reset(port: int):
     _until(attacker.ended.is_set, "the server to close the attacking connection")
     attacker.close()
     return attacker.goaway_code()
+
+
+def _rapid_reset(port: int):
+    # the request's block is a few indexed bytes after the first
+    return _reset_calls(port, lambda attacker, sid: h2.frame(
+        h2.HEADERS, h2.END_HEADERS, sid, request_block(attacker.encoder)), 100)
 
 
 def test_rapid_reset_gets_goaway_enhance_your_calm(server):
@@ -96,22 +104,10 @@ def _started_then_reset(port: int):
     """Whole ModelInfer calls, each reset right after its message: every one starts
     a request (ModelInfer starts from the read of its message, no task), which the
     reset must drop at once."""
-    attacker = RawH2(port).read()
     message = grpc_message(infer_message(16))
-    sid = 1
-    while not attacker.ended.is_set() and sid < 40_000:
-        burst = b""
-        for _ in range(50):
-            burst += (h2.frame(h2.HEADERS, h2.END_HEADERS, sid,
-                               request_block(attacker.encoder))
-                      + h2.frame(h2.DATA, h2.END_STREAM, sid, message)
-                      + h2.frame(h2.RST_STREAM, 0, sid, U32.pack(h2.CANCEL)))
-            sid += 2
-        if not attacker.send(burst):
-            break
-    _until(attacker.ended.is_set, "the server to close the attacking connection")
-    attacker.close()
-    return attacker.goaway_code()
+    return _reset_calls(port, lambda attacker, sid: (
+        h2.frame(h2.HEADERS, h2.END_HEADERS, sid, request_block(attacker.encoder))
+        + h2.frame(h2.DATA, h2.END_STREAM, sid, message)), 50)
 
 
 def test_calls_reset_once_started_are_dropped_and_the_resets_bounded(server):

@@ -544,3 +544,45 @@ async def test_a_window_update_flood_is_read_a_bounded_batch_at_a_time_and_costs
     p.request(1, "/s/Echo", b"x" * 10)
     await p.settle()
     assert p.body(1) == b"\x00\x00\x00\x00\x0a" + b"x" * 10
+
+
+@run
+async def test_whole_replies_to_a_peer_that_reads_nothing_stop_its_reading_at_the_mark():
+    """Unary replies queued whole (send_whole, from a task-less starter as ModelInfer's)
+    to a peer that opened its windows wide and then reads nothing: past
+    read_pause_high of unsent output the connection stops reading its calls, so what
+    the server holds for it stays near the mark however much it sends, and another
+    client is served meanwhile."""
+    limits = Limits(read_pause_high=100_000, output_stall=30.0)
+    p = Peer(_echo_handlers(), limits=limits,
+             settings=struct.pack(">HI", h2.INITIAL_WINDOW_SIZE, 1 << 30))
+    p.send(h2.frame(h2.WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 30)))
+    answered = []
+
+    def starter(message, call, done):  # answers at once, as a cache hit would
+        if call.conn is p.conn:
+            answered.append(call)
+        done(bytes(message))
+
+    server_of(p).starters = {"/s/Echo": starter}
+    victim = Peer(_echo_handlers(), server=server_of(p))
+    whole = p.conn.send_whole
+    p.conn.send_whole = lambda *a: whole(*a) or pytest.fail("not sent whole")
+    p.transport.stuck = True  # the peer reads nothing from here on
+    sid = 1
+    while p.transport.reading:
+        assert sid < 2_000, "the connection was never paused"
+        p.request(sid, "/s/Echo", b"x" * 1000)
+        sid += 2
+    backlog = p.transport.unsent
+    assert 100_000 < backlog < 100_000 + 2 * 1100  # stopped right past the mark
+    calls = len(answered)
+    for _ in range(50):  # what a paused transport still hands over: kept, not run
+        p.request(sid, "/s/Echo", b"x" * 1000)
+        sid += 2
+    await p.settle()
+    assert len(answered) == calls and p.transport.unsent == backlog
+    await victim_served(victim, 1)
+    p.transport.drain()  # the peer reads again: the kept calls run and are answered
+    await p.settle()
+    assert len(answered) == calls + 50
