@@ -63,11 +63,24 @@ def runtime_options(base: str) -> list[str]:
     nofile = min(65536, hard_nofile if hard_nofile > 0 else 65536)
     candidates = [[], ["--runtime", "runc", "--ulimit", f"nofile={nofile}:{nofile}",
                        "--ulimit", "nproc=8192:8192"]]
+    why = []
     for opts in candidates:
-        if run(["podman", "run", "--rm", *opts, base, "true"], check=False,
-               timeout=300).returncode == 0:
+        # no network: this asks about the runtime; bridge_network() asks about the rest
+        done = run(["podman", "run", "--rm", "--network", "none", *opts, base, "true"],
+                   check=False, timeout=300)
+        if done.returncode == 0:
             return opts
-    raise SystemExit("podman cannot start a container here with either runtime")
+        why.append(f"{' '.join(opts) or '(defaults)'}: {done.stderr.strip()[-400:]}")
+    raise SystemExit("podman cannot start a container here with either runtime\n"
+                     + "\n".join(why))
+
+
+def bridge_network(base: str, rt: list[str]) -> str | None:
+    """None where podman's default bridge network works here, else why not. netavark
+    sets the bridge up with iptables or nftables, and a host without either (seen in
+    this project's CI) fails every container that publishes a port."""
+    done = run(["podman", "run", "--rm", *rt, base, "true"], check=False, timeout=300)
+    return None if done.returncode == 0 else done.stderr.strip()[-400:]
 
 
 def base_image(args) -> str:
@@ -347,6 +360,13 @@ def main(argv=None) -> int:
     base = base_image(args)
     rt = runtime_options(base)
     say(f"runtime options: {' '.join(rt) or '(podman defaults)'}")
+    if args.network == "publish":
+        why = bridge_network(base, rt)
+        if why is not None:
+            # the image is what is checked; the host's network stack is not
+            say(f"bridge network unavailable ({why}); the container shares the "
+                "host's network instead of publishing ports")
+            args.network = "host"
     seconds = build(args, base, rt)
     size = int(run(["podman", "image", "inspect", "--format", "{{.Size}}",
                     args.image]).stdout.strip())

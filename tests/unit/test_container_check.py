@@ -69,3 +69,42 @@ def test_dockerfile_reads_the_pip_secret_only_in_the_install_step():
     assert len(with_secret) == 1
     assert "type=secret,id=pipconf,target=/etc/pip.conf" in with_secret[0]
     assert 'pip install ".[${EXTRAS}]"' in with_secret[0]
+
+
+def test_runtime_probe_asks_about_the_runtime_alone_and_says_why_each_failed(monkeypatch):
+    """The runtime probe runs without a network, so a host whose bridge cannot be set
+    up (netavark without iptables, as CI's machine once was) still finds its runtime;
+    where no runtime starts, the error carries what podman said for each."""
+    calls = []
+
+    def fake_run(cmd, check=True, timeout=0, **kw):
+        calls.append(cmd)
+        ok = "runc" in cmd
+        return subprocess.CompletedProcess(cmd, 0 if ok else 126, "",
+                                           "" if ok else "crun: cgroup mount refused")
+
+    monkeypatch.setattr(container_check, "run", fake_run)
+    opts = container_check.runtime_options("base")
+    assert opts[:2] == ["--runtime", "runc"]
+    assert all(c[c.index("--network") + 1] == "none" for c in calls)
+
+    monkeypatch.setattr(container_check, "run", lambda cmd, **kw:
+                        subprocess.CompletedProcess(cmd, 1, "", "netavark: no such file"))
+    try:
+        container_check.runtime_options("base")
+    except SystemExit as e:
+        assert str(e).count("netavark: no such file") == 2
+    else:
+        raise AssertionError("no runtime started, yet the probe returned")
+
+
+def test_bridge_network_says_why_it_cannot_publish(monkeypatch):
+    """bridge_network() runs a container on podman's default network: None where it
+    starts, podman's error where it does not (the check then shares the host's)."""
+    monkeypatch.setattr(container_check, "run", lambda cmd, **kw:
+                        subprocess.CompletedProcess(cmd, 0, "", ""))
+    assert container_check.bridge_network("base", []) is None
+    monkeypatch.setattr(container_check, "run", lambda cmd, **kw:
+                        subprocess.CompletedProcess(
+                            cmd, 127, "", "Error: netavark: No such file or directory"))
+    assert "netavark" in container_check.bridge_network("base", ["--runtime", "runc"])
