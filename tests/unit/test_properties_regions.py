@@ -39,6 +39,15 @@ EDGES = [0, 1, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**65, -1, -(2*
 numbers = st.integers(-(2**66), 2**66) | st.sampled_from(EDGES) | st.integers(-8, 5000)
 
 
+def left_open(before: set[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Files opened since `before` and still open. Sockets, pipes, epoll and eventfd
+    descriptors are not counted: the code under test opens none, and another thread of
+    this process (an event loop an earlier test of this xdist worker left stopping)
+    may hold one for a moment (the check failed so twice in about 30 unit runs)."""
+    return sorted(fd for fd in open_fds() - before
+                  if not fd[1].startswith(("socket:", "pipe:", "anon_inode:")))
+
+
 def open_fds() -> set[tuple[int, str]]:
     """This process's open descriptors and what each refers to. Compared as sets, not
     counted: a descriptor left open by the code under test shows as a new pair, while
@@ -135,7 +144,7 @@ def test_registration_checks_every_key_offset_and_size():
             assert done and not reg.by_name
 
         prop()
-    assert not open_fds() - fds, f"left open: {sorted(open_fds() - fds)}"
+    assert not left_open(fds), f"left open: {left_open(fds)}"
     assert outcomes >= {None, "INVALID_ARG", "ALREADY_EXISTS", "INTERNAL"}, outcomes
 
 
@@ -184,7 +193,7 @@ def test_requests_resolve_inside_their_region_and_workers_see_those_bytes():
             assert done
 
         prop()
-    assert not open_fds() - fds, f"left open: {sorted(open_fds() - fds)}"
+    assert not left_open(fds), f"left open: {left_open(fds)}"
     assert hits["inside"] and hits["outside"], hits
 
 
@@ -210,7 +219,7 @@ def test_a_worker_never_reads_or_writes_past_the_object(offset, nbytes):
                 assert inside
         assert objects.paths["odd"].stat().st_size == SIZES["odd"]
         maps.close()
-    assert not open_fds() - fds, f"left open: {sorted(open_fds() - fds)}"
+    assert not left_open(fds), f"left open: {left_open(fds)}"
 
 
 json_values = st.recursive(
