@@ -16,7 +16,8 @@ requests answered in order (one at a time per connection), Content-Length and ch
 bodies, `Expect: 100-continue` (answered when the body is first wanted), a malformed
 request is a 400 and the connection closes. Past what uvicorn does: the request line
 and headers are capped (431), and reading stops while the transport's write buffer is
-full (pause_writing) or too many requests wait in the pipeline.
+full (pause_writing) or too many requests wait in the pipeline. A read that repeats
+the connection's last infer head with exactly its body skips the parser (_Head).
 
 Deadlines, as nginx sets them (a slow sender holds a connection, not the server): a
 request's line and headers must arrive within `header_timeout` of their first byte
