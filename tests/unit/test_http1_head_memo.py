@@ -5,7 +5,6 @@ test, each data_received() a socket read, and the parser's reads counted."""
 
 import asyncio
 
-import httptools
 import numpy as np
 import pytest
 from starlette.routing import Route
@@ -15,7 +14,7 @@ from frontend.http_server import BODY_IN_ARENA_MIN, make_http_app
 from frontend.transport import http1
 from frontend.types import ModelView
 from tests.unit.test_http1 import ArenaCore, Echo, check_identity, infer_request
-from tests.unit.test_http_server import IDENTITY, infer_body
+from tests.unit.test_http_server import IDENTITY, _Wire, infer_body
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -35,49 +34,18 @@ class CountingParser:
         return getattr(self.inner, name)
 
 
-class Wire(asyncio.Transport):
-    """The server's end of the connection: its writes parsed as responses."""
+class Wire(_Wire):
+    """The server's end of the connection: every response it writes, parsed."""
 
     def __init__(self):
         super().__init__()
         self.done: list = []
-        self.parser = httptools.HttpResponseParser(self)
-        self.closed = False
-
-    def write(self, data):
-        self.parser.feed_data(bytes(data))
-
-    def is_closing(self):
-        return self.closed
-
-    def close(self):
-        self.closed = True
-
-    abort = close
-
-    def can_write_eof(self):
-        return False
-
-    def pause_reading(self):
-        pass
-
-    resume_reading = pause_reading
-
-    def get_extra_info(self, name, default=None):
-        return {"peername": ("127.0.0.1", 5555), "sockname": ("127.0.0.1", 80)}.get(
-            name, default)
 
     def on_message_begin(self):
-        self.headers, self.body = {}, b""
-
-    def on_header(self, name, value):
-        self.headers[name.decode().lower()] = value.decode()
-
-    def on_body(self, body):
-        self.body += body
+        self.headers, self.body = {}, bytearray()
 
     def on_message_complete(self):
-        self.done.append((self.parser.get_status_code(), self.headers, self.body))
+        self.done.append((self.parser.get_status_code(), self.headers, bytes(self.body)))
 
 
 class Conn:
@@ -100,6 +68,18 @@ class Conn:
             await asyncio.sleep(0.005)
         raise AssertionError(f"{len(self.wire.done)} of {n} responses came")
 
+    async def one_by_one(self, reads):
+        """Each read in turn, its answer waited for before the next, as wrk and
+        tritonclient send."""
+        for read in reads:
+            self.proto.data_received(read)
+            await self.answers(len(self.wire.done) + 1)
+
+    async def identities(self, datas):
+        """The answers so far are the identity model's, of `datas` in order."""
+        for answer, data in zip(await self.answers(len(datas)), datas):
+            check_identity(*answer, data)
+
 
 def request_of(data: np.ndarray) -> bytes:
     """An infer request for [1,16] FP32 `data`, in tritonclient's binary form: its head
@@ -118,11 +98,8 @@ def test_a_repeated_head_is_parsed_once_and_each_request_gets_its_own_body():
     async def go():
         c = Conn()
         datas = [np.full((1, 16), i, np.float32) for i in range(6)]
-        for i, data in enumerate(datas):
-            c.proto.data_received(request_of(data))
-            await c.answers(i + 1)  # one at a time, as wrk and tritonclient send
-        for answer, data in zip(await c.answers(6), datas):
-            check_identity(*answer, data)
+        await c.one_by_one([request_of(data) for data in datas])
+        await c.identities(datas)
         assert c.parser.fed == 1, "the parser read the repeated heads again"
         assert c.core.released == 6
         c.proto.connection_lost(None)
@@ -138,8 +115,7 @@ def test_repeats_read_while_one_is_answered_wait_in_the_pipeline_in_order():
         for data in datas[1:]:  # no answer waited for: they queue behind the first
             c.proto.data_received(request_of(data))
         assert len(c.proto.pipeline) == 4
-        for answer, data in zip(await c.answers(5), datas):
-            check_identity(*answer, data)
+        await c.identities(datas)
         assert c.parser.fed == 1 and not c.proto.pipeline
         c.proto.connection_lost(None)
     run(go())
@@ -151,11 +127,8 @@ def test_another_head_is_parsed_and_becomes_the_one_remembered():
         data = np.arange(16, dtype=np.float32).reshape(1, 16)
         other = request_of(data).replace(b"/v2/models/identity/infer",
                                          b"/v2/models/identity/versions/1/infer")
-        for n, wire in enumerate([request_of(data), other, other, request_of(data)]):
-            c.proto.data_received(wire)
-            await c.answers(n + 1)
-        for answer in await c.answers(4):
-            check_identity(*answer, data)
+        await c.one_by_one([request_of(data), other, other, request_of(data)])
+        await c.identities([data] * 4)
         # the first, the other (new), the other again (remembered), the first (new)
         assert c.parser.fed == 3
         c.proto.connection_lost(None)
@@ -176,8 +149,7 @@ def test_a_read_with_more_or_less_than_one_request_goes_to_the_parser():
         c.proto.data_received(wire[-5:])
         c.proto.data_received(wire + wire[:10])  # and this one longer
         c.proto.data_received(wire[10:])
-        for answer in await c.answers(6):
-            check_identity(*answer, data)
+        await c.identities([data] * 6)
         assert c.parser.fed == 6
         c.proto.connection_lost(None)
     run(go())
@@ -242,9 +214,8 @@ def test_http10_and_refused_requests_are_not_remembered():
 
         c = Conn()  # 1.0 kept alive is remembered, and stays alive
         wire = wire.replace(b"\r\n\r\n", b"\r\nconnection: keep-alive\r\n\r\n", 1)
-        for i in range(3):
-            c.proto.data_received(wire)
-            check_identity(*(await c.answers(i + 1))[i], data)
+        await c.one_by_one([wire] * 3)
+        await c.identities([data] * 3)
         assert c.parser.fed == 1 and not c.wire.closed
         c.proto.connection_lost(None)
 
@@ -271,11 +242,8 @@ def test_a_large_body_of_a_remembered_head_lands_in_the_arena():
         c = Conn(core)
         data, body, headers = infer_body(batch=n)
         wire = infer_request(body, headers)
-        for i in range(3):
-            c.proto.data_received(wire)
-            await c.answers(i + 1)
-        for answer in await c.answers(3):
-            check_identity(*answer, data)
+        await c.one_by_one([wire] * 3)
+        await c.identities([data] * 3)
         assert c.parser.fed == 1
         assert core.blocks == [len(body)] * 3
         c.proto.connection_lost(None)
