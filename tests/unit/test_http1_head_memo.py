@@ -72,8 +72,9 @@ class Conn:
         """Each read in turn, its answer waited for before the next, as wrk and
         tritonclient send."""
         for read in reads:
+            n = len(self.wire.done) + 1  # counted first: an error is answered at once
             self.proto.data_received(read)
-            await self.answers(len(self.wire.done) + 1)
+            await self.answers(n)
 
     async def identities(self, datas):
         """The answers so far are the identity model's, of `datas` in order."""
