@@ -33,7 +33,7 @@ from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import (FRONTEND_INBOX, CacheInsert, CancelRequest, Drain,
                                    InferRequest, ModelStateUpdate, RequestedOutput,
                                    ServerState, StatsReply, StatsRequest)
-from shm.messages.leases import LeaseEnded, goes_direct
+from shm.messages.leases import LeaseEnded, LeaseQueue, goes_direct
 from shm.messages.regions import (RegionOp, RegionReply, RegionRequest, RegionShared,
                                   RegionUnshared, bind, in_bounds)
 from shm.messages.repository import (IndexEntry, ModelReadyState, RepositoryOp,
@@ -42,7 +42,7 @@ from shm.log import apply_log_settings
 from shm.messages.results import Error, InferResponse, PeerGone, ReleaseBlocks
 from shm.messages.settings import (LogSettings, LogSettingsReply, LogSettingsRequest,
                                    TraceSettingReply, TraceSettingRequest)
-from shm.messages.worker import ExecuteBatch
+from shm.messages.worker import ExecuteBatch, done_address
 from shm.tensor import INLINE_MAX, TensorRef
 
 log = logging.getLogger("shmserve.frontend")
@@ -82,16 +82,18 @@ ENDED_MAX = 256
 
 class Lease:
     """An instance lent to this frontend (shm/messages/leases.py): its requests for the
-    instance's model version go to its worker straight, one at a time (`busy`: the
-    one running, by request id)."""
+    instance's model version go to its worker straight, up to `depth` at once
+    (`inflight`: those sent and not answered yet, by request id)."""
 
-    __slots__ = ("id", "instance", "address", "busy")
+    __slots__ = ("id", "instance", "address", "depth", "inflight", "told")
 
-    def __init__(self, lease_id: int, instance: str, address: str):
+    def __init__(self, lease_id: int, instance: str, address: str, depth: int = 1):
         self.id = lease_id
         self.instance = instance
         self.address = address
-        self.busy = 0
+        self.depth = depth
+        self.inflight: set[int] = set()
+        self.told = 0  # the waiting count the scheduler last heard (LeaseQueue)
 
 
 class Laggards:
@@ -320,6 +322,7 @@ class SchedulerDataPlane:
         self.address = address
         self.role = role  # how this process names itself in log lines
         self.scheduler = scheduler
+        self.quiet_scheduler = done_address(scheduler)  # its inbox that wakes nobody
         self.inbox = Inbox(address, FRONTEND_INBOX)
         self.outbox = Outbox()
         self.arena = Arena(segment_prefix, chunk_size=arena_bytes,
@@ -515,14 +518,20 @@ class SchedulerDataPlane:
                                request_id=request.id, batch_size=batch_size or 1,
                                start_ns=time.monotonic_ns(), cache_key=key or b"")
         lease = self.leases.get((view.name, view.version)) if self.leases else None
-        if lease is not None and not lease.busy and goes_direct(req) \
+        if lease is not None and len(lease.inflight) < lease.depth and goes_direct(req) \
                 and (direct := self._bound(req)) is not None:
             req = direct
-            lease.busy = rid
+            # behind another of its requests (a deep lease): it waits at the worker as
+            # in a queue, where a cancel still takes it out (workers/waiting.py); its
+            # batch id is its request id, which names it there
+            ahead = bool(lease.inflight)
+            lease.inflight.add(rid)
             stream.direct = lease.address
-            self.outbox.send(lease.address, ExecuteBatch(0, lease.instance, [req],
+            self.outbox.send(lease.address, ExecuteBatch(rid, lease.instance, [req],
                                                          quiet=True, lease=lease.id,
-                                                         direct=True))
+                                                         direct=True, ahead=ahead))
+            if ahead:
+                self._tell_waiting(lease)
         else:
             self.outbox.send(self.scheduler, req)
         return stream
@@ -661,8 +670,10 @@ class SchedulerDataPlane:
             self._leased(stream.view, *msg.lease)
         if msg.final and stream.direct:
             lease = self.leases.get((stream.view.name, stream.view.version))
-            if lease is not None and lease.busy == msg.id:
-                lease.busy = 0
+            if lease is not None:
+                lease.inflight.discard(msg.id)
+                if lease.told:
+                    self._tell_waiting(lease)
         if msg.final:
             # the request has ended: the worker reads its inputs no more
             del self.pending[msg.id]
@@ -712,39 +723,52 @@ class SchedulerDataPlane:
     def on_region_unshared(self, msg: RegionUnshared) -> None:
         self.regions.pop(msg.name, None)
 
-    def _leased(self, view: ModelView, lease_id: int, instance: str, address: str) -> None:
+    def _tell_waiting(self, lease: Lease) -> None:
+        """The scheduler counts what waits at the worker under a deep lease as pending:
+        tell it when that changes (its quiet inbox; the writes of a pass go together)."""
+        waiting = max(len(lease.inflight) - 1, 0)
+        if waiting != lease.told:
+            lease.told = waiting
+            self.outbox.send(self.quiet_scheduler, LeaseQueue(lease.instance, lease.id,
+                                                              waiting))
+
+    def _leased(self, view: ModelView, lease_id: int, instance: str, address: str,
+                depth: int = 1) -> None:
         if lease_id in self._ended:
             self._ended.discard(lease_id)
             return
-        self.leases[(view.name, view.version)] = Lease(lease_id, instance, address)
+        self.leases[(view.name, view.version)] = Lease(lease_id, instance, address, depth)
 
     def on_lease_ended(self, msg: LeaseEnded) -> None:
-        """A lease is over: requests go to the scheduler again. One sent under it that
-        is still running is lost with its instance (`lost`) and fails. Otherwise the
-        worker has not read it yet: it hands it on to the scheduler and then says so
-        (a second LeaseEnded), or it stops first, and the request fails when its
-        PeerGone comes (on_peer_gone)."""
-        for key, lease in self.leases.items():
-            if lease.id == msg.lease:
-                del self.leases[key]
+        """A lease is over: requests go to the scheduler again. Those sent under it
+        that still run are lost with its instance (`lost`) and fail. Any other not
+        answered yet either runs (the worker ended the lease after what it had read),
+        or the worker had not read it: it hands it on to the scheduler and then says
+        so for that request (a LeaseEnded naming it), or it stops first, and the
+        request fails when its PeerGone comes (on_peer_gone)."""
+        lease = None
+        for key, held in self.leases.items():
+            if held.id == msg.lease:
+                lease = self.leases.pop(key)
                 break
-        else:
-            for stream in self.pending.values():
-                if stream.handing == msg.lease:  # handed on: the scheduler's now
-                    stream.direct, stream.handing = "", 0
-                    return
+        if lease is not None:  # the first word of its end (the worker's may cross)
+            for rid in sorted(lease.inflight):
+                stream = self.pending.get(rid)
+                if stream is None:
+                    continue
+                if msg.lost:
+                    self.on_response(InferResponse(rid, error=Error(
+                        ErrorCode.UNAVAILABLE, msg.reason)))
+                else:
+                    stream.handing = lease.id
+        if msg.request:
+            stream = self.pending.get(msg.request)
+            if stream is not None and stream.handing == msg.lease:
+                stream.direct, stream.handing = "", 0  # handed on: the scheduler's now
+        elif lease is None:  # before the answer that granted it (another connection)
             if len(self._ended) >= ENDED_MAX:
                 self._ended.clear()
             self._ended.add(msg.lease)
-            return
-        stream = self.pending.get(lease.busy) if lease.busy else None
-        if stream is None:
-            return
-        if msg.lost:
-            self.on_response(InferResponse(lease.busy, error=Error(ErrorCode.UNAVAILABLE,
-                                                                   msg.reason)))
-        else:
-            stream.handing = lease.id
 
     def _release_unclaimed(self, msg: InferResponse) -> None:
         blocks = [(r.segment, r.offset) for r in msg.outputs if r.data is None]

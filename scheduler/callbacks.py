@@ -11,6 +11,7 @@ is the one place a request's end is recorded (its trace, the client regions it u
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import time
@@ -72,9 +73,12 @@ class LoopCallbacks:
         self._ids = itertools.count(1)
         self.internal: dict[int, RequestOwner] = {}
         self.lent: dict[tuple[str, int], tuple[str, str]] = {}
-        # instances lent to frontends (scheduler/leases.py): while any is, the loop
+        # instances lent to frontends (shm/messages/leases.py): while any is, the loop
         # reads the quiet inbox now and then for the batches sent under them
         self.lent_slots: set[InstanceSlot] = set()
+        # the loop's counts of what woke it (SHMSERVE_WAKE_COUNTS), and of requests it
+        # sent on under a deep lease
+        self.wakes: collections.Counter = collections.Counter()
 
     # -- every scheduler ----------------------------------------------------------------
 
@@ -105,6 +109,14 @@ class LoopCallbacks:
         # not heard yet would still resolve it
         return (slot.worker is not None and not self.trace.active
                 and not self.workers.timeouts.get(slot.key) and not self.regions.draining)
+
+    def send_direct(self, slot: InstanceSlot, q: Queued) -> None:
+        # its regions, resolved on arrival, are the lease's to keep from here on
+        req = q.req
+        self.outbox.send(slot.worker.address, ExecuteBatch(
+            req.id, slot.key, [req], quiet=True, lease=slot.lease, direct=True, ahead=True))
+        self.regions.finished(req)
+        self.wakes["sent on under a lease"] += 1
 
     def end_lease(self, slot: InstanceSlot) -> None:
         if slot.worker is not None:

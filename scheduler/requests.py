@@ -24,7 +24,7 @@ from scheduler.scheduling.queued import Queued
 from scheduler.trace import TraceManager
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CacheInsert, CancelRequest, InferRequest, RequestOrigin
-from shm.messages.leases import LeaseEnded
+from shm.messages.leases import LeaseEnded, LeaseQueue
 from shm.messages.results import InferResponse
 from shm.messages.worker import BatchDone, ResponseStats
 from shm.transport import OutboxLike
@@ -52,6 +52,7 @@ class RequestCalls:
         self.wakes = wakes
 
     def on_infer(self, req: InferRequest) -> None:
+        self.wakes["InferRequest"] += 1
         mv = self.manager.models.resolve(req.model, req.version)
         if req.origin is RequestOrigin.BLS:  # checked here as a frontend would
             try:
@@ -133,11 +134,18 @@ class RequestCalls:
         lent = self.callbacks.lent_slots
         lent.difference_update([slot for slot in lent if not slot.lease])
 
+    def on_lease_queue(self, msg: LeaseQueue) -> None:
+        """What waits at a worker under a deep lease, from its frontend: pending."""
+        sched = self.manager.by_instance.get(msg.instance)
+        if sched is not None:
+            sched.lease_queue(msg.instance, msg.lease, msg.waiting)
+
     def on_batch_done(self, msg: BatchDone) -> None:
         self.wakes["BatchDone"] += 1
-        if msg.direct:
+        if msg.direct:  # its batch id is its frontend's request id, not one of ours
             self.wakes["BatchDone under a lease"] += 1
-        self.quiet.discard(msg.batch_id)
+        else:
+            self.quiet.discard(msg.batch_id)
         sched = self.manager.by_instance.get(msg.instance)
         if sched is None:
             return

@@ -51,7 +51,7 @@ from shm.channel import ipc_address
 from shm.errors import ErrorCode
 from shm.messages.frontend import (CacheInsert, CancelRequest, FrontendReady,
                                    FrontendStopped, InferRequest, StatsRequest)
-from shm.messages.leases import LeaseEnded
+from shm.messages.leases import LeaseEnded, LeaseQueue
 from shm.messages.regions import RegionRequest
 from shm.messages.repository import RepositoryRequest
 from shm.messages.results import InferResponse, ReleaseBlocks
@@ -93,7 +93,8 @@ class Server:
         self.address = ipc_address(self.run_dir, "scheduler")
         self.inbox = transport.inbox(self.address, SCHEDULER_INBOX)
         # BatchDone of quiet batches (callbacks.send_batch): watched only while it matters
-        self.done_inbox = transport.inbox(done_address(self.address), (BatchDone,))
+        self.done_inbox = transport.inbox(done_address(self.address),
+                                          (BatchDone, LeaseQueue))
         self._drained = False  # the quiet inbox was read in this burst
         self._lease_reads: asyncio.TimerHandle | None = None
         self._lease_quiet = False  # the last read found no batch sent under a lease
@@ -131,6 +132,7 @@ class Server:
             args, self.workers, self.rate_limiter, self.gpus,
             publish=self.frontends.broadcast, callbacks=self.callbacks)
         self.callbacks.models = self.manager.models
+        self.callbacks.wakes = self.wakes
         self.callbacks.by_instance = self.manager.by_instance
         self._quiet = self.callbacks.quiet  # quiet batches whose BatchDone is not read yet
         self._lent = self.callbacks.lent_slots  # instances lent to frontends
@@ -176,7 +178,10 @@ class Server:
         self._drain_done()
         self.handlers[type(msg)](msg)
 
-    def _dispatch_done(self, msg: BatchDone) -> None:
+    def _dispatch_done(self, msg: BatchDone | LeaseQueue) -> None:
+        if type(msg) is LeaseQueue:  # a deep lease's frontend: what waits at the worker
+            self.requests.on_lease_queue(msg)
+            return
         self.outbox.cork()
         self.wakes["quiet BatchDone"] += 1
         if msg.direct:

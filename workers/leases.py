@@ -1,10 +1,12 @@
 """The leases this worker's instances are under (shm/messages/leases.py).
 
-A lease lends an idle instance to one frontend: while it lasts, that frontend sends its
-requests for the instance's model here straight, one at a time, and the scheduler,
-which neither hears of them nor schedules the instance, is not woken for them. At c=1
-that is one process's wake-up less per request (scheduler/leases.py says when the
-scheduler lends one and when it takes it back).
+A lease lends an instance to one frontend: while it lasts, that frontend sends its
+requests for the instance's model here straight (one at a time, or up to the lease's
+depth, those not run yet waiting in this worker's inbox as the instance's queue), and
+the scheduler, which neither hears of them nor schedules the instance, is not woken
+for them. At c=1 that is one process's wake-up less per request
+(scheduler/scheduling/dynamic_scheduler.py says when the scheduler lends one and when
+it takes it back).
 
 The worker is where a lease is checked, because it is where requests and the end of a
 lease meet in order: the scheduler grants one with the batch that starts it, and takes

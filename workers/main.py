@@ -346,9 +346,12 @@ class Worker:
     def _hand_on(self, msg: ExecuteBatch) -> None:
         """A frontend's request sent under a lease that is over (it had not heard):
         the scheduler takes it as if sent there, and the frontend hears again."""
+        if self.waiting.forget(msg):
+            return  # cancelled while it waited here: answered, and counted
         for request in msg.requests:
             self.outbox.send(self.scheduler, request)
-            self.outbox.send(request.reply_to, LeaseEnded(msg.instance, msg.lease))
+            self.outbox.send(request.reply_to, LeaseEnded(msg.instance, msg.lease,
+                                                          request=request.id))
 
     def respond(self, inst, request, result, final: bool, empty: bool = False,
                 parameters: dict | None = None) -> None:
@@ -434,11 +437,13 @@ class Worker:
         if batch is None:
             return
         now = self.clock()
+        done = BatchDone(batch.batch_id, batch.instance, now, now, now, now,
+                         cancelled=taken)
+        if batch.direct:  # the scheduler never saw it: what its statistics need
+            done.direct = [(r.start_ns, r.batch_size) for r in batch.requests]
         with self.response_lock:
-            self.response_outbox.send(
-                self.done_address if batch.quiet else self.scheduler,
-                BatchDone(batch.batch_id, batch.instance, now, now, now, now,
-                          cancelled=taken))
+            self.response_outbox.send(self.done_address if batch.quiet else self.scheduler,
+                                      done)
 
     def on_stop(self, msg: StopWorker) -> None:
         self._hand_on_unread()
@@ -630,7 +635,8 @@ class Worker:
             elif responses[0] is not None and self.leases.holds(
                     msg.instance, request.reply_to, msg.lease):
                 # the frontend learns of its lease with the answer
-                responses[0].lease = (msg.lease, msg.instance, self.address)
+                responses[0].lease = (msg.lease, msg.instance, self.address,
+                                      msg.lease_depth or 1)
         if msg.relay:
             # preserve_ordering: the scheduler releases them in request order; a request
             # answered as the model sent gets a placeholder that frontends ignore

@@ -19,25 +19,48 @@ import msgspec
 from shm.messages.worker import ExecuteBatch
 
 
+def _key(msg: ExecuteBatch) -> tuple[str, int]:
+    """A batch's name here: the scheduler's batch id, or for one sent under a deep
+    lease (`direct`, its batch id its request's) that id and its frontend."""
+    return (msg.requests[0].reply_to if msg.direct else "", msg.batch_id)
+
+
 class WaitingBatches:
     """The ahead batches that reached this worker and have not started; shared by the
-    receiving thread and the instances' threads."""
+    receiving thread and the instances' threads. Those of a frontend holding a deep
+    lease (shm/messages/leases.py) wait the same way: sent behind another of its
+    requests, each is queued as far as its client can tell."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._batches: dict[int, tuple[ExecuteBatch, set[int]]] = {}  # id -> (it, out)
-        self._waiting: dict[tuple[str, int], int] = {}  # (reply_to, id) -> its batch
-        self._over: set[int] = set()  # emptied batches whose turn has not come
+        # _key -> (the batch, indices taken out)
+        self._batches: dict[tuple[str, int], tuple[ExecuteBatch, set[int]]] = {}
+        self._waiting: dict[tuple[str, int], tuple[str, int]] = {}  # request -> batch
+        self._over: set[tuple[str, int]] = set()  # emptied, their turn not come
 
     def arrived(self, msg: ExecuteBatch) -> None:
         """`msg` reached this worker (read by a model's pump, it is seen again when
         its turn comes: once is enough)."""
+        key = _key(msg)
         with self._lock:
-            if msg.batch_id in self._batches or msg.batch_id in self._over:
+            if key in self._batches or key in self._over:
                 return
-            self._batches[msg.batch_id] = (msg, set())
+            self._batches[key] = (msg, set())
             for r in msg.requests:
-                self._waiting[(r.reply_to, r.id)] = msg.batch_id
+                self._waiting[(r.reply_to, r.id)] = key
+
+    def forget(self, msg: ExecuteBatch) -> bool:
+        """`msg` will not run here after all (handed on to the scheduler): whether
+        every request of it was taken out already (answered: nothing to hand on)."""
+        key = _key(msg)
+        with self._lock:
+            if key in self._over:
+                self._over.discard(key)
+                return True
+            if self._batches.pop(key, None) is not None:
+                for r in msg.requests:
+                    self._waiting.pop((r.reply_to, r.id), None)
+            return False
 
     def cancel(self, reply_to: str, request_id: int):
         """Take a waiting request out: None if it is not waiting here (it runs, ran or
@@ -58,23 +81,24 @@ class WaitingBatches:
             over = [self._take(b, lambda r: r.reply_to == reply_to) for b in batches]
         return [o for o in over if o[0] is not None]
 
-    def _take(self, batch_id: int, which) -> tuple[ExecuteBatch | None, list[int]]:
-        msg, out = self._batches[batch_id]
+    def _take(self, key: tuple[str, int], which) -> tuple[ExecuteBatch | None, list[int]]:
+        msg, out = self._batches[key]
         out.update(i for i, r in enumerate(msg.requests) if which(r))
         if len(out) < len(msg.requests):
             return None, []
-        del self._batches[batch_id]  # over: skipped when its turn comes
-        self._over.add(batch_id)
+        del self._batches[key]  # over: skipped when its turn comes
+        self._over.add(key)
         return msg, sorted(out)
 
     def start(self, msg: ExecuteBatch) -> tuple[ExecuteBatch, list[int]] | None:
         """The batch's turn: None if it is over already, else the batch of the
         requests still in it and the indices of those taken out."""
+        key = _key(msg)
         with self._lock:
-            if msg.batch_id in self._over:
-                self._over.discard(msg.batch_id)
+            if key in self._over:
+                self._over.discard(key)
                 return None
-            entry = self._batches.pop(msg.batch_id, None)
+            entry = self._batches.pop(key, None)
             if entry is None:  # never seen arriving (no ahead batch is): as it came
                 return msg, []
             for r in msg.requests:

@@ -23,7 +23,7 @@ from scheduler.scheduling.queued import Queued
 from scheduler.stats import CANCELED, OTHER, REJECTED, ModelStats
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import InferRequest
-from shm.messages.leases import goes_direct
+from shm.messages.leases import LEASE_DEPTH, goes_direct
 from shm.messages.worker import BatchDone, ExecuteBatch
 
 log = logging.getLogger("shmserve.scheduler")
@@ -32,7 +32,9 @@ _batch_ids = itertools.count(1)
 _lease_ids = itertools.count(1)
 # A frontend is lent an instance after this many of its requests in a row found the
 # model idle (nothing queued, nothing running, no lease out): one client at c=1, or a
-# few taking turns, not many at once (scheduler/leases.py)
+# few taking turns, not many at once. For the one instance of a model that runs every
+# request alone (a deep lease, `_deep`), after this many in a row from that frontend,
+# whatever they found: nothing is batched, so its clients may overlap
 LEASE_AFTER = 16
 LINGER = 4096  # decoupled requests remembered after their batch, for cancels
 
@@ -148,6 +150,8 @@ class DynamicBatchScheduler:
                 "Server is stopping, scheduler for model has stopped accepting new "
                 "inference requests"))
         q.queue_ns = now
+        if self.leases_out and self._forward(q):
+            return
         try:
             self.batcher.enqueue(q, batch_size=req.batch_size if self.batching else 1,
                                  shape_key=self.shape_key(q), now=waiting_since(q),
@@ -158,18 +162,42 @@ class DynamicBatchScheduler:
             self._lease_terms(q)
         self._pump_soon(self)
 
+    def _deep(self) -> bool:
+        """Whether this model's lease is deep (shm/messages/leases.py): every request
+        runs alone (no dynamic batcher) on its one instance, so a frontend's requests
+        may overlap under it without costing a batch or another instance's turn."""
+        return type(self.batcher) is DefaultBatcher and len(
+            self.rate_limiter.slots(self)) == 1
+
+    def _forward(self, q: Queued) -> bool:
+        """A request from the frontend that holds the deep lease, which sent it here
+        (it had not heard of the lease yet, or had its depth out): sent on to the
+        worker under the lease, as the frontend would, rather than taking the lease
+        back. Its client regions are the lease's to keep (RegionRegistry.unregister
+        waits for the lease's end), and its statistics come as the frontend's do."""
+        req = q.req
+        if q.trace_id or not goes_direct(req):
+            return False
+        for slot in self.rate_limiter.slots(self):
+            if slot.lease and slot.lessee == req.reply_to and not slot.lease_ending \
+                    and self._deep():
+                self._callbacks.send_direct(slot, q)
+                return True
+        return False
+
     def _lease_terms(self, q: Queued) -> None:
-        """Count the requests in a row from one frontend that found the model idle. Any
-        request that comes here while an instance is lent takes the leases back: the
-        frontend that holds one sends here only what it cannot send under it, and
+        """Count the requests in a row from one frontend that found the model idle (for
+        a deep lease, that came from it). Any other request that comes here while an
+        instance is lent takes the leases back: the frontend that holds one sends here
+        only what it cannot send under it (`_forward` takes those of a deep lease), and
         another frontend's requests may need the instance, or be batched with it."""
         if self.leases_out:
             self._streak = 0
             self.end_leases()
             return
         req = q.req
-        if len(self.batcher) == 1 and not self.in_flight and not q.trace_id \
-                and goes_direct(req):
+        if (len(self.batcher) == 1 and not self.in_flight or self._deep()) \
+                and not q.trace_id and goes_direct(req):
             if req.reply_to == self._streak_from:
                 self._streak += 1
             else:
@@ -183,6 +211,11 @@ class DynamicBatchScheduler:
                 slot.lease_ending = True
                 self._callbacks.end_lease(slot)
 
+    def lease_queue(self, instance: str, lease: int, waiting: int) -> None:
+        for slot in self.rate_limiter.slots(self):
+            if slot.key == instance and slot.lease == lease:  # not one over since
+                slot.lease_waiting = waiting
+
     def lease_ended(self, instance: str, lease: int) -> list:
         for slot in self.rate_limiter.slots(self):
             if slot.key == instance and slot.lease == lease:
@@ -190,17 +223,21 @@ class DynamicBatchScheduler:
                 return self.rate_limiter.lease_ended(slot, lease)
         return []
 
-    def _lend(self, slot: InstanceSlot, batch: list[Queued]) -> int:
-        """The lease to grant with this batch, if its frontend has earned one: 0 or
-        the lease id."""
+    def _lend(self, slot: InstanceSlot, batch: list[Queued], ahead: bool = False) -> dict:
+        """The lease to grant with this batch, if its frontend has earned one: the
+        batch's lease fields (none, or the lease id and its depth). A deep lease may
+        ride on a batch sent to wait at the instance, and only once nothing else waits
+        here, since the lent instance takes no batch from this scheduler until its end."""
+        deep = self._deep()
         if (self._streak < LEASE_AFTER or len(batch) != 1
                 or batch[0].req.reply_to != self._streak_from
+                or (deep and len(self.batcher)) or (ahead and not deep)
                 or not self._callbacks.may_lend(slot)):
-            return 0
+            return {}
         self._streak = 0
         self.leases_out += 1
         slot.lease, slot.lessee = next(_lease_ids), self._streak_from
-        return slot.lease
+        return {"lease": slot.lease, "lease_depth": LEASE_DEPTH if deep else 0}
 
     def pump(self, now: int) -> None:
         batcher = self.batcher
@@ -216,7 +253,7 @@ class DynamicBatchScheduler:
             if not batch:
                 limiter.unused(slot)
                 break
-            self.dispatch(slot, batch, lease=self._lend(slot, batch))
+            self.dispatch(slot, batch, **self._lend(slot, batch))
         if self.queue_at_instances:
             while len(batcher):
                 slot = limiter.queue_at(self)
@@ -225,7 +262,7 @@ class DynamicBatchScheduler:
                 batch = batcher.complete_batch(now)
                 if not batch:
                     break
-                self.dispatch(slot, batch, ahead=True)
+                self.dispatch(slot, batch, ahead=True, **self._lend(slot, batch, True))
 
     def dispatch(self, slot: InstanceSlot, requests: list[Queued], ahead: bool = False,
                  **fields) -> int:
@@ -254,7 +291,7 @@ class DynamicBatchScheduler:
 
     def batch_done(self, msg: BatchDone, now: int):
         if msg.direct:  # sent by a frontend under its lease
-            self._direct_ran(msg)
+            self._direct_ran(msg, now)
             return [], []
         entry = self.in_flight.pop(msg.batch_id, None)
         if entry is None:
@@ -287,15 +324,23 @@ class DynamicBatchScheduler:
             self._release(self.order.done(msg.batch_id, results))
         return requests, woken
 
-    def _direct_ran(self, msg: BatchDone) -> None:
+    def _direct_ran(self, msg: BatchDone, now: int) -> None:
         """Statistics of a batch a frontend sent under its lease: its queue time runs
-        from the request's start in the frontend to the batch's start."""
+        from the request's start in the frontend to the batch's start. A request
+        cancelled while it waited at the worker (a deep lease's) never ran."""
         if msg.copies:
             self.copies[msg.instance] = msg.copies
         ran = [Queued(InferRequest(0, "", self.name, self.version, [], start_ns=start,
                                    batch_size=size), queue_ns=start)
                for start, size in msg.direct]
-        sizes = [size for _, size in msg.direct] if self.batching else [1] * len(ran)
+        if msg.cancelled:
+            out = set(msg.cancelled)
+            for i in out:
+                self.stats.failed(ran[i], CANCELED, now)
+            ran = [q for i, q in enumerate(ran) if i not in out]
+            if not ran:
+                return
+        sizes = [q.req.batch_size for q in ran] if self.batching else [1] * len(ran)
         self.stats.batch_ran(ran, msg.failed, sizes, sum(sizes), msg.compute_start_ns,
                              msg.input_end_ns, msg.output_start_ns, msg.compute_end_ns)
 
@@ -400,9 +445,11 @@ class DynamicBatchScheduler:
 
     @property
     def waiting_at_instances(self) -> int:
-        """Requests sent to wait behind a running batch (RateLimiter.queue_at): not
+        """Requests sent to wait behind a running batch (RateLimiter.queue_at), and
+        those a deep lease's frontend has waiting at the worker (LeaseQueue): not
         running yet, so Triton's pending count counts them with the queue."""
-        return sum(1 for _ in self._waiting_at_instances())
+        return sum(1 for _ in self._waiting_at_instances()) + sum(
+            slot.lease_waiting for slot in self.rate_limiter.slots(self))
 
     def waiting_from(self, reply_to: str) -> int:
         """Of those, the requests of frontend `reply_to` (its workers drop them when

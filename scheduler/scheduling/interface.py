@@ -115,8 +115,12 @@ class InstanceScheduler(Scheduler, Protocol):
         """Ask for every lease on this model's instances back."""
 
     def lease_ended(self, instance: str, lease: int) -> list[Hashable]:
-        """The worker of `instance` says its lease `lease` is over (scheduler/leases.py):
-        returns the schedulers the freed instance lets run."""
+        """The worker of `instance` says its lease `lease` is over
+        (shm/messages/leases.py): returns the schedulers the freed instance lets run."""
+
+    def lease_queue(self, instance: str, lease: int, waiting: int) -> None:
+        """The frontend holding deep lease `lease` on `instance` has `waiting`
+        requests waiting at its worker (pending, with those waiting at instances)."""
 
     def running(self, slot: InstanceSlot) -> list[Queued]:
         """The requests `slot` is running now."""
@@ -189,8 +193,12 @@ class Callbacks(Protocol):
         which the client's release is handed on."""
 
     def may_lend(self, slot: InstanceSlot) -> bool:
-        """Whether the process allows lending `slot` to a frontend (scheduler/leases.py):
+        """Whether the process allows lending `slot` to a frontend (shm/messages/leases.py):
         no execute timeout watches it and no trace samples requests."""
+
+    def send_direct(self, slot: InstanceSlot, q: Queued) -> None:
+        """Send the lessee's request `q` to the worker of `slot`, under its deep
+        lease, as the lessee would have (ExecuteBatch.direct)."""
 
     def end_lease(self, slot: InstanceSlot) -> None:
         """Ask the worker of `slot` to end its lease (EndLease)."""

@@ -33,7 +33,7 @@ class InstanceSlot:
 
     __slots__ = ("key", "name", "kind", "device_id", "worker", "alive", "batch", "ahead",
                  "queueable", "passive", "resources", "priority", "executions", "owner",
-                 "lease", "lessee", "lease_ending")
+                 "lease", "lessee", "lease_ending", "lease_waiting")
 
     def __init__(self, key: str, name: str, kind: str, device_id: int, *,
                  passive: bool = False, resources: dict | None = None, priority: int = 0):
@@ -55,14 +55,17 @@ class InstanceSlot:
         self.priority = max(priority, 1)
         self.executions = 0
         self.owner: Hashable | None = None  # the model scheduler it serves
-        # lent to the frontend `lessee` (scheduler/leases.py): neither idle nor given
+        # lent to the frontend `lessee` (shm/messages/leases.py): neither idle nor given
         # batches until its worker says the lease `lease` is over
         self.lease = 0
         self.lessee = ""
         self.lease_ending = False  # EndLease sent
+        # requests its lessee has waiting at the worker (a deep lease: LeaseQueue)
+        self.lease_waiting = 0
 
     def end_lease(self) -> None:
         self.lease, self.lessee, self.lease_ending = 0, "", False
+        self.lease_waiting = 0
 
     def weight(self) -> int:
         return self.executions * self.priority

@@ -179,6 +179,9 @@ class SequenceBatchScheduler:
     def lease_ended(self, instance: str, lease: int) -> list:
         return self.batches.lease_ended(instance, lease)  # never lent: none ends
 
+    def lease_queue(self, instance: str, lease: int, waiting: int) -> None:
+        pass  # never lent
+
     def cancel(self, reply_to: str, request_id: int, now: int) -> bool:
         return self.batches.cancel(reply_to, request_id, now)
 

@@ -1,10 +1,18 @@
-"""Leases: an idle instance lent to the frontend whose requests it runs one at a time,
-so that they go to its worker straight, not through the scheduler (scheduler/leases.py
-says when; workers/leases.py keeps them)."""
+"""Leases: an instance lent to the frontend whose requests it runs, so that they go to
+its worker straight, not through the scheduler (scheduler/scheduling/dynamic_scheduler.py
+says when; workers/leases.py keeps them). A lease whose model batches is for a client
+alone, one request at a time; one on the only instance of a model that runs each
+request alone (Triton's default scheduler) is for one frontend, LEASE_DEPTH requests
+at once, the worker holding those it has not run yet as the instance's queue."""
 
 from __future__ import annotations
 
 import msgspec
+
+# requests a frontend may have at its worker under a deep lease: enough that the
+# instance always has the next one at hand under a few clients at once, few enough that
+# another frontend's request, which takes the lease back, waits behind few
+LEASE_DEPTH = 4
 
 
 class EndLease(msgspec.Struct, tag=True, array_like=True, frozen=True):
@@ -18,13 +26,28 @@ class LeaseEnded(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
                  frozen=True):
     """Lease `lease` on `instance` is over: from its worker, to the scheduler and the
     frontend that held it, after the last batch sent under it ended; from the
-    scheduler to that frontend when the instance was lost (`lost`: the request it
-    sent under the lease, if one still runs, fails with `reason`)."""
+    scheduler to that frontend when the instance was lost (`lost`: the requests it
+    sent under the lease that still run fail with `reason`); from the worker to that
+    frontend again for each request it sent under the lease after its end, which the
+    worker handed on to the scheduler (`request`: its id)."""
 
     instance: str
     lease: int
     lost: bool = False
     reason: str = ""
+    request: int = 0
+
+
+class LeaseQueue(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """From the frontend holding deep lease `lease` on `instance`, to the scheduler's
+    quiet inbox (it wakes nobody): how many of its requests wait at the worker behind
+    the one running, whenever that changes. The scheduler counts them as pending
+    (nv_inference_pending_request_count, which a metrics scrape reads after the quiet
+    inbox), as it counts those it sent to wait at an instance."""
+
+    instance: str
+    lease: int
+    waiting: int
 
 
 def goes_direct(req) -> bool:

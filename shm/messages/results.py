@@ -34,8 +34,8 @@ class InferResponse(msgspec.Struct, tag=True, array_like=True, omit_defaults=Tru
     # response parameters (pb_utils.InferenceResponse(parameters=...)), as JSON values
     parameters: dict = {}
     # the batch that ran it lent its instance to the requester (workers/leases.py):
-    # (lease id, instance, the worker's inbox)
-    lease: tuple[int, str, str] | None = None
+    # (lease id, instance, the worker's inbox, requests it may send at once)
+    lease: tuple[int, str, str, int] | None = None
 
 
 class ReleaseBlocks(msgspec.Struct, tag=True, array_like=True, frozen=True):

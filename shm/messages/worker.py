@@ -77,6 +77,9 @@ class ExecuteBatch(msgspec.Struct, tag=True, array_like=True):
     # a frontend holding the lease (`direct`), its request sent straight here
     lease: int = 0
     direct: bool = False
+    # with the batch that grants a lease: how many of its requests the frontend may
+    # send at once (shm/messages/leases.py, LEASE_DEPTH); 0 is one
+    lease_depth: int = 0
 
 
 class BatchDone(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

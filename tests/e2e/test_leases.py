@@ -242,3 +242,116 @@ def test_the_requests_went_under_leases(server):
     # the LEASE_AFTER each lease costs and what a revocation sends back
     assert wakes.get("BatchDone under a lease", 0) >= 3 * N, wakes
     assert "never released" not in server.log() and "still in use" not in server.log()
+
+
+def test_overlapping_clients_of_one_frontend_go_under_a_deep_lease(tmp_path):
+    """The one instance of a model that runs every request alone is lent deep: four
+    clients at once, through one frontend, send their requests to its worker
+    straight, up to LEASE_DEPTH at once, the worker holding those it has not run as
+    the instance's queue. Every answer is its own request's, the statistics count
+    each once, and the wake counts show that the scheduler saw few of them. A server
+    of its own: its wake counts are this test's alone."""
+    repo = tmp_path / "repo"
+    (repo / "alone" / "1").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "models" / "nobatch_identity" / "1" / "model.py",
+                repo / "alone" / "1")
+    (repo / "alone" / "config.pbtxt").write_text(
+        'name: "alone"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
+        'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    srv = ServerProcess(repo, "--frontend-processes", "1", log_dir=tmp_path,
+                        env={"SHMSERVE_WAKE_COUNTS": str(tmp_path / "wakes.json")}).start()
+    per_client = 60
+
+    def client(k: int) -> None:
+        protocol = clients.PROTOCOLS[k % 2]
+        c = clients.client(srv, protocol)
+        for i in range(per_client):
+            data = np.full((1, 16), k * 1000 + i, dtype=np.float32)
+            out = c.infer("alone", [clients.infer_input(protocol, "INPUT0", data, "FP32")])
+            np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), data)
+
+    try:
+        with cf.ThreadPoolExecutor(4) as pool:
+            list(pool.map(client, range(4)))
+        total = 4 * per_client
+        assert counts(clients.client(srv, "http"), "alone") == (total, total, total)
+    finally:
+        srv.stop_checked()
+    wakes = json.loads((tmp_path / "wakes.json").read_text())
+    # all but those before the lease (LEASE_AFTER, 16) and a few the frontend sent
+    # past its depth before an answer came back ran under it; the scheduler sent on
+    # only those, and nothing took the lease back
+    assert wakes.get("BatchDone under a lease", 0) >= total - 40, wakes
+    assert wakes.get("sent on under a lease", 0) <= total // 2, wakes
+
+
+def test_a_request_waiting_under_a_deep_lease_is_pending_and_a_cancel_drops_it(tmp_path):
+    """Under a deep lease a request sent while another runs waits at the worker, not
+    in the scheduler, and is still queued for its client and for the metrics: the
+    pending count says 1, a cancel answers it and it never runs (Triton's rule for a
+    queued request), and the statistics count it as failed. A server of its own with
+    one frontend, the one-instance slow model of the stream tests."""
+    import queue
+    import urllib.request
+
+    import tritonclient.grpc as grpcclient
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    srv = ServerProcess(ROOT / "tests" / "models_decoupled", "--model-control-mode",
+                        "explicit", "--load-model", "slow_identity",
+                        "--frontend-processes", "1", log_dir=tmp_path,
+                        env={"SHMSERVE_WAKE_COUNTS": str(tmp_path / "wakes.json"),
+                             "SHMSERVE_TEST_MARKER_DIR": str(markers)}).start()
+
+    def slow_input(value):
+        inp = grpcclient.InferInput("INPUT0", [1], "INT32")
+        inp.set_data_from_numpy(np.array([value], dtype=np.int32))
+        return [inp]
+
+    def pending():
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics",
+                                    timeout=TIMEOUT) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("nv_inference_pending_request_count{") \
+                        and 'model="slow_identity"' in line:
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    try:
+        c = grpcclient.InferenceServerClient(srv.grpc_url)
+        for i in range(N):  # one at a time: the lease, and the lessee's sends under it
+            assert c.infer("slow_identity", slow_input(i)).as_numpy("OUTPUT0")[0] == i
+        before = counts(c, "slow_identity")
+        got: queue.Queue = queue.Queue()
+        c.async_infer("slow_identity", slow_input(1), request_id="run-deep",
+                      parameters={"delay_ms": 1500},
+                      callback=lambda result, error: got.put(("running", result, error)))
+        wait_until(lambda: (markers / "started-run-deep").exists(), TIMEOUT,
+                   what="the long request to run")
+        call = c.async_infer("slow_identity", slow_input(2),
+                             callback=lambda result, error: got.put(("queued", result,
+                                                                     error)))
+        wait_until(lambda: pending() == 1, TIMEOUT, what="the second to be pending")
+        call.cancel()
+        which, result, error = got.get(timeout=TIMEOUT)
+        assert which == "queued" and result is None and "CANCELLED" in str(error.status())
+        which, result, error = got.get(timeout=TIMEOUT)
+        assert which == "running" and error is None
+        # one success, inference and execution more (the long one); the cancelled one
+        # failed, never ran
+        wait_until(lambda: counts(c, "slow_identity") == (before[0] + 1, before[1] + 1,
+                                                          before[2] + 1), TIMEOUT,
+                   what="the cancelled request counted and never run")
+        stats = c.get_inference_statistics("slow_identity", as_json=True)
+        assert int(stats["model_stats"][0]["inference_stats"]["fail"]["count"]) == 1
+        wait_until(lambda: pending() == 0, TIMEOUT, what="nothing pending")
+    finally:
+        srv.stop_checked()
+    wakes = json.loads((tmp_path / "wakes.json").read_text())
+    # the scheduler saw the requests that earned the lease, and few more: the long one
+    # and the cancelled one went to the worker straight
+    assert wakes["InferRequest"] <= 16 + 4, wakes
+    assert wakes.get("BatchDone under a lease", 0) >= N - 16, wakes

@@ -12,7 +12,7 @@ from pathlib import Path
 import scheduler.server
 from scheduler.scheduling.dynamic_scheduler import LEASE_AFTER
 from shm.messages.frontend import InferRequest
-from shm.messages.leases import LeaseEnded
+from shm.messages.leases import LEASE_DEPTH, LeaseEnded
 from shm.messages.repository import RepositoryOp, RepositoryRequest
 from shm.messages.settings import TraceSettingRequest
 from shm.messages.worker import BatchDone, ExecuteBatch, StopWorker, done_address
@@ -40,9 +40,9 @@ async def _one_at_a_time(rig, n: int) -> list:
     return replies
 
 
-def _direct(rig, lease: tuple[int, str, str], payload: bytes) -> asyncio.Future:
+def _direct(rig, lease: tuple[int, str, str, int], payload: bytes) -> asyncio.Future:
     """A request sent under `lease` straight to its worker, as the frontend sends it."""
-    lease_id, instance, address = lease
+    lease_id, instance, address, _ = lease
     fe = rig.frontend
     rid = next(rig._ids)
     fut = fe.expect(rid)
@@ -51,6 +51,7 @@ def _direct(rig, lease: tuple[int, str, str], payload: bytes) -> asyncio.Future:
                        start_ns=rig.clock())
     fe.outbox.send(address, ExecuteBatch(0, instance, [req], quiet=True, lease=lease_id,
                                          direct=True))
+    fut.request_id = rid
     return fut
 
 
@@ -92,20 +93,31 @@ def test_a_frontend_sends_under_its_lease_until_the_scheduler_takes_it_back(tmp_
         assert stats["inference_stats"]["success"]["count"] == LEASE_AFTER + 1
         assert slot.lease == lease[0], "a request sent under the lease ended it"
 
-        # a request to the scheduler takes the lease back; it runs once it is over
+        # the model runs each request alone on its one instance: the lease is deep,
+        # and a request of the lessee's to the scheduler goes on under it
+        assert lease[3] == LEASE_DEPTH
         reply = await asyncio.wait_for(rig.send("alone"), DEADLINE_S)
+        assert reply.error is None and reply.lease is None and not fe.leases_ended
+        stats = await _executions(rig, LEASE_AFTER + 2)
+        assert stats["execution_count"] == LEASE_AFTER + 2 and slot.lease == lease[0]
+
+        # one the scheduler must see (a priority) takes the lease back; it runs once
+        # the lease is over
+        reply = await asyncio.wait_for(rig.send("alone", priority=1), DEADLINE_S)
         assert reply.error is None and reply.lease is None
         assert fe.leases_ended == [LeaseEnded(lease[1], lease[0])]
         assert slot.lease == 0 and not rig.server.callbacks.lent_slots
 
         # under the ended lease (the frontend had not heard yet): handed on, answered
         payload = bytes(range(16, 32))
-        reply = await asyncio.wait_for(_direct(rig, lease, payload), DEADLINE_S)
+        sent = _direct(rig, lease, payload)
+        reply = await asyncio.wait_for(sent, DEADLINE_S)
         assert reply.error is None and reply.outputs[0].data == payload
-        assert fe.leases_ended[1:] == [LeaseEnded(lease[1], lease[0])]
-        stats = await _executions(rig, LEASE_AFTER + 3)
+        assert fe.leases_ended[1:] == [LeaseEnded(lease[1], lease[0],
+                                                  request=sent.request_id)]
+        stats = await _executions(rig, LEASE_AFTER + 4)
         assert (stats["execution_count"], stats["inference_count"]) == \
-            (LEASE_AFTER + 3, LEASE_AFTER + 3)
+            (LEASE_AFTER + 4, LEASE_AFTER + 4)
 
     run(_repo(tmp_path), test, real_workers=True)
 
@@ -222,7 +234,9 @@ def test_a_worker_told_to_stop_hands_on_a_request_it_had_not_read(tmp_path):
         assert lease is not None
         fe = rig.frontend
         fe.outbox.send(lease[2], StopWorker())  # one connection: read in this order
-        reply = await asyncio.wait_for(_direct(rig, lease, bytes(range(16))), DEADLINE_S)
+        sent = _direct(rig, lease, bytes(range(16)))
+        rid = sent.request_id
+        reply = await asyncio.wait_for(sent, DEADLINE_S)
         if reply.error is None:  # run on the instance started again
             assert reply.outputs[0].data == bytes(range(16))
         else:  # or failed as lost with the stopped one
@@ -230,5 +244,6 @@ def test_a_worker_told_to_stop_hands_on_a_request_it_had_not_read(tmp_path):
         # the lease still held: its end, then the hand-on's (the frontend's data plane
         # counts the second as "handed on", so the worker's stop does not fail it)
         await rig.until(lambda: len(fe.leases_ended) >= 2, "both ends of the lease")
-        assert fe.leases_ended == [LeaseEnded(lease[1], lease[0])] * 2
+        assert fe.leases_ended == [LeaseEnded(lease[1], lease[0]),
+                                   LeaseEnded(lease[1], lease[0], request=rid)]
     run(_repo(tmp_path), test, real_workers=True)

@@ -16,6 +16,7 @@ class FakeCallbacks:
         self.woken: list = []
         self.lendable = True  # may_lend's answer
         self.ends: list = []  # end_lease calls: (instance, lease)
+        self.direct: list = []  # send_direct calls: (instance, lease, Queued)
         self.lost: list = []  # lease_lost calls: (instance, lease, lessee, reason)
 
     def pump_soon(self, sched) -> None:
@@ -26,6 +27,9 @@ class FakeCallbacks:
 
     def may_lend(self, slot) -> bool:
         return self.lendable
+
+    def send_direct(self, slot, q) -> None:
+        self.direct.append((slot.key, slot.lease, q))
 
     def end_lease(self, slot) -> None:
         self.ends.append((slot.key, slot.lease))

@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2
 from frontend.types import DecodedInput, DecodedRequest
 from shm.errors import ErrorCode, InferError
 from shm.messages.frontend import CancelRequest, InferRequest, ModelStateUpdate
-from shm.messages.leases import LeaseEnded
+from shm.messages.leases import LeaseEnded, LeaseQueue
 from shm.messages.regions import RegionShared, RegionUnshared
 from shm.messages.repository import ModelReadyState
 from shm.messages.results import InferResponse, PeerGone
@@ -43,9 +43,9 @@ def request(region: str = "") -> DecodedRequest:
     return DecodedRequest("m", "", "", [inp], None, {})
 
 
-def grant(plane, stream, lease: int = 7) -> None:
+def grant(plane, stream, lease: int = 7, depth: int = 1) -> None:
     """The answer to `stream`'s request, lending the instance."""
-    plane.on_response(InferResponse(stream.rid, lease=(lease, "m_0", WORKER)))
+    plane.on_response(InferResponse(stream.rid, lease=(lease, "m_0", WORKER, depth)))
 
 
 def last(plane):
@@ -152,7 +152,7 @@ def test_a_request_handed_on_is_the_schedulers(tmp_path):
         grant(plane, plane.start(request()))
         handed = plane.start(request())
         plane.on_lease_ended(LeaseEnded("m_0", 7))
-        plane.on_lease_ended(LeaseEnded("m_0", 7))  # after the hand-on
+        plane.on_lease_ended(LeaseEnded("m_0", 7, request=handed.rid))  # the hand-on
         plane.on_peer_gone(PeerGone(WORKER, "prefix-"))
         assert handed.rid in plane.pending
         plane.on_response(InferResponse(handed.rid))
@@ -190,4 +190,68 @@ def test_region_names_are_resolved_here_under_a_lease(tmp_path):
         plane.on_region_shared(RegionShared(4, "small", "system", "/key", 0, 8))
         plane.start(request("small"))
         assert last(plane)[0] == "ipc://sched"
+    run(tmp_path, test)
+
+
+def test_a_deep_lease_sends_up_to_its_depth_at_once(tmp_path):
+    """A lease on an instance that runs each request alone takes the frontend's
+    requests up to its depth at once; past it they go to the scheduler (which sends
+    them on under the lease), and each answer makes room for the next. Those sent
+    behind another wait at the worker as in a queue (`ahead`, their batch id their
+    request id), and the scheduler's quiet inbox hears how many wait (LeaseQueue)."""
+    async def test(plane):
+        grant(plane, plane.start(request()), depth=3)
+        quiet = plane.quiet_scheduler
+        n = len(plane.sent)
+        sent = [plane.start(request()) for _ in range(3)]
+        batches = [m for to, m in plane.sent[n:] if to == WORKER]
+        assert [(b.batch_id, b.ahead) for b in batches] == \
+            [(sent[0].rid, False), (sent[1].rid, True), (sent[2].rid, True)]
+        told = [m for to, m in plane.sent[n:] if to == quiet]
+        assert told == [LeaseQueue("m_0", 7, 1), LeaseQueue("m_0", 7, 2)]
+        plane.start(request())
+        assert last(plane)[0] == "ipc://sched"
+        plane.on_response(InferResponse(sent[1].rid))
+        assert last(plane) == (quiet, LeaseQueue("m_0", 7, 1))
+        plane.start(request())
+        assert last(plane) == (quiet, LeaseQueue("m_0", 7, 2))
+        assert plane.sent[-2][0] == WORKER
+        for stream in (sent[0], sent[2]):
+            plane.on_response(InferResponse(stream.rid))
+        assert last(plane) == (quiet, LeaseQueue("m_0", 7, 0))
+    run(tmp_path, test)
+
+
+def test_a_lost_instance_fails_every_request_sent_under_its_deep_lease(tmp_path):
+    async def test(plane):
+        grant(plane, plane.start(request()), depth=4)
+        sent = [plane.start(request()) for _ in range(3)]
+        plane.on_response(InferResponse(sent[0].rid))  # answered before the loss
+        plane.on_lease_ended(LeaseEnded("m_0", 7, lost=True, reason="it died"))
+        for stream in sent[1:]:
+            error = await _error_of(stream)
+            assert (error.code, error.message) == (ErrorCode.UNAVAILABLE, "it died")
+        assert not plane.pending
+    run(tmp_path, test)
+
+
+def test_each_request_handed_on_from_a_deep_lease_is_the_schedulers_alone(tmp_path):
+    """The worker ended the lease with one of three requests run and two unread, which
+    it hands on, naming each. Only those two become the scheduler's: if the worker
+    then stops, the one it ran and has not answered yet fails, they do not. The
+    worker's word for a request may also cross its word for the lease."""
+    async def test(plane):
+        grant(plane, plane.start(request()), depth=4)
+        ran, first, second = (plane.start(request()) for _ in range(3))
+        plane.on_lease_ended(LeaseEnded("m_0", 7, request=first.rid))  # crossed
+        plane.on_lease_ended(LeaseEnded("m_0", 7))
+        plane.on_lease_ended(LeaseEnded("m_0", 7, request=second.rid))
+        plane.start(request())
+        assert last(plane)[0] == "ipc://sched"
+        plane.on_peer_gone(PeerGone(WORKER, "prefix-"))
+        error = await _error_of(ran)
+        assert error.code == ErrorCode.UNAVAILABLE and "stopped" in error.message
+        assert first.rid in plane.pending and second.rid in plane.pending
+        first.cancel()  # the scheduler's now: so is its cancel
+        assert last(plane) == ("ipc://sched", CancelRequest(first.rid, plane.address))
     run(tmp_path, test)

@@ -10,7 +10,7 @@ from scheduler.scheduling.dynamic_scheduler import LEASE_AFTER, DynamicBatchSche
 from scheduler.scheduling.queued import Queued
 from scheduler.scheduling.rate_limiter import InstanceSlot, RateLimiter
 from shm.messages.frontend import InferRequest, RequestedOutput, RequestOrigin
-from shm.messages.leases import goes_direct
+from shm.messages.leases import LEASE_DEPTH, goes_direct
 from shm.messages.worker import BatchDone
 from shm.tensor import TensorRef
 from tests.unit.fake_callbacks import FakeCallbacks
@@ -183,12 +183,16 @@ def test_frontends_taking_turns_never_earn_a_lease():
 
 
 def test_a_request_that_finds_the_model_busy_starts_the_streak_again():
-    h = Harness()
+    """So for a model that batches: a request that found another running might have
+    joined it in a batch (a deep lease's model, which runs each alone, is below)."""
+    h = Harness(_config(dynamic=True))
     assert h.one_at_a_time(LEASE_AFTER - 2) == [0] * (LEASE_AFTER - 2)
     running = h.send()  # the streak's 15th
-    waiting = h.send()  # finds it running: sent to wait behind it, and no streak
-    assert (running.lease, waiting.lease, waiting.ahead) == (0, 0, True)
+    assert h.send() is None  # finds it running: waits here to be batched, no streak
     h.finish(running)
+    h.s.pump(0)
+    waiting = h.sent[-1]
+    assert (running.lease, waiting.lease) == (0, 0)
     h.finish(waiting)
     assert h.one_at_a_time(LEASE_AFTER - 1) == [0] * (LEASE_AFTER - 1)
     assert h.one_at_a_time(1) != [0]
@@ -353,3 +357,110 @@ def test_no_lease_is_granted_while_a_region_waits_for_its_users():
     assert not LoopCallbacks.may_lend(callbacks, slot)
     registry.lease_over(5)
     assert LoopCallbacks.may_lend(callbacks, slot)
+
+
+# -- deep leases: the one instance of a model that runs every request alone -------------
+
+def _overlapping(h, n, reply_to=FE):
+    """`n` requests from `reply_to`, two in flight at a time (one runs, one waits at
+    the instance), as from two clients of one frontend: the batches they went in."""
+    batches = [h.send(reply_to)]
+    for _ in range(n - 1):
+        batches.append(h.send(reply_to))
+        assert batches[-1] is not None, "no batch went to wait at the instance"
+        h.finish(batches[-2])
+    return batches
+
+
+def test_a_deep_lease_is_earned_by_overlapping_requests_and_rides_on_a_batch_sent_ahead():
+    h = Harness()  # no dynamic batcher, one instance
+    batches = _overlapping(h, LEASE_AFTER)
+    assert [b.lease for b in batches[:-1]] == [0] * (LEASE_AFTER - 1)
+    granting = batches[-1]
+    assert granting.ahead and granting.lease and granting.lease_depth == LEASE_DEPTH
+    assert (h.slot.lease, h.slot.lessee) == (granting.lease, FE)
+    h.finish(granting)  # the last batch this scheduler sent: the lease keeps the slot
+    assert h.slot.batch is None and not h.limiter.available(h.s)
+
+
+def test_the_lessees_requests_here_go_on_under_its_deep_lease():
+    """Those it sent before it heard of the lease, or past its depth: sent on to the
+    worker, not queued, and the lease stays."""
+    h = Harness()
+    granting = _overlapping(h, LEASE_AFTER)[-1]
+    n = len(h.sent)
+    h.s.enqueue(Queued(_infer(900, FE)), 0)
+    h.s.pump(0)
+    assert [(key, lease, q.req.id) for key, lease, q in h.cb.direct] == \
+        [(KEY, granting.lease, 900)]
+    assert len(h.sent) == n and len(h.s.batcher) == 0 and h.cb.ends == []
+    # one that must be seen here (a priority) is queued, and takes the lease back
+    h.s.enqueue(Queued(_infer(901, FE, priority=1)), 0)
+    assert len(h.cb.direct) == 1 and h.cb.ends == [(KEY, granting.lease)]
+
+
+def test_another_frontends_request_takes_a_deep_lease_back_and_runs_after_it():
+    h = Harness()
+    granting = _overlapping(h, LEASE_AFTER)[-1]
+    assert h.send(FE2) is None
+    assert h.cb.ends == [(KEY, granting.lease)]
+    h.s.enqueue(Queued(_infer(950, FE)), 0)  # the lessee's, while the lease ends
+    assert h.cb.direct == [] and len(h.s.batcher) == 2
+    h.finish(granting)
+    assert h.s.lease_ended(KEY, granting.lease) == [h.s]
+    h.s.pump(0)  # in arrival order: one runs, the other waits at the instance
+    assert [(b.requests[0].reply_to, b.ahead, b.lease) for b in h.sent[-2:]] == \
+        [(FE2, False, 0), (FE, True, 0)]
+
+
+def test_no_deep_lease_while_a_request_waits_here():
+    """The lent instance takes no batch from the scheduler until the lease ends, so a
+    request left queued would wait for another frontend's to end it."""
+    h = Harness()
+    batches = _overlapping(h, LEASE_AFTER - 1)
+    h.s.enqueue(Queued(_infer(980, FE)), 0)  # queued behind the one waiting ahead
+    h.s.enqueue(Queued(_infer(981, FE)), 0)
+    h.finish(batches[-2])  # the one waiting starts; 980 goes ahead, 981 still here
+    h.s.pump(0)
+    assert h.sent[-1].requests[0].id == 980 and h.sent[-1].lease == 0
+    assert len(h.s.batcher) == 1
+
+
+def test_a_model_with_two_instances_gets_no_deep_lease():
+    h = Harness()
+    second = InstanceSlot(KEY + "b", "m_0_1", "KIND_CPU", 0)
+    second.queueable = True
+    h.limiter.add(h.s, second)
+    for _ in range(2 * LEASE_AFTER):  # two at a time: each finds the other running
+        a, b = h.send(), h.send()
+        assert a.lease == 0 and b.lease == 0
+        h.finish(a)
+        h.finish(b)
+
+
+def test_what_waits_at_the_worker_under_a_deep_lease_is_pending():
+    """As its frontend tells it (LeaseQueue): counted with those waiting at instances
+    (nv_inference_pending_request_count), for this lease only, until it ends."""
+    h = Harness()
+    granting = _overlapping(h, LEASE_AFTER)[-1]
+    assert h.s.waiting_at_instances == 0
+    h.s.lease_queue(KEY, granting.lease, 3)
+    assert h.s.waiting_at_instances == 3
+    h.s.lease_queue(KEY, granting.lease + 1, 1)  # another lease's word: not this one's
+    assert h.s.waiting_at_instances == 3
+    h.finish(granting)
+    h.s.lease_ended(KEY, granting.lease)
+    assert h.s.waiting_at_instances == 0
+    h.s.lease_queue(KEY, granting.lease, 2)  # late: the lease is over
+    assert h.s.waiting_at_instances == 0
+
+
+def test_a_request_cancelled_while_it_waited_under_a_deep_lease_counts_as_cancelled():
+    h = Harness()
+    h.lend()
+    stats = h.s.stats
+    before = (stats.success_count, stats.execution_count, stats.fail_count)
+    h.s.batch_done(BatchDone(77, KEY, 10, 10, 10, 10, direct=[(5, 1)], cancelled=[0]), 0)
+    assert (stats.success_count, stats.execution_count, stats.fail_count) == \
+        (before[0], before[1], before[2] + 1)
+    assert stats.failures["CANCELED"] == 1

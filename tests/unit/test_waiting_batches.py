@@ -44,3 +44,33 @@ def test_a_batch_nobody_touched_starts_as_it_came():
     w.arrived(b)
     assert w.start(b) == (b, [])
     assert w.start(_batch(9, ("fe0", 2))) == (_batch(9, ("fe0", 2)), [])  # never seen
+
+
+def _direct(frontend, rid):
+    """A request a frontend sent under its deep lease, behind another: its batch id is
+    its request id, which only its frontend's inbox makes unique."""
+    return ExecuteBatch(rid, "m/1/m_0#1", [InferRequest(rid, frontend, "m", 1, [])],
+                        ahead=True, direct=True, lease=3)
+
+
+def test_a_deep_lease_batch_is_named_by_its_frontend_and_request():
+    w = WaitingBatches()
+    scheduled, direct = _batch(5, ("fe0", 1)), _direct("fe0", 5)  # the same batch id
+    w.arrived(scheduled)
+    w.arrived(direct)
+    assert w.cancel("fe0", 5) == (direct, [0])
+    assert w.start(scheduled) == (scheduled, [])  # untouched by the other's cancel
+    assert w.start(direct) is None
+
+
+def test_a_deep_lease_batch_handed_on_is_forgotten_unless_it_was_taken_out():
+    """A lease that ended before its turn hands the batch on to the scheduler: one
+    that a cancel emptied meanwhile was answered already, and is not handed on."""
+    w = WaitingBatches()
+    kept, cancelled = _direct("fe0", 1), _direct("fe0", 2)
+    w.arrived(kept)
+    w.arrived(cancelled)
+    w.cancel("fe0", 2)
+    assert w.forget(kept) is False and w.forget(cancelled) is True
+    assert w.cancel("fe0", 1) is None  # not waiting here any more
+    assert w.start(cancelled) == (cancelled, [])  # forgotten: as it came
