@@ -426,9 +426,16 @@ class Worker:
         if taken is None:
             self.bls.cancels.cancel(msg.reply_to, msg.id)
             return
+        response = InferResponse(msg.id, error=Error(ErrorCode.CANCELLED,
+                                                     "request was cancelled"))
+        batch = taken[0]
+        if batch is not None and batch.lease and not batch.direct and self.leases.holds(
+                batch.instance, msg.reply_to, batch.lease):
+            # it carried a deep lease's grant: the frontend learns of it all the same
+            response.lease = (batch.lease, batch.instance, self.address,
+                              batch.lease_depth or 1)
         with self.response_lock:
-            self.response_outbox.send(msg.reply_to, InferResponse(
-                msg.id, error=Error(ErrorCode.CANCELLED, "request was cancelled")))
+            self.response_outbox.send(msg.reply_to, response)
         self._over(*taken)
 
     def _over(self, batch: ExecuteBatch | None, taken: list[int]) -> None:
