@@ -244,13 +244,9 @@ def test_the_requests_went_under_leases(server):
     assert "never released" not in server.log() and "still in use" not in server.log()
 
 
-def test_overlapping_clients_of_one_frontend_go_under_a_deep_lease(tmp_path):
-    """The one instance of a model that runs every request alone is lent deep: four
-    clients at once, through one frontend, send their requests to its worker
-    straight, up to LEASE_DEPTH at once, the worker holding those it has not run as
-    the instance's queue. Every answer is its own request's, the statistics count
-    each once, and the wake counts show that the scheduler saw few of them. A server
-    of its own: its wake counts are this test's alone."""
+def _alone_repo(tmp_path):
+    """A repository of `alone`: a python identity with one instance and no batching,
+    whose lease is deep."""
     repo = tmp_path / "repo"
     (repo / "alone" / "1").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "models" / "nobatch_identity" / "1" / "model.py",
@@ -260,7 +256,17 @@ def test_overlapping_clients_of_one_frontend_go_under_a_deep_lease(tmp_path):
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]\n'
         'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
-    srv = ServerProcess(repo, "--frontend-processes", "1", log_dir=tmp_path,
+    return repo
+
+
+def test_overlapping_clients_of_one_frontend_go_under_a_deep_lease(tmp_path):
+    """The one instance of a model that runs every request alone is lent deep: four
+    clients at once, through one frontend, send their requests to its worker
+    straight, up to LEASE_DEPTH at once, the worker holding those it has not run as
+    the instance's queue. Every answer is its own request's, the statistics count
+    each once, and the wake counts show that the scheduler saw few of them. A server
+    of its own: its wake counts are this test's alone."""
+    srv = ServerProcess(_alone_repo(tmp_path), "--frontend-processes", "1", log_dir=tmp_path,
                         env={"SHMSERVE_WAKE_COUNTS": str(tmp_path / "wakes.json")}).start()
     per_client = 60
 
@@ -355,3 +361,53 @@ def test_a_request_waiting_under_a_deep_lease_is_pending_and_a_cancel_drops_it(t
     # and the cancelled one went to the worker straight
     assert wakes["InferRequest"] <= 16 + 4, wakes
     assert wakes.get("BatchDone under a lease", 0) >= N - 16, wakes
+
+
+def test_an_unload_while_clients_overlap_under_a_deep_lease_leaves_none_hanging(tmp_path):
+    """Four clients of one frontend send to `alone` under its deep lease, up to four of
+    their requests at the worker, when it is unloaded: each request is answered, with
+    its outputs or an error naming the model (those the worker had not run are
+    handed on to the scheduler, or fail when the worker stops), none waits out the
+    client's deadline, and the model serves again once loaded."""
+    srv = ServerProcess(_alone_repo(tmp_path), "--frontend-processes", "1",
+                        "--model-control-mode", "explicit", "--load-model", "alone",
+                        log_dir=tmp_path).start()
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def client(k: int) -> None:
+        c = clients.client(srv, "grpc")
+        data = np.full((1, 16), k, dtype=np.float32)
+        while not stop.is_set():
+            try:
+                out = c.infer("alone", [clients.infer_input("grpc", "INPUT0", data, "FP32")],
+                              client_timeout=TIMEOUT).as_numpy("OUTPUT0")
+                np.testing.assert_array_equal(out, data)
+                outcomes.append("ok")
+            except InferenceServerException as exc:
+                outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(outcomes) >= 100, 20, what="requests under the lease")
+        c = clients.client(srv, "http")
+        c.unload_model("alone")
+        errors_from = len(outcomes)
+        wait_until(lambda: len(outcomes) >= errors_from + 8, 20, what="answers after it")
+        stop.set()
+        for t in threads:
+            t.join(2 * TIMEOUT)
+        assert not any(t.is_alive() for t in threads)
+        errors = [o for o in outcomes if o != "ok"]
+        assert errors, "no request came after the unload"
+        for error in errors:
+            assert "alone" in error and "Deadline" not in error, error
+        c.load_model("alone")
+        data = np.ones((1, 16), dtype=np.float32)
+        out = c.infer("alone", [clients.infer_input("http", "INPUT0", data, "FP32")])
+        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), data)
+    finally:
+        stop.set()
+        srv.stop_checked()
