@@ -183,6 +183,45 @@ def test_a_lent_instance_that_dies_fails_its_request(server, protocol):
     wait_until(served, 30, what="the instance back")
 
 
+def test_requests_waiting_under_a_deep_lease_when_its_instance_dies_are_answered(server):
+    """lent_faulty runs every request alone on one instance: its lease is deep. Three
+    requests go at once: the first runs 300 ms, the second kills the process, the
+    third waits behind them. The first is answered with its outputs, the other two
+    with an error naming the model, none waits out its deadline; the instance comes
+    back and serves."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    c = clients.client(server, "grpc")
+    wait_until(lambda: _faulty(c, "grpc", 0) > 0, 30, what="the instance serving")
+    for _ in range(N):  # the lease
+        _faulty(c, "grpc", 0)
+    got: queue.Queue = queue.Queue()
+    for k, (mode, delay) in enumerate(((0, 300), (2, 0), (0, 0))):
+        inputs = [grpcclient.InferInput("MODE", [1], "INT32"),
+                  grpcclient.InferInput("DELAY_MS", [1], "INT32")]
+        inputs[0].set_data_from_numpy(np.array([mode], np.int32))
+        inputs[1].set_data_from_numpy(np.array([delay], np.int32))
+        c.async_infer("lent_faulty", inputs, client_timeout=TIMEOUT,
+                      callback=lambda result, error, k=k: got.put((k, result, error)))
+    answers = dict((k, (r, e)) for k, r, e in (got.get(timeout=2 * TIMEOUT)
+                                                for _ in range(3)))
+    result, error = answers[0]
+    assert error is None and int(result.as_numpy("PID")[0]) > 0
+    for k in (1, 2):
+        result, error = answers[k]
+        assert result is None and "lent_faulty" in str(error), error
+        assert "Deadline" not in str(error), error
+
+    def served() -> bool:
+        try:
+            return _faulty(c, "grpc", 0) > 0
+        except InferenceServerException:
+            return False
+    wait_until(served, 30, what="the instance back")
+
+
 def test_requests_in_client_regions_go_under_a_lease(tmp_path):
     """The frontend resolves the region names of a request it sends under its lease
     (the scheduler shares its table); an unregister takes the leases back and waits
