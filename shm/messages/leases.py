@@ -40,8 +40,9 @@ class LeaseEnded(msgspec.Struct, tag=True, array_like=True, omit_defaults=True,
 
 class LeaseQueue(msgspec.Struct, tag=True, array_like=True, frozen=True):
     """From the frontend holding deep lease `lease` on `instance`, to the scheduler's
-    quiet inbox (it wakes nobody): how many of its requests wait at the worker behind
-    the one running, whenever that changes. The scheduler counts them as pending
+    quiet inbox (read on its next wake, and it wakes it only while something there is
+    awaited): how many of its requests wait at the worker behind the one running,
+    whenever that changes. The scheduler counts them as pending
     (nv_inference_pending_request_count, which a metrics scrape reads after the quiet
     inbox), as it counts those it sent to wait at an instance."""
 
