@@ -173,14 +173,19 @@ class DynamicBatchScheduler:
         """A request from the frontend that holds the deep lease, which sent it here
         (it had not heard of the lease yet, or had its depth out): sent on to the
         worker under the lease, as the frontend would, rather than taking the lease
-        back. Its client regions are the lease's to keep (RegionRegistry.unregister
-        waits for the lease's end), and its statistics come as the frontend's do."""
+        back; up to LEASE_DEPTH at once, past which the lease ends and they queue here
+        (a client that floods its frontend does not fill the worker's inbox). Its
+        client regions are the lease's to keep (RegionRegistry.unregister waits for the
+        lease's end), its statistics come as the frontend's do, and until its batch
+        ends it counts as pending (one of those at the worker runs: see
+        waiting_at_instances)."""
         req = q.req
         if q.trace_id or not goes_direct(req):
             return False
         for slot in self.rate_limiter.slots(self):
             if slot.lease and slot.lessee == req.reply_to and not slot.lease_ending \
-                    and self._deep():
+                    and len(slot.forwarded) < LEASE_DEPTH and self._deep():
+                slot.forwarded.add(req.id)
                 self._callbacks.send_direct(slot, q)
                 return True
         return False
@@ -330,6 +335,9 @@ class DynamicBatchScheduler:
         cancelled while it waited at the worker (a deep lease's) never ran."""
         if msg.copies:
             self.copies[msg.instance] = msg.copies
+        for slot in self.rate_limiter.slots(self):  # one this scheduler sent on, maybe
+            if slot.forwarded and slot.key == msg.instance:
+                slot.forwarded.discard(msg.batch_id)  # a direct batch's id: its request's
         ran = [Queued(InferRequest(0, "", self.name, self.version, [], start_ns=start,
                                    batch_size=size), queue_ns=start)
                for start, size in msg.direct]
@@ -446,10 +454,13 @@ class DynamicBatchScheduler:
     @property
     def waiting_at_instances(self) -> int:
         """Requests sent to wait behind a running batch (RateLimiter.queue_at), and
-        those a deep lease's frontend has waiting at the worker (LeaseQueue): not
-        running yet, so Triton's pending count counts them with the queue."""
+        under a deep lease those its frontend has waiting at the worker behind its
+        oldest (LeaseQueue) with those this scheduler sent on: not running yet, so
+        Triton's pending count counts them with the queue. (While the frontend has
+        none of its own there, one of those sent on runs: counted one too many.)"""
         return sum(1 for _ in self._waiting_at_instances()) + sum(
-            slot.lease_waiting for slot in self.rate_limiter.slots(self))
+            slot.lease_waiting + len(slot.forwarded)
+            for slot in self.rate_limiter.slots(self))
 
     def waiting_from(self, reply_to: str) -> int:
         """Of those, the requests of frontend `reply_to` (its workers drop them when

@@ -33,7 +33,7 @@ class InstanceSlot:
 
     __slots__ = ("key", "name", "kind", "device_id", "worker", "alive", "batch", "ahead",
                  "queueable", "passive", "resources", "priority", "executions", "owner",
-                 "lease", "lessee", "lease_ending", "lease_waiting")
+                 "lease", "lessee", "lease_ending", "lease_waiting", "forwarded")
 
     def __init__(self, key: str, name: str, kind: str, device_id: int, *,
                  passive: bool = False, resources: dict | None = None, priority: int = 0):
@@ -60,12 +60,16 @@ class InstanceSlot:
         self.lease = 0
         self.lessee = ""
         self.lease_ending = False  # EndLease sent
-        # requests its lessee has waiting at the worker (a deep lease: LeaseQueue)
+        # requests its lessee has waiting at the worker (a deep lease: LeaseQueue), and
+        # those of the lessee's that the scheduler sent on under it, by request id,
+        # until their batch ends
         self.lease_waiting = 0
+        self.forwarded: set[int] = set()
 
     def end_lease(self) -> None:
         self.lease, self.lessee, self.lease_ending = 0, "", False
         self.lease_waiting = 0
+        self.forwarded.clear()  # ended at the worker, or handed back here as new
 
     def weight(self) -> int:
         return self.executions * self.priority

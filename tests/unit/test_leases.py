@@ -464,3 +464,25 @@ def test_a_request_cancelled_while_it_waited_under_a_deep_lease_counts_as_cancel
     assert (stats.success_count, stats.execution_count, stats.fail_count) == \
         (before[0], before[1], before[2] + 1)
     assert stats.failures["CANCELED"] == 1
+
+
+def test_the_lessees_requests_sent_on_are_pending_until_they_end_and_capped():
+    """Those the scheduler sends on under a deep lease count as pending until their
+    batch ends (its id is the request's); past LEASE_DEPTH of them at once the lease
+    ends and the rest queue here, so a flooding client cannot fill the worker."""
+    h = Harness()
+    granting = _overlapping(h, LEASE_AFTER)[-1]
+    for i in range(LEASE_DEPTH):
+        h.s.enqueue(Queued(_infer(700 + i, FE)), 0)
+    assert len(h.cb.direct) == LEASE_DEPTH and h.cb.ends == []
+    assert h.s.waiting_at_instances == LEASE_DEPTH
+    h.s.batch_done(BatchDone(700, KEY, 10, 20, 30, 40, direct=[(5, 1)]), 0)
+    assert h.s.waiting_at_instances == LEASE_DEPTH - 1
+    h.s.enqueue(Queued(_infer(800, FE)), 0)  # room again: sent on
+    assert len(h.cb.direct) == LEASE_DEPTH + 1
+    h.s.enqueue(Queued(_infer(801, FE)), 0)  # past the cap: queued, and the lease ends
+    assert len(h.cb.direct) == LEASE_DEPTH + 1 and len(h.s.batcher) == 1
+    assert h.cb.ends == [(KEY, granting.lease)]
+    h.finish(granting)
+    h.s.lease_ended(KEY, granting.lease)
+    assert h.s.waiting_at_instances == 0  # what was sent on ended before the lease did
