@@ -322,7 +322,8 @@ class SchedulerDataPlane:
         self.address = address
         self.role = role  # how this process names itself in log lines
         self.scheduler = scheduler
-        self.quiet_scheduler = done_address(scheduler)  # the inbox it reads when it wakes anyway
+        # the inbox it reads when it wakes anyway (LeaseQueue)
+        self.quiet_scheduler = done_address(scheduler)
         self.inbox = Inbox(address, FRONTEND_INBOX)
         self.outbox = Outbox()
         self.arena = Arena(segment_prefix, chunk_size=arena_bytes,

@@ -30,7 +30,7 @@ from shm.header_pattern import compile_forward_pattern
 
 from . import (EXTENSIONS, classification, grpc_codec, grpc_health, repository_endpoints,
                settings_endpoints, shm_endpoints)
-from .header_forward import forward as forward_headers
+from .header_forward import forward_into
 from .transport.engines import GrpcService
 from .stream_slots import ConnectionSlots
 from .transport.h2_limits import Limits
@@ -208,22 +208,12 @@ class InferenceServicer:
         arena block it was received into (the native transport's) handed to it."""
         request = grpc_codec.decode_infer_request(data)
         if self.header_forward is not None:
-            self._forward(request, context.invocation_metadata() or ())
+            forward_into(request, context.invocation_metadata() or (), self.header_forward)
         take = getattr(context, "take_body_block", None)  # the native transport's
         block = take() if take is not None else None
         if block is not None:  # the tensors are views of it: the core frees it
             request.arena_blocks.append(block)
         return request
-
-    def _forward(self, request, metadata) -> None:
-        """Add the metadata --grpc-header-forward-pattern names to the request's
-        parameters. A template's verdict came with the request (grpc_codec) for one
-        without parameters: where any were added, the request is checked with them
-        and its verdict kept nowhere."""
-        had = len(request.parameters)
-        forward_headers(request.parameters, metadata, self.header_forward)
-        if len(request.parameters) != had:
-            request.checked = request.memo = None
 
     def _infer_reply(self, request, answer) -> tuple[bytes | None, tuple | None]:
         """(reply, None) for the core's answer to a ModelInfer (an InferResult,
@@ -333,7 +323,7 @@ class InferenceServicer:
             request = grpc_codec.decode_infer_request(data)
             request_id = request.id
             if metadata is not None:
-                self._forward(request, metadata)
+                forward_into(request, metadata, self.header_forward)
             empty_final = request.parameters.get("triton_enable_empty_final_response")
             if empty_final is not None and not isinstance(empty_final, bool):
                 raise InferError(

@@ -31,3 +31,17 @@ def forward(parameters: dict, headers: Iterable[tuple], pattern: re.Pattern | No
             value = value.decode("latin-1")
         if pattern.search(name) and name not in parameters:
             parameters[name] = value
+
+
+def forward_into(request, headers: Iterable[tuple], pattern: re.Pattern | None) -> None:
+    """`forward` into a DecodedRequest. Its parameters are replaced, never changed in
+    place (a decoder's memo may share them), and where a header was added the verdict
+    the request came with (`checked`, `memo`: a remembered header's or template's) is
+    dropped: it was for the request without it."""
+    if pattern is None:
+        return
+    params = dict(request.parameters)
+    forward(params, headers, pattern)
+    if len(params) != len(request.parameters):
+        request.parameters = params
+        request.checked = request.memo = None

@@ -26,7 +26,7 @@ from shm.header_pattern import compile_forward_pattern
 from . import EXTENSIONS, http_codec, repository_endpoints, settings_endpoints, shm_endpoints
 from .http_stream import (DisconnectWatch, GenerateEndpoint, InferStreamEndpoint,
                           check_version)
-from .header_forward import forward as forward_headers
+from .header_forward import forward_into
 from .restricted import (HTTP_DEFAULT_MAX_INPUT_SIZE, Restrictions, http_refusal,
                          input_size_message)
 from .types import BODY_IN_ARENA_MIN, DataPlane, ModelReadyState, ModelView, not_ready_error
@@ -341,13 +341,7 @@ class InferEndpoint:
             request = http_codec.decode_raw_request(body, view.config, name, version)
         else:
             request = self.memo.decode(body, length, name, version)[0]
-        if self.header_forward is not None:
-            params = dict(request.parameters)  # the memo's stay as sent
-            forward_headers(params, raw_headers, self.header_forward)
-            if len(params) != len(request.parameters):
-                # the memo's verdict was for the header's parameters alone
-                request.checked = request.memo = None
-            request.parameters = params
+        forward_into(request, raw_headers, self.header_forward)
         if block is not None:
             request.arena_blocks.append(block)
         return request

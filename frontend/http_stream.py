@@ -32,7 +32,7 @@ from shm.datatypes import from_config
 from shm.errors import HTTP_STATUS, ErrorCode, InferError
 
 from . import http_codec
-from .header_forward import forward
+from .header_forward import forward_into
 from .types import DataPlane, DecodedInput, DecodedRequest, InferResult
 
 log = logging.getLogger(__name__)
@@ -209,8 +209,7 @@ class StreamEndpoint:
         try:
             request = self.decode(scope, body, params["model_name"],
                                   params.get("version", ""))
-            if self.header_forward is not None:
-                forward(request.parameters, scope["headers"], self.header_forward)
+            forward_into(request, scope["headers"], self.header_forward)
             stream = self.core.start(request)
         except InferError as e:
             return await send_error(send, e)

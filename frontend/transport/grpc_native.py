@@ -625,29 +625,35 @@ class GrpcConnection(h2.H2Connection):
     # -- replies out ------------------------------------------------------------------
 
     def send_message(self, call: Call, message) -> None:
-        stream = call.stream
+        n = len(message)
+        self._send_framed(call.stream, n, _PREFIX.pack(0, n) + message
+                          if n <= _WHOLE_MAX else None, message)
+
+    def _send_framed(self, stream, n: int, framed, message) -> None:
+        """A reply of `n` bytes, `framed` behind its prefix already (a small one), or
+        else `message` sent after its prefix without a copy."""
         if not stream.headers_sent:
             self.send_headers(stream, RESPONSE_HEADERS)
-        n = len(message)
         if n > MAX_MESSAGE_BYTES:
             raise Abort(8, "Sent message larger than max (%d vs. %d)"
                         % (n, MAX_MESSAGE_BYTES))
-        if n <= _WHOLE_MAX:
-            self.send_data(stream, _PREFIX.pack(0, n) + message)
+        if framed is not None:
+            self.send_data(stream, framed)
         else:  # no copy of a large reply into a new buffer
             self.send_data(stream, _PREFIX.pack(0, n))
             self.send_data(stream, message)
 
     def answer(self, call: Call, message) -> None:
         """A unary call's reply and OK status. A reply that fits the windows and one
-        frame goes out with its headers and trailers as one piece (send_whole);
-        Abort for one past the size limit."""
+        frame goes out with its headers and trailers as one piece (send_whole), else
+        the long way with the same framed bytes; Abort for one past the size limit."""
         n = len(message)
-        if n <= _WHOLE_MAX and self.send_whole(call.stream, RESPONSE_HEADERS,
-                                               _PREFIX.pack(0, n) + message, OK_TRAILERS):
+        framed = _PREFIX.pack(0, n) + message if n <= _WHOLE_MAX else None
+        if framed is not None and self.send_whole(call.stream, RESPONSE_HEADERS, framed,
+                                                  OK_TRAILERS):
             self._ended(call)
             return
-        self.send_message(call, message)
+        self._send_framed(call.stream, n, framed, message)
         self.finish(call, 0)
 
     def finish(self, call: Call, code: int, message: str = "") -> None:

@@ -170,7 +170,6 @@ class HttpProtocol(asyncio.Protocol):
         self.head_started = 0.0
         self.served = False  # a request began on this connection
         self.head_memo: _Head | None = None  # the head read last (see _Head)
-        self.begun = 0  # requests whose head began in the read being parsed
         self.lingering: asyncio.TimerHandle | None = None  # see _close
 
     # ------------------------------------------------------------ asyncio callbacks
@@ -284,7 +283,6 @@ class HttpProtocol(asyncio.Protocol):
                 and data.startswith(memo.head):
             self._repeat(memo, data)
             return
-        self.begun = 0
         try:
             self.parser.feed_data(data)
             if self.in_headers:  # bounds what httptools gathers before on_header
@@ -308,13 +306,14 @@ class HttpProtocol(asyncio.Protocol):
             self._pause_reading()
             if not self.pipeline:
                 self._close()
-        elif boundary and self.begun == 1 and not self.in_headers \
-                and self.current is not cur:
+        elif boundary and not self.in_headers and self.current is not cur:
             self._learn(data)
 
     def _learn(self, data: bytes) -> None:
-        """After a read that began a request and held one: keep its head if it is one
-        to take the next requests from (see _Head)."""
+        """After a read that began a request and ended one: keep its head if the read
+        was that request alone and it is one to take the next requests from (see
+        _Head). The read's first head and the last request's body must make up the
+        whole read, which two requests in it never do."""
         req = self.current
         if not (req.body_done and req.target is not None and req.refusal is None
                 and req.keep_alive and req.method == b"POST"):
@@ -346,13 +345,9 @@ class HttpProtocol(asyncio.Protocol):
         req.info = memo.info
         self._reserve_body(req, memo.info[3], memo.info[1])
         self.current = req
-        self.pipeline.append(req)
         self.on_body(data[len(memo.head):])
         req.body_done = True
-        if len(self.pipeline) == 1:
-            self._start(req)
-        elif len(self.pipeline) > MAX_PIPELINE:
-            self._flow()
+        self._queue(req)
 
     def _drop(self, req: _Request) -> None:
         """`req` will get no more body (a malformed chunk, a deadline): it leaves the
@@ -375,7 +370,6 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self.in_headers = self.served = True
-        self.begun += 1
         self.head_started = self.last_active  # the read that brought its first byte
         self.url = b""
         self.headers = []
@@ -424,6 +418,10 @@ class HttpProtocol(asyncio.Protocol):
         if target is not None:
             self._infer_headers(req)
         self.current = req
+        self._queue(req)
+
+    def _queue(self, req: _Request) -> None:
+        """`req` joins the pipeline: started if it heads it, else reading may pause."""
         self.pipeline.append(req)
         if len(self.pipeline) == 1:
             self._start(req)

@@ -140,6 +140,7 @@ class DynamicBatchScheduler:
         self.leases_out = 0
         self._streak_from = ""  # the frontend whose requests found the model idle...
         self._streak = 0  # ...this many times in a row
+        self._deep_lease: bool | None = None  # _deep's answer, once asked
 
     # -- requests ---------------------------------------------------------------------
 
@@ -165,9 +166,13 @@ class DynamicBatchScheduler:
     def _deep(self) -> bool:
         """Whether this model's lease is deep (shm/messages/leases.py): every request
         runs alone (no dynamic batcher) on its one instance, so a frontend's requests
-        may overlap under it without costing a batch or another instance's turn."""
-        return type(self.batcher) is DefaultBatcher and len(
-            self.rate_limiter.slots(self)) == 1
+        may overlap under it without costing a batch or another instance's turn. Asked
+        once: a version's instances are all there before its first request."""
+        deep = self._deep_lease
+        if deep is None:
+            deep = self._deep_lease = type(self.batcher) is DefaultBatcher and len(
+                self.rate_limiter.slots(self)) == 1
+        return deep
 
     def _forward(self, q: Queued) -> bool:
         """A request from the frontend that holds the deep lease, which sent it here
@@ -233,11 +238,12 @@ class DynamicBatchScheduler:
         batch's lease fields (none, or the lease id and its depth). A deep lease may
         ride on a batch sent to wait at the instance, and only once nothing else waits
         here, since the lent instance takes no batch from this scheduler until its end."""
-        deep = self._deep()
         if (self._streak < LEASE_AFTER or len(batch) != 1
-                or batch[0].req.reply_to != self._streak_from
-                or (deep and len(self.batcher)) or (ahead and not deep)
-                or not self._callbacks.may_lend(slot)):
+                or batch[0].req.reply_to != self._streak_from):
+            return {}
+        deep = self._deep()
+        if (deep and len(self.batcher)) or (ahead and not deep) \
+                or not self._callbacks.may_lend(slot):
             return {}
         self._streak = 0
         self.leases_out += 1

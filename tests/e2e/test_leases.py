@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import queue
 import shutil
 import threading
 import uuid
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from tests.e2e import clients
 from tests.e2e.harness import EXAMPLES, ROOT, ServerProcess, wait_until
+from tests.e2e.test_streams import _int_input, _metric
 
 N = 40  # requests at c=1: the first LEASE_AFTER (16) earn the lease
 TIMEOUT = 20.0
@@ -154,11 +157,26 @@ def test_an_unload_while_a_lone_client_sends_leaves_no_request_hanging(server):
         identity(c, "grpc", float(i))
 
 
+def _faulty_inputs(protocol: str, mode: int, delay_ms: int = 0) -> list:
+    return [clients.infer_input(protocol, "MODE", np.array([mode], np.int32), "INT32"),
+            clients.infer_input(protocol, "DELAY_MS", np.array([delay_ms], np.int32),
+                                "INT32")]
+
+
 def _faulty(c, protocol: str, mode: int) -> int:
-    inputs = [clients.infer_input(protocol, "MODE", np.array([mode], np.int32), "INT32"),
-              clients.infer_input(protocol, "DELAY_MS", np.array([0], np.int32), "INT32")]
     kwargs = {"client_timeout": TIMEOUT} if protocol == "grpc" else {}
-    return int(c.infer("lent_faulty", inputs, **kwargs).as_numpy("PID")[0])
+    return int(c.infer("lent_faulty", _faulty_inputs(protocol, mode), **kwargs)
+               .as_numpy("PID")[0])
+
+
+def _served_again(c, protocol: str) -> None:
+    """Wait for lent_faulty's instance to serve (again, after its process died)."""
+    def served() -> bool:
+        try:
+            return _faulty(c, protocol, 0) > 0
+        except InferenceServerException:
+            return False
+    wait_until(served, 30, what="the instance back")
 
 
 @pytest.mark.parametrize("protocol", clients.PROTOCOLS)
@@ -174,13 +192,7 @@ def test_a_lent_instance_that_dies_fails_its_request(server, protocol):
     with pytest.raises(InferenceServerException) as err:
         _faulty(c, protocol, 2)  # kills its own process
     assert "lent_faulty" in str(err.value) and "restarting" in str(err.value)
-
-    def served() -> bool:
-        try:
-            return _faulty(c, protocol, 0) > 0
-        except InferenceServerException:
-            return False
-    wait_until(served, 30, what="the instance back")
+    _served_again(c, protocol)
 
 
 def test_requests_waiting_under_a_deep_lease_when_its_instance_dies_are_answered(server):
@@ -189,21 +201,14 @@ def test_requests_waiting_under_a_deep_lease_when_its_instance_dies_are_answered
     third waits behind them. The first is answered with its outputs, the other two
     with an error naming the model, none waits out its deadline; the instance comes
     back and serves."""
-    import queue
-
-    import tritonclient.grpc as grpcclient
-
     c = clients.client(server, "grpc")
     wait_until(lambda: _faulty(c, "grpc", 0) > 0, 30, what="the instance serving")
     for _ in range(N):  # the lease
         _faulty(c, "grpc", 0)
     got: queue.Queue = queue.Queue()
     for k, (mode, delay) in enumerate(((0, 300), (2, 0), (0, 0))):
-        inputs = [grpcclient.InferInput("MODE", [1], "INT32"),
-                  grpcclient.InferInput("DELAY_MS", [1], "INT32")]
-        inputs[0].set_data_from_numpy(np.array([mode], np.int32))
-        inputs[1].set_data_from_numpy(np.array([delay], np.int32))
-        c.async_infer("lent_faulty", inputs, client_timeout=TIMEOUT,
+        c.async_infer("lent_faulty", _faulty_inputs("grpc", mode, delay),
+                      client_timeout=TIMEOUT,
                       callback=lambda result, error, k=k: got.put((k, result, error)))
     answers = dict((k, (r, e)) for k, r, e in (got.get(timeout=2 * TIMEOUT)
                                                 for _ in range(3)))
@@ -213,13 +218,7 @@ def test_requests_waiting_under_a_deep_lease_when_its_instance_dies_are_answered
         result, error = answers[k]
         assert result is None and "lent_faulty" in str(error), error
         assert "Deadline" not in str(error), error
-
-    def served() -> bool:
-        try:
-            return _faulty(c, "grpc", 0) > 0
-        except InferenceServerException:
-            return False
-    wait_until(served, 30, what="the instance back")
+    _served_again(c, "grpc")
 
 
 def test_requests_in_client_regions_go_under_a_lease(tmp_path):
@@ -338,11 +337,6 @@ def test_a_request_waiting_under_a_deep_lease_is_pending_and_a_cancel_drops_it(t
     pending count says 1, a cancel answers it and it never runs (Triton's rule for a
     queued request), and the statistics count it as failed. A server of its own with
     one frontend, the one-instance slow model of the stream tests."""
-    import queue
-    import urllib.request
-
-    import tritonclient.grpc as grpcclient
-
     markers = tmp_path / "markers"
     markers.mkdir()
     srv = ServerProcess(ROOT / "tests" / "models_decoupled", "--model-control-mode",
@@ -352,18 +346,10 @@ def test_a_request_waiting_under_a_deep_lease_is_pending_and_a_cancel_drops_it(t
                              "SHMSERVE_TEST_MARKER_DIR": str(markers)}).start()
 
     def slow_input(value):
-        inp = grpcclient.InferInput("INPUT0", [1], "INT32")
-        inp.set_data_from_numpy(np.array([value], dtype=np.int32))
-        return [inp]
+        return [_int_input(grpcclient, "INPUT0", [value])]
 
     def pending():
-        with urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics",
-                                    timeout=TIMEOUT) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("nv_inference_pending_request_count{") \
-                        and 'model="slow_identity"' in line:
-                    return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        return _metric(srv, "nv_inference_pending_request_count", "slow_identity")
 
     try:
         c = grpcclient.InferenceServerClient(srv.grpc_url)

@@ -91,25 +91,29 @@ def request_of(data: np.ndarray) -> bytes:
     return infer_request(body[:-len(raw)] + raw, headers)
 
 
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 20))
+def on_conn(test, core=None):
+    """`await test(conn)` on a new connection, which is then lost, with a deadline."""
+    async def go():
+        c = Conn(core)
+        try:
+            await test(c)
+        finally:
+            c.proto.connection_lost(None)
+    asyncio.run(asyncio.wait_for(go(), 20))
 
 
 def test_a_repeated_head_is_parsed_once_and_each_request_gets_its_own_body():
-    async def go():
-        c = Conn()
+    async def test(c):
         datas = [np.full((1, 16), i, np.float32) for i in range(6)]
         await c.one_by_one([request_of(data) for data in datas])
         await c.identities(datas)
         assert c.parser.fed == 1, "the parser read the repeated heads again"
         assert c.core.released == 6
-        c.proto.connection_lost(None)
-    run(go())
+    on_conn(test)
 
 
 def test_repeats_read_while_one_is_answered_wait_in_the_pipeline_in_order():
-    async def go():
-        c = Conn()
+    async def test(c):
         datas = [np.full((1, 16), i, np.float32) for i in range(5)]
         c.proto.data_received(request_of(datas[0]))
         await c.answers(1)
@@ -118,13 +122,11 @@ def test_repeats_read_while_one_is_answered_wait_in_the_pipeline_in_order():
         assert len(c.proto.pipeline) == 4
         await c.identities(datas)
         assert c.parser.fed == 1 and not c.proto.pipeline
-        c.proto.connection_lost(None)
-    run(go())
+    on_conn(test)
 
 
 def test_another_head_is_parsed_and_becomes_the_one_remembered():
-    async def go():
-        c = Conn()
+    async def test(c):
         data = np.arange(16, dtype=np.float32).reshape(1, 16)
         other = request_of(data).replace(b"/v2/models/identity/infer",
                                          b"/v2/models/identity/versions/1/infer")
@@ -132,13 +134,11 @@ def test_another_head_is_parsed_and_becomes_the_one_remembered():
         await c.identities([data] * 4)
         # the first, the other (new), the other again (remembered), the first (new)
         assert c.parser.fed == 3
-        c.proto.connection_lost(None)
-    run(go())
+    on_conn(test)
 
 
 def test_a_read_with_more_or_less_than_one_request_goes_to_the_parser():
-    async def go():
-        c = Conn()
+    async def test(c):
         data = np.arange(16, dtype=np.float32).reshape(1, 16)
         wire = request_of(data)
         c.proto.data_received(wire + wire)  # two at once: nothing remembered
@@ -152,15 +152,13 @@ def test_a_read_with_more_or_less_than_one_request_goes_to_the_parser():
         c.proto.data_received(wire[10:])
         await c.identities([data] * 6)
         assert c.parser.fed == 6
-        c.proto.connection_lost(None)
-    run(go())
+    on_conn(test)
 
 
 def test_the_remembered_bytes_inside_another_requests_body_are_its_body():
     """A read that equals the remembered request but comes while another request's
     body is still arriving is that body's, byte for byte."""
-    async def go():
-        c = Conn()
+    async def test(c):
         data = np.arange(16, dtype=np.float32).reshape(1, 16)
         wire = request_of(data)
         c.proto.data_received(wire)
@@ -175,23 +173,21 @@ def test_the_remembered_bytes_inside_another_requests_body_are_its_body():
         c.proto.data_received(wire)  # and the memo still serves the next at a boundary
         check_identity(*(await c.answers(3))[2], data)
         assert c.parser.fed == 4
-        c.proto.connection_lost(None)
-    run(go())
+    on_conn(test)
 
 
 def test_heads_that_change_the_connection_are_not_remembered():
-    async def go():
-        data = np.arange(16, dtype=np.float32).reshape(1, 16)
-        _, body, headers = infer_body()
-        c = Conn()
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    _, body, headers = infer_body()
+
+    async def closing(c):
         c.proto.data_received(infer_request(body, headers, extra=b"connection: close\r\n"))
         check_identity(*(await c.answers(1))[0], data)
         assert c.proto.head_memo is None and c.wire.closed
-        c.proto.connection_lost(None)
 
+    async def expecting(c):
         # the parser's path answers a 100-continue before the body it has in hand;
         # a repeat would not, so these are parsed every time
-        c = Conn()
         wire = infer_request(body, headers, extra=b"expect: 100-continue\r\n")
         for i in range(2):
             c.proto.data_received(wire)
@@ -199,63 +195,66 @@ def test_heads_that_change_the_connection_are_not_remembered():
             assert go_on[0] == 100
             check_identity(*answer, data)
         assert c.proto.head_memo is None and c.parser.fed == 2
-        c.proto.connection_lost(None)
-    run(go())
+
+    on_conn(closing)
+    on_conn(expecting)
 
 
 def test_http10_and_refused_requests_are_not_remembered():
-    async def go():
-        c = Conn()
-        data = np.arange(16, dtype=np.float32).reshape(1, 16)
-        wire = request_of(data).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+    data = np.arange(16, dtype=np.float32).reshape(1, 16)
+    wire = request_of(data).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+    kept = wire.replace(b"\r\n\r\n", b"\r\nconnection: keep-alive\r\n\r\n", 1)
+
+    async def http10(c):
         c.proto.data_received(wire)
         check_identity(*(await c.answers(1))[0], data)
         assert c.proto.head_memo is None and c.wire.closed  # 1.0: one request
-        c.proto.connection_lost(None)
 
-        c = Conn()  # 1.0 kept alive is remembered, and stays alive
-        wire = wire.replace(b"\r\n\r\n", b"\r\nconnection: keep-alive\r\n\r\n", 1)
-        await c.one_by_one([wire] * 3)
+    async def http10_kept_alive(c):  # remembered, and stays alive
+        await c.one_by_one([kept] * 3)
         await c.identities([data] * 3)
         assert c.parser.fed == 1 and not c.wire.closed
-        c.proto.connection_lost(None)
 
-        c = Conn()
+    async def refused(c):
         big = b"x" * ((4 << 20) + 1)
         c.proto.data_received(b"POST /v2/models/identity/infer HTTP/1.1\r\nHost: x\r\n"
                               b"content-length: %d\r\n\r\n" % len(big) + big)
         status, _, _ = (await c.answers(1))[0]
         assert status == 400 and c.proto.head_memo is None
-        c.proto.connection_lost(None)
-    run(go())
+
+    for test in (http10, http10_kept_alive, refused):
+        on_conn(test)
+
+
+def _arena_sized(core):
+    """(data, body, headers) of a request whose body the arena takes straight, `core`'s
+    identity model made to batch that many rows."""
+    n = BODY_IN_ARENA_MIN // 64 + 1
+    config = model_config_pb2.ModelConfig()
+    config.CopyFrom(IDENTITY)
+    config.max_batch_size = n
+    core.models["identity"] = [ModelView("identity", 1, "READY", "", config)]
+    return infer_body(batch=n)
 
 
 def test_a_large_body_of_a_remembered_head_lands_in_the_arena():
     """The body of a repeated head goes where the parser would have put it: straight
     into a block of the arena once it is large, a new block each time."""
-    async def go():
-        core = ArenaCore()
-        n = BODY_IN_ARENA_MIN // 64 + 1
-        config = model_config_pb2.ModelConfig()
-        config.CopyFrom(IDENTITY)
-        config.max_batch_size = n
-        core.models["identity"] = [ModelView("identity", 1, "READY", "", config)]
-        c = Conn(core)
-        data, body, headers = infer_body(batch=n)
-        wire = infer_request(body, headers)
-        await c.one_by_one([wire] * 3)
+    core = ArenaCore()
+    data, body, headers = _arena_sized(core)
+
+    async def test(c):
+        await c.one_by_one([infer_request(body, headers)] * 3)
         await c.identities([data] * 3)
         assert c.parser.fed == 1
         assert core.blocks == [len(body)] * 3
-        c.proto.connection_lost(None)
-    run(go())
+    on_conn(test, core)
 
 
 def test_a_long_head_is_not_remembered():
     """What a connection remembers stays small whatever a client sends: a head past
     MEMO_HEAD_MAX is parsed every time."""
-    async def go():
-        c = Conn()
+    async def test(c):
         data = np.arange(16, dtype=np.float32).reshape(1, 16)
         _, body, headers = infer_body()
         filler = b"x-filler: " + b"f" * http1.MEMO_HEAD_MAX + b"\r\n"
@@ -264,6 +263,4 @@ def test_a_long_head_is_not_remembered():
             c.proto.data_received(wire)
             check_identity(*(await c.answers(i + 1))[i], data)
         assert c.proto.head_memo is None and c.parser.fed == 2
-        c.proto.connection_lost(None)
-    run(go())
-
+    on_conn(test)
