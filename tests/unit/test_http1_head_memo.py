@@ -264,3 +264,44 @@ def test_a_long_head_is_not_remembered():
             check_identity(*(await c.answers(i + 1))[i], data)
         assert c.proto.head_memo is None and c.parser.fed == 2
     on_conn(test)
+
+
+
+class StalledCore(ArenaCore):
+    """A core whose answers never come: requests pile up behind the first."""
+
+    async def infer(self, request, decoupled_refusal=""):
+        await asyncio.Event().wait()
+
+
+def test_a_peer_that_sends_repeats_and_gets_no_answers_stops_being_read_at_the_cap():
+    """What a hostile peer can pile up through the memo's path is bounded as on the
+    parser's: once MAX_PIPELINE requests wait behind the one being answered, the
+    connection stops reading."""
+    async def test(c):
+        wire = request_of(np.zeros((1, 16), np.float32))
+        sent = 0
+        while not c.proto.read_paused and sent < 4 * http1.MAX_PIPELINE:
+            c.proto.data_received(wire)
+            sent += 1
+        assert c.proto.read_paused and sent == http1.MAX_PIPELINE + 1
+        assert c.parser.fed == 1  # all but the first came through the memo
+    on_conn(test, StalledCore())
+
+
+def test_a_peer_that_leaves_frees_the_bodies_its_repeats_hold():
+    """Large bodies taken through the memo wait in the arena; when the peer resets,
+    those of requests that never started go back at once (the started one is the
+    core's, cancelled with it)."""
+    core = StalledCore()
+    _, body, headers = _arena_sized(core)
+
+    async def test(c):
+        for _ in range(3):
+            c.proto.data_received(infer_request(body, headers))
+        assert c.parser.fed == 1 and core.blocks == [len(body)] * 3
+        await asyncio.sleep(0)  # the first starts in the core
+        c.proto.connection_lost(ConnectionResetError())
+        assert sorted(core.freed) == [1, 2]
+        assert not c.proto.pipeline
+    on_conn(test, core)
